@@ -1,0 +1,3 @@
+from ddptop.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""Command line: `ddptop [OPTIONS] torchrun ...` and `ddptop attach RUN`.
+
+Only argparse and the core are imported here; the Textual UI is imported
+lazily, so `ddptop --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+USAGE = """\
+ddptop [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [SCRIPT ARGS]
+       ddptop [OPTIONS] attach RUN
+       ddptop runs"""
+
+EPILOG = """\
+examples:
+  ddptop torchrun --nproc-per-node 2 examples/train_ddp.py --steps 200
+  ddptop --headless torchrun --nproc-per-node 2 train.py   # CI / SLURM
+  ddptop --json torchrun --standalone --nproc-per-node 8 train.py --lr 3e-4
+  ddptop attach latest                                      # re-open a run
+
+Everything after the word `torchrun` goes to torchrun unchanged; ddptop adds
+only --log-dir RUN/logs --redirects 3 (and PYTHONUNBUFFERED=1) to capture
+every rank's output in the run journal.  Runs live under
+$XDG_STATE_HOME/ddptop/runs (default ~/.local/state/ddptop/runs).
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ddptop",
+        usage=USAGE,
+        description="Launch and watch PyTorch distributed (torchrun) jobs live.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    p.add_argument("--run-dir", metavar="DIR", help="journal directory for this launch (created 0700)")
+    p.add_argument("--headless", action="store_true", help="no UI: print merged rank-prefixed output and events")
+    p.add_argument("--json", action="store_true", help="no UI: print one JSON event per line")
+    p.add_argument("--theme", metavar="NAME", help="UI theme (ddptop-dark, ddptop-light, or any Textual theme)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return p
+
+
+def _err(msg: str) -> int:
+    print(f"ddptop: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _watch(session, args) -> int:
+    if args.headless or args.json:
+        from ddptop.core.headless import run_headless
+
+        return run_headless(session, json_mode=args.json)
+    if not sys.stdout.isatty():
+        return _err("no terminal for the UI: use --headless or --json")
+    from ddptop.ui.app import make_app
+
+    app = make_app(session, theme=args.theme)
+    result = app.run()
+    if result == "detach":
+        print(f"ddptop: detached; the job keeps running. Re-attach with: ddptop attach {session.run_dir}")
+        return 0
+    if result == "stop":
+        from ddptop.core.headless import run_headless
+
+        print("ddptop: stopping the job...", file=sys.stderr)
+        # drain quietly until the job has ended
+        import io
+
+        code = run_headless(session, json_mode=False, out=io.StringIO())
+        print(f"ddptop: job stopped (exit code {code}); journal: {session.run_dir}")
+        return code
+    code = session.exit_code
+    print(f"ddptop: job {session.final_state.state if session.final_state else 'ended'}"
+          f" (exit code {code}); journal: {session.run_dir}")
+    return 1 if code is None else code
+
+
+def cmd_runs() -> int:
+    from ddptop.core import journal
+
+    home = journal.runs_home()
+    runs = sorted((d for d in home.glob("*") if (d / journal.META).is_file()), key=lambda d: d.stat().st_mtime)
+    for d in runs:
+        ex = journal.read_json(d / journal.EXIT)
+        state = ex["state"] if ex else "running?"
+        meta = journal.read_json(d / journal.META) or {}
+        print(f"{d.name}\t{state}\t{' '.join(meta.get('user_command', []))}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from ddptop import __version__
+
+        print(f"ddptop {__version__}")
+        return 0
+    cmd = args.command
+    if not cmd:
+        parser.print_usage(sys.stderr)
+        return _err("nothing to do: give `torchrun ...` or `attach RUN`")
+    from ddptop.core.session import Session
+
+    if cmd[0] == "attach":
+        from ddptop.core import journal
+
+        if len(cmd) != 2:
+            return _err("usage: ddptop attach RUN   (a run id, a run directory, or `latest`)")
+        try:
+            run_dir = journal.resolve_run(cmd[1])
+            session = Session.open(run_dir)
+        except journal.JournalError as e:
+            return _err(str(e))
+        return _watch(session, args)
+    if cmd[0] == "runs":
+        return cmd_runs()
+    if os.path.basename(cmd[0]) == "torchrun":
+        from ddptop.core import journal
+        from ddptop.core.launcher import LaunchError
+
+        try:
+            session = Session.launch(cmd, args.run_dir)
+        except (LaunchError, journal.JournalError) as e:
+            return _err(str(e))
+        if not (args.headless or args.json):
+            print(f"ddptop: run {session.run_dir}", file=sys.stderr)
+        return _watch(session, args)
+    return _err(f"unknown command {cmd[0]!r}: expected `torchrun ...`, `attach RUN` or `runs`")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Headless front end: merged, rank-prefixed text, or one JSON object a line."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from typing import TextIO
+
+from ddptop.core.events import Event, LogEvent, NoteEvent, RankEvent, StateEvent
+from ddptop.core.session import Session
+
+
+def format_text(ev: Event) -> str | None:
+    if isinstance(ev, LogEvent):
+        if ev.transient:
+            return None  # progress bars: the completed line follows
+        prefix = "[torchrun]" if ev.rank is None else f"[r{ev.rank}]"
+        if ev.stream == "stderr":
+            prefix = prefix[:-1] + "!]"
+        return f"{prefix} {ev.text}"
+    if isinstance(ev, StateEvent):
+        s = f"== ddptop: job {ev.state}"
+        if ev.exit_code is not None:
+            s += f", exit code {ev.exit_code}"
+        if ev.message:
+            s += f" ({ev.message})"
+        return s + " =="
+    if isinstance(ev, RankEvent):
+        what = "started" if ev.alive else "ended"
+        return f"== ddptop: rank {ev.rank} (local {ev.local_rank}, pid {ev.pid}, attempt {ev.attempt}) {what} =="
+    if isinstance(ev, NoteEvent):
+        return f"== ddptop {ev.level}: {ev.message} =="
+    return f"== ddptop: {ev.to_json()} =="
+
+
+def run_headless(session: Session, *, json_mode: bool, out: TextIO | None = None,
+                 stop_on_signal: bool = True, interval: float = 0.1) -> int:
+    """Print the session's events until the job ends; return its exit code.
+
+    SIGINT/SIGTERM stop the whole job (as they would stop torchrun), and
+    ddptop keeps printing until the job has really ended.
+    """
+    out = out or sys.stdout
+    stops = 0
+
+    def on_signal(signum, frame):
+        nonlocal stops
+        stops += 1
+        if stops == 1:
+            session.stop()
+            line = ("== ddptop: stopping the job (signal %d); again to stop waiting ==" % signum)
+            if not json_mode:
+                print(line, file=sys.stderr, flush=True)
+        else:
+            raise KeyboardInterrupt
+
+    if stop_on_signal:
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+    write = out.write
+    try:
+        while not session.finished:
+            batch = session.poll()
+            if not batch:
+                time.sleep(interval)
+                continue
+            if json_mode:
+                write("".join(ev.to_json() + "\n" for ev in batch))
+            else:
+                lines = [s for s in map(format_text, batch) if s is not None]
+                if lines:
+                    write("\n".join(lines) + "\n")
+            out.flush()
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # reader went away (e.g. `| head`): keep the job, stop printing
+        return 141
+    code = session.exit_code
+    return 1 if code is None else code

@@ -1,0 +1,170 @@
+"""The run journal: one directory per launch, the source of truth.
+
+Layout of a run directory::
+
+    meta.json        the exact torchrun command, the env vars ddptop set, cwd, host
+    events.jsonl     events written by the supervisor (state, rank), write-through
+    torchrun.log     torchrun's own stdout and stderr
+    logs/<id>/attempt_N/<local_rank>/{stdout,stderr}.log   every rank's output,
+                     written by the rank itself (torchrun --log-dir/--redirects)
+    supervisor.json  pid and start time of the supervisor that owns the job
+    exit.json        the final state and exit code, written once the job ends
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+META = "meta.json"
+EVENTS = "events.jsonl"
+TORCHRUN_LOG = "torchrun.log"
+LOGS = "logs"
+SUPERVISOR = "supervisor.json"
+EXIT = "exit.json"
+
+
+def state_home() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
+    return Path(base) / "ddptop"
+
+
+def runs_home() -> Path:
+    override = os.environ.get("DDPTOP_RUNS_DIR")
+    return Path(override) if override else state_home() / "runs"
+
+
+def new_run_id(now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return f"{stamp}-{os.getpid() % 100000:05d}"
+
+
+class JournalError(Exception):
+    pass
+
+
+def create_run_dir(run_dir: Path | None) -> Path:
+    """Create a fresh run directory, mode 0700.  Refuses to reuse a journal."""
+    if run_dir is None:
+        home = runs_home()
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        base = new_run_id()
+        run_dir = home / base
+        n = 1
+        while run_dir.exists():
+            n += 1
+            run_dir = home / f"{base}.{n}"
+    run_dir = Path(run_dir).absolute()
+    if (run_dir / META).exists():
+        raise JournalError(f"{run_dir} already holds a ddptop run; choose another --run-dir")
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(run_dir, 0o700)
+    return run_dir
+
+
+def resolve_run(ref: str) -> Path:
+    """A run id, a run directory, or 'latest' -> the run directory."""
+    p = Path(ref).expanduser()
+    if (p / META).is_file():
+        return p.absolute()
+    home = runs_home()
+    if ref in ("latest", "last"):
+        runs = sorted(
+            (d for d in home.glob("*") if (d / META).is_file()),
+            key=lambda d: d.stat().st_mtime,
+        )
+        if not runs:
+            raise JournalError(f"no runs under {home}")
+        return runs[-1]
+    if (home / ref / META).is_file():
+        return home / ref
+    raise JournalError(f"no ddptop run called {ref!r} (looked for {p} and under {home})")
+
+
+def write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Meta:
+    run_id: str
+    command: list[str]  # torchrun argv, exactly as executed
+    user_command: list[str]  # what the person typed after `ddptop`
+    env_set: dict[str, str]  # variables ddptop added or changed
+    cwd: str
+    host: str
+    started: float
+    log_dir: str  # where torchrun writes per-rank logs
+    nproc_per_node: int | None
+    node_rank: int | None
+    ddptop_version: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Meta":
+        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__})
+
+
+def load_meta(run_dir: Path) -> Meta:
+    d = read_json(run_dir / META)
+    if d is None:
+        raise JournalError(f"{run_dir / META} is missing or unreadable")
+    return Meta.from_dict(d)
+
+
+_ATTEMPT_RE = re.compile(r"attempt_(\d+)$")
+
+
+def rank_log_files(log_dir: Path) -> list[tuple[int, int, str, Path]]:
+    """All per-rank log files under a torchrun --log-dir.
+
+    Returns (attempt, local_rank, stream, path) sorted by attempt, rank, stream.
+    """
+    out = []
+    if not log_dir.is_dir():
+        return out
+    for attempt_dir in log_dir.glob("*/attempt_*"):
+        m = _ATTEMPT_RE.search(attempt_dir.name)
+        if not m:
+            continue
+        attempt = int(m.group(1))
+        for rank_dir in attempt_dir.iterdir():
+            if not rank_dir.name.isdigit():
+                continue
+            for stream in ("stdout", "stderr"):
+                f = rank_dir / f"{stream}.log"
+                if f.is_file():
+                    out.append((attempt, int(rank_dir.name), stream, f))
+    out.sort(key=lambda x: (x[0], x[1], x[2]))
+    return out
+
+
+def hostname() -> str:
+    return socket.gethostname()

@@ -1,0 +1,90 @@
+"""JobModel: the state of a job, folded from events.  Pure, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from ddptop.core.events import (
+    FINAL_STATES,
+    STARTING,
+    Event,
+    LogEvent,
+    RankEvent,
+    StateEvent,
+)
+from ddptop.core.progress import parse_step
+
+
+@dataclass
+class RankInfo:
+    rank: int
+    local_rank: int | None = None
+    node: str = ""
+    pid: int | None = None
+    alive: bool | None = None  # None: not seen as a process yet
+    exit_code: int | None = None
+    attempt: int = 0
+    last_output_t: float | None = None
+    last_step: int | None = None
+    lines: int = 0
+    last_line: str = ""
+
+
+@dataclass
+class JobModel:
+    state: str = STARTING
+    exit_code: int | None = None
+    message: str = ""
+    started: float | None = None
+    ended: float | None = None
+    attempt: int = 0
+    ranks: dict[int, RankInfo] = field(default_factory=dict)
+    torchrun_lines: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINAL_STATES
+
+    def rank(self, r: int) -> RankInfo:
+        info = self.ranks.get(r)
+        if info is None:
+            info = self.ranks[r] = RankInfo(rank=r)
+        return info
+
+    def apply(self, events: Iterable[Event]) -> None:
+        for ev in events:
+            if isinstance(ev, LogEvent):
+                if ev.rank is None:
+                    self.torchrun_lines += 1
+                    continue
+                info = self.rank(ev.rank)
+                info.last_output_t = ev.t
+                if ev.attempt > info.attempt:
+                    info.attempt = ev.attempt
+                if not ev.transient:
+                    info.lines += 1
+                info.last_line = ev.text
+                step = parse_step(ev.text)
+                if step is not None:
+                    info.last_step = step
+            elif isinstance(ev, RankEvent):
+                info = self.rank(ev.rank)
+                if ev.attempt > info.attempt or info.pid is None or ev.pid == info.pid:
+                    info.local_rank = ev.local_rank
+                    info.node = ev.node
+                    info.pid = ev.pid
+                    info.alive = ev.alive
+                    info.exit_code = ev.exit_code
+                    if ev.attempt > info.attempt:
+                        info.last_step = None
+                    info.attempt = ev.attempt
+                self.attempt = max(self.attempt, ev.attempt)
+            elif isinstance(ev, StateEvent):
+                if self.started is None:
+                    self.started = ev.t
+                self.state = ev.state
+                self.message = ev.message or self.message
+                if ev.state in FINAL_STATES:
+                    self.ended = ev.t
+                    self.exit_code = ev.exit_code

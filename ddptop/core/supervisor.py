@@ -1,0 +1,261 @@
+"""The supervisor: the process that owns a launched job.
+
+Started by ddptop in its own session, it runs torchrun, records every rank's
+pid in the journal, and writes the final exit status.  Killing ddptop (even
+with SIGKILL) does not touch it, so the job and its journal carry on.
+SIGTERM or SIGINT to the supervisor stops the job: SIGTERM to torchrun and to
+every rank's process group (torchrun starts each rank in its own session),
+then SIGKILL after a grace period, and never a process it did not start.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from ddptop.core import journal
+from ddptop.core.events import (
+    FAILED,
+    RUNNING,
+    STOPPED,
+    STOPPING,
+    SUCCEEDED,
+    Event,
+    NoteEvent,
+    RankEvent,
+    StateEvent,
+)
+
+POLL = 0.2
+GRACE = float(os.environ.get("DDPTOP_STOP_GRACE", "10"))
+
+
+class EventWriter:
+    """Append events to events.jsonl, one write per event, no buffering."""
+
+    def __init__(self, path: Path):
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+    def write(self, ev: Event) -> None:
+        os.write(self._fd, (ev.to_json() + "\n").encode("utf-8"))
+
+
+class _Proc:
+    """A process we started (or torchrun started for us), pinned by create time."""
+
+    def __init__(self, p: psutil.Process):
+        self.p = p
+        self.pid = p.pid
+        self.create_time = p.create_time()
+
+    def is_ours(self) -> bool:
+        try:
+            return self.p.is_running() and self.p.create_time() == self.create_time
+        except psutil.Error:
+            return False
+
+    def signal_group(self, sig: int) -> None:
+        """Signal the process's own group if it leads one, else the process."""
+        if not self.is_ours():
+            return
+        try:
+            if os.getpgid(self.pid) == self.pid:
+                os.killpg(self.pid, sig)
+            else:
+                os.kill(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _rank_env(p: psutil.Process) -> dict[str, str] | None:
+    try:
+        env = p.environ()
+    except (psutil.Error, OSError):
+        return None
+    return env if "RANK" in env and "LOCAL_RANK" in env else None
+
+
+def _exit_code(rc: int) -> int:
+    return 128 - rc if rc < 0 else rc
+
+
+class Supervisor:
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.meta = journal.load_meta(run_dir)
+        self.events = EventWriter(run_dir / journal.EVENTS)
+        self.ranks: dict[int, tuple[_Proc, dict]] = {}  # pid -> (proc, info)
+        self.family: dict[int, _Proc] = {}  # every descendant seen, for the final sweep
+        self.stop_requested = False
+        self.stopping_since: float | None = None
+
+    def emit(self, ev: Event) -> None:
+        self.events.write(ev)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stop_requested = True
+
+    def discover(self, torchrun: psutil.Process) -> None:
+        try:
+            children = torchrun.children()
+        except psutil.Error:
+            children = []
+        for c in children:
+            if c.pid in self.ranks:
+                continue
+            env = _rank_env(c)
+            if env is None:
+                continue
+            try:
+                proc = _Proc(c)
+            except psutil.Error:
+                continue
+            info = dict(
+                rank=int(env["RANK"]),
+                local_rank=int(env["LOCAL_RANK"]),
+                node=self.meta.host,
+                attempt=int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
+            )
+            self.ranks[c.pid] = (proc, info)
+            self.emit(RankEvent(time.time(), pid=c.pid, alive=True, **info))
+        for pid, (proc, info) in list(self.ranks.items()):
+            if info.get("ended"):
+                continue
+            if not proc.is_ours() or proc.p.status() == psutil.STATUS_ZOMBIE:
+                info["ended"] = True
+                self.emit(RankEvent(time.time(), pid=pid, alive=False, **{k: v for k, v in info.items() if k != "ended"}))
+
+    def remember_family(self, torchrun: psutil.Process) -> None:
+        try:
+            for p in torchrun.children(recursive=True):
+                if p.pid not in self.family:
+                    try:
+                        self.family[p.pid] = _Proc(p)
+                    except psutil.Error:
+                        pass
+        except psutil.Error:
+            pass
+        for proc, _ in self.ranks.values():
+            if proc.is_ours():
+                try:
+                    for p in proc.p.children(recursive=True):
+                        if p.pid not in self.family:
+                            self.family[p.pid] = _Proc(p)
+                except psutil.Error:
+                    pass
+
+    def signal_all(self, torchrun: _Proc | None, sig: int) -> None:
+        if torchrun is not None and torchrun.is_ours():
+            try:
+                os.kill(torchrun.pid, sig)
+            except ProcessLookupError:
+                pass
+        for proc, _ in self.ranks.values():
+            proc.signal_group(sig)
+        if sig == signal.SIGKILL:
+            for proc in self.family.values():
+                if proc.is_ours():
+                    try:
+                        os.kill(proc.pid, sig)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+
+    def run(self) -> int:
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, self._on_signal)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        me = psutil.Process()
+        journal.write_json(
+            self.run_dir / journal.SUPERVISOR,
+            {"pid": me.pid, "create_time": me.create_time()},
+        )
+        env = dict(os.environ)
+        env.update(self.meta.env_set)
+        with open(self.run_dir / journal.TORCHRUN_LOG, "ab", buffering=0) as out:
+            try:
+                popen = subprocess.Popen(
+                    self.meta.command,
+                    cwd=self.meta.cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            except OSError as e:
+                msg = f"could not start torchrun: {e}"
+                out.write((msg + "\n").encode())
+                return self.finish(FAILED, 127, msg)
+        self.emit(StateEvent(time.time(), state=RUNNING, message=f"torchrun pid {popen.pid}"))
+        try:
+            tr = psutil.Process(popen.pid)
+            torchrun = _Proc(tr)
+        except psutil.Error:
+            tr, torchrun = None, None
+        while True:
+            rc = popen.poll()
+            if tr is not None:
+                self.discover(tr)
+                if self.stop_requested:
+                    self.remember_family(tr)
+            if rc is not None:
+                break
+            if self.stop_requested and self.stopping_since is None:
+                self.stopping_since = time.monotonic()
+                self.emit(StateEvent(time.time(), state=STOPPING, message="stop requested"))
+                self.signal_all(torchrun, signal.SIGTERM)
+            elif self.stopping_since is not None and time.monotonic() - self.stopping_since > GRACE:
+                self.emit(NoteEvent(time.time(), "warning", f"job still running {GRACE:g}s after SIGTERM: sending SIGKILL"))
+                self.signal_all(torchrun, signal.SIGKILL)
+                self.stopping_since = float("inf")
+            time.sleep(POLL)
+        # torchrun is gone; sweep any rank or worker it left behind
+        if tr is not None:
+            self.discover(tr)
+        leftovers = [p for p, _ in self.ranks.values() if p.is_ours()]
+        if leftovers:
+            self.remember_family_from_ranks()
+            self.emit(NoteEvent(time.time(), "warning", "torchrun exited leaving ranks " + ", ".join(str(p.pid) for p in leftovers) + ": stopping them"))
+            self.signal_all(None, signal.SIGTERM)
+            deadline = time.monotonic() + min(GRACE, 5)
+            while time.monotonic() < deadline and any(p.is_ours() and p.p.status() != psutil.STATUS_ZOMBIE for p, _ in self.ranks.values()):
+                time.sleep(0.1)
+            self.signal_all(None, signal.SIGKILL)
+        self.discover_end()
+        code = _exit_code(rc)
+        if self.stop_requested:
+            return self.finish(STOPPED, code, "stopped on request")
+        return self.finish(SUCCEEDED if code == 0 else FAILED, code, f"torchrun exited with {code}")
+
+    def remember_family_from_ranks(self) -> None:
+        for proc, _ in self.ranks.values():
+            try:
+                for p in proc.p.children(recursive=True):
+                    self.family.setdefault(p.pid, _Proc(p))
+            except psutil.Error:
+                pass
+
+    def discover_end(self) -> None:
+        for pid, (proc, info) in self.ranks.items():
+            if not info.get("ended"):
+                info["ended"] = True
+                self.emit(RankEvent(time.time(), pid=pid, alive=False, **{k: v for k, v in info.items() if k != "ended"}))
+
+    def finish(self, state: str, code: int, message: str) -> int:
+        now = time.time()
+        journal.write_json(self.run_dir / journal.EXIT, {"state": state, "exit_code": code, "t": now, "message": message})
+        self.emit(StateEvent(now, state=state, exit_code=code, message=message))
+        return code
+
+
+def main(run_dir: str) -> int:
+    return Supervisor(Path(run_dir)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

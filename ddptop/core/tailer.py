@@ -1,0 +1,164 @@
+"""Tail a growing log file by byte offset.
+
+Never holds more than one bounded line in memory, never raises on bad bytes:
+invalid UTF-8 is replaced, lines longer than ``max_line`` are cut (the whole
+line stays in the file), ``\\r`` progress updates become transient lines.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+MAX_LINE = 64 * 1024
+READ_CHUNK = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    offset: int  # byte offset of the line's first byte in the file
+    text: str
+    partial: bool = False  # cut: the line was longer than max_line
+    transient: bool = False  # unfinished line shown in place (\r update)
+
+
+def _decode(b: bytes) -> str:
+    return b.decode("utf-8", "replace")
+
+
+def _cut(b: bytes, limit: int) -> bytes:
+    """Cut to at most ``limit`` bytes without splitting a UTF-8 sequence."""
+    if len(b) <= limit:
+        return b
+    end = limit
+    # step back over continuation bytes (10xxxxxx) to a character start
+    while end > 0 and (b[end] & 0xC0) == 0x80 and limit - end < 4:
+        end -= 1
+    return b[:end]
+
+
+def _last_cr_segment(b: bytes) -> bytes:
+    """What a terminal shows for a line with carriage returns in it."""
+    if b"\r" not in b:
+        return b
+    for seg in reversed(b.split(b"\r")):
+        if seg:
+            return seg
+    return b""
+
+
+class Tailer:
+    def __init__(self, path: str | os.PathLike, offset: int = 0, max_line: int = MAX_LINE):
+        self.path = os.fspath(path)
+        self.pos = offset  # next byte to read
+        self.line_start = offset  # offset of the first byte of the pending line
+        self.max_line = max_line
+        self._carry = b""  # bytes of the pending (unterminated) line
+        self._skipping = False  # inside an over-long line whose head was emitted
+        self._last_transient = b""
+        self._f = None
+        self._ino = None
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def _open(self) -> bool:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False
+        if self._f is not None and (st.st_ino != self._ino or st.st_size < self.pos):
+            # replaced or truncated: start over from the beginning of the new file
+            self.close()
+            self.pos = self.line_start = 0
+            self._carry = b""
+            self._skipping = False
+        if self._f is None:
+            try:
+                self._f = open(self.path, "rb")
+            except OSError:
+                return False
+            self._ino = st.st_ino
+        return True
+
+    def at_eof(self) -> bool:
+        try:
+            return os.stat(self.path).st_size <= self.pos
+        except OSError:
+            return True
+
+    def read(self, max_bytes: int = READ_CHUNK) -> list[Line]:
+        """Read what was appended since the last call (at most ``max_bytes``)."""
+        if not self._open():
+            return []
+        f = self._f
+        f.seek(self.pos)
+        data = f.read(max_bytes)
+        if not data:
+            return []
+        self.pos += len(data)
+        return self._feed(data)
+
+    def flush(self) -> list[Line]:
+        """Emit a pending unterminated line (at the end of a finished file)."""
+        out = []
+        if self._carry and not self._skipping:
+            text = _last_cr_segment(self._carry.rstrip(b"\r"))
+            out.append(Line(self.line_start, _decode(text)))
+            self.line_start += len(self._carry)
+        self._carry = b""
+        self._skipping = False
+        return out
+
+    def _feed(self, data: bytes) -> list[Line]:
+        out: list[Line] = []
+        max_line = self.max_line
+        if self._skipping:
+            nl = data.find(b"\n")
+            if nl < 0:
+                self.line_start += len(data)
+                return out
+            self.line_start += nl + 1
+            data = data[nl + 1 :]
+            self._skipping = False
+        if self._carry:
+            data = self._carry + data
+            self._carry = b""
+        parts = data.split(b"\n")
+        tail = parts.pop()
+        start = self.line_start
+        append = out.append
+        for raw in parts:
+            n = len(raw) + 1
+            if raw.endswith(b"\r"):
+                raw = raw[:-1]
+            if b"\r" in raw:
+                raw = _last_cr_segment(raw)
+            if len(raw) > max_line:
+                append(Line(start, _decode(_cut(raw, max_line)), partial=True))
+            else:
+                append(Line(start, raw.decode("utf-8", "replace")))
+            start += n
+        self.line_start = start
+        self._last_transient = b"" if parts else self._last_transient
+        if tail:
+            if len(tail) > max_line and b"\r" not in tail[-max_line:]:
+                # an endless line: emit its head once, skip the rest until newline
+                out.append(Line(start, _decode(_cut(tail, max_line)), partial=True))
+                self.line_start += len(tail)
+                self._skipping = True
+            else:
+                if b"\r" in tail:
+                    # progress bar updating in place: keep only the last segment
+                    cut = tail.rfind(b"\r")
+                    seg = _last_cr_segment(tail)
+                    if seg and seg != self._last_transient:
+                        out.append(Line(start, _decode(_cut(seg, max_line)), transient=True))
+                        self._last_transient = seg
+                    # drop overwritten segments to keep memory bounded
+                    self.line_start += cut
+                    tail = tail[cut:]
+                self._carry = tail
+        return out
