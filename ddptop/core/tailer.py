@@ -152,13 +152,15 @@ class Tailer:
             else:
                 if b"\r" in tail:
                     # progress bar updating in place: keep only the last segment
-                    cut = tail.rfind(b"\r")
+                    # (keep the last non-empty segment: it is what is shown)
+                    cut = tail.rstrip(b"\r").rfind(b"\r")
                     seg = _last_cr_segment(tail)
                     if seg and seg != self._last_transient:
                         out.append(Line(start, _decode(_cut(seg, max_line)), transient=True))
                         self._last_transient = seg
                     # drop overwritten segments to keep memory bounded
-                    self.line_start += cut
-                    tail = tail[cut:]
+                    if cut > 0:
+                        self.line_start += cut
+                        tail = tail[cut:]
                 self._carry = tail
         return out

@@ -1,0 +1,122 @@
+"""Real torchrun, two ranks on CPU (gloo), launched and watched by ddptop."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import (EXAMPLE, ROOT, TIMEOUT, alive, ddptop_cmd, json_events, journal_events,
+                      only_run, rank_pids, run_ddptop, wait_for)
+
+STEPS = 30
+
+
+def step_lines(events, rank):
+    return [e["text"] for e in events if e["kind"] == "log" and e["rank"] == rank and e["text"].startswith("step ")]
+
+
+def test_every_rank_line_reaches_journal_and_json_with_its_rank(runs_dir):
+    r = run_ddptop("--json", "torchrun", "--nproc-per-node", "2", EXAMPLE, "--steps", str(STEPS), "--step-time", "0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    events = json_events(r.stdout)
+    assert all("t" in e and "kind" in e for e in events)
+    for rank in (0, 1):
+        steps = step_lines(events, rank)
+        assert [int(s.split()[1]) for s in steps] == list(range(1, STEPS + 1))
+        assert any(e["kind"] == "log" and e["rank"] == rank and e["text"].startswith(f"rank {rank}/2 up") for e in events)
+    final = events[-1]
+    assert final["kind"] == "state" and final["state"] == "succeeded" and final["exit_code"] == 0
+    # the journal holds the same lines, written by the ranks themselves
+    run = only_run(runs_dir)
+    assert oct(run.stat().st_mode & 0o777) == "0o700"
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["user_command"][0] == "torchrun" and "--redirects" in meta["command"]
+    logs = sorted((run / "logs").glob("*/attempt_0/*/stdout.log"))
+    assert len(logs) == 2
+    for log in logs:
+        text = log.read_text()
+        assert sum(1 for l in text.splitlines() if l.startswith("step ")) == STEPS
+    assert json.loads((run / "exit.json").read_text())["exit_code"] == 0
+    assert (run / "torchrun.log").stat().st_size > 0
+
+
+def test_failing_script_exit_code_passes_through(runs_dir):
+    r = run_ddptop("--headless", "torchrun", "--nproc-per-node", "2", EXAMPLE, "--steps", "2", "--step-time", "0", "--fail")
+    assert r.returncode == 1
+    assert "[r0!]" in r.stdout and "RuntimeError: failing on purpose" in r.stdout
+    assert "job failed, exit code 1" in r.stdout
+
+
+def _start_background(*args):
+    return subprocess.Popen(ddptop_cmd(*args), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def test_kill_9_of_ddptop_loses_nothing_and_attach_shows_the_run(runs_dir):
+    steps = 40
+    p = _start_background("--headless", "torchrun", "--nproc-per-node", "2", EXAMPLE,
+                          "--steps", str(steps), "--step-time", "0.1")
+    try:
+        run = wait_for(lambda: next(iter(runs_dir.glob("*")), None) if runs_dir.exists() else None, what="run dir")
+        wait_for(lambda: len(rank_pids(run)) == 2, timeout=TIMEOUT, what="both ranks")
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)
+        # the job carries on without ddptop and records its end
+        wait_for(lambda: (run / "exit.json").exists(), timeout=TIMEOUT, what="job end")
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert json.loads((run / "exit.json").read_text())["exit_code"] == 0
+    r = run_ddptop("--json", "attach", run.name)
+    assert r.returncode == 0, r.stderr
+    events = json_events(r.stdout)
+    for rank in (0, 1):
+        assert [int(s.split()[1]) for s in step_lines(events, rank)] == list(range(1, steps + 1))
+    assert events[-1]["state"] == "succeeded"
+
+
+def test_stopping_from_ddptop_leaves_no_rank_behind(runs_dir):
+    p = _start_background("--json", "torchrun", "--nproc-per-node", "2", EXAMPLE, "--steps", "100000", "--step-time", "0.05")
+    try:
+        run = wait_for(lambda: next(iter(runs_dir.glob("*")), None) if runs_dir.exists() else None, what="run dir")
+        pids = wait_for(lambda: (lambda d: d if len(d) == 2 else None)(rank_pids(run)), timeout=TIMEOUT, what="both ranks")
+        wait_for(lambda: any("step 3 " in f.read_text() for f in run.glob("logs/*/attempt_0/*/stdout.log")), timeout=TIMEOUT, what="steps")
+        sup = json.loads((run / "supervisor.json").read_text())["pid"]
+        torchrun_pid = next(int(e["message"].split()[-1]) for e in journal_events(run) if e["kind"] == "state" and e["state"] == "running")
+        workers = []
+        import psutil
+        for pid in pids.values():
+            workers += [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        os.kill(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    events = json_events(out.decode())
+    assert events[-1]["kind"] == "state" and events[-1]["state"] == "stopped"
+    assert p.returncode == events[-1]["exit_code"] != 0
+    for pid in [*pids.values(), torchrun_pid, sup, *workers]:
+        assert not alive(pid), f"pid {pid} survived the stop"
+
+
+def test_ranks_left_by_a_killed_torchrun_are_stopped(runs_dir):
+    """torchrun killed with SIGKILL orphans its ranks; the supervisor sweeps them."""
+    p = _start_background("--json", "torchrun", "--nproc-per-node", "2", EXAMPLE, "--steps", "100000", "--step-time", "0.05")
+    try:
+        run = wait_for(lambda: next(iter(runs_dir.glob("*")), None) if runs_dir.exists() else None, what="run dir")
+        pids = wait_for(lambda: (lambda d: d if len(d) == 2 else None)(rank_pids(run)), timeout=TIMEOUT, what="both ranks")
+        torchrun_pid = next(int(e["message"].split()[-1]) for e in journal_events(run) if e["kind"] == "state" and e["state"] == "running")
+        os.kill(torchrun_pid, signal.SIGKILL)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    events = json_events(out.decode())
+    assert events[-1]["state"] == "failed" and events[-1]["exit_code"] == 137
+    assert any(e["kind"] == "note" and "leaving ranks" in e["message"] for e in events)
+    for pid in pids.values():
+        assert not alive(pid)
