@@ -12,6 +12,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_enc = json.encoder.encode_basestring  # C implementation: a JSON string literal
+_new = object.__new__
+_setattr = object.__setattr__
+
 # Job states, in the order a job normally passes through them.
 STARTING = "starting"
 RUNNING = "running"
@@ -29,14 +34,10 @@ class Event:
     t: float
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"t": self.t, "kind": self.kind}
-        for f in dataclasses.fields(self):
-            if f.name != "t":
-                d[f.name] = getattr(self, f.name)
-        return d
+        return {"t": self.t, "kind": self.kind, **self.__dict__}
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
+        return _dumps(self.to_dict())
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,26 @@ class LogEvent(Event):
     offset: int = 0
     partial: bool = False
     transient: bool = False
+
+    @classmethod
+    def fast(cls, t, rank, stream, text, attempt, path, offset, partial=False, transient=False) -> "LogEvent":
+        """Same as the constructor, several times cheaper (hot path: every line)."""
+        ev = _new(cls)
+        _setattr(ev, "__dict__", {
+            "t": t, "rank": rank, "stream": stream, "text": text, "attempt": attempt,
+            "path": path, "offset": offset, "partial": partial, "transient": transient,
+        })
+        return ev
+
+    def to_json(self) -> str:
+        # hand-rolled for speed; equal to json.dumps(self.to_dict()) (tested)
+        return (
+            f'{{"t":{self.t!r},"kind":"log","rank":{"null" if self.rank is None else self.rank},'
+            f'"stream":{_enc(self.stream)},"text":{_enc(self.text)},"attempt":{self.attempt},'
+            f'"path":{_enc(self.path)},"offset":{self.offset},'
+            f'"partial":{"true" if self.partial else "false"},'
+            f'"transient":{"true" if self.transient else "false"}}}'
+        )
 
 
 @dataclass(frozen=True)

@@ -150,10 +150,9 @@ class Session:
             if lines:
                 rank = self._rank_for(attempt, local_rank)
                 rel = os.path.relpath(path, run_dir)
-                out.extend(
-                    LogEvent(now, rank, stream, tl.text, attempt, rel, tl.offset, tl.partial, tl.transient)
-                    for tl in lines
-                )
+                fast = LogEvent.fast
+                out.extend([fast(now, rank, stream, text, attempt, rel, off, part, trans)
+                            for off, text, part, trans in lines])
             if not tailer.at_eof():
                 drained = False
         if self._final is None and not self.is_live_cached(now):

@@ -8,18 +8,21 @@ line stays in the file), ``\\r`` progress updates become transient lines.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from itertools import accumulate, repeat
+from typing import NamedTuple
 
 MAX_LINE = 64 * 1024
 READ_CHUNK = 4 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class Line:
+class Line(NamedTuple):
     offset: int  # byte offset of the line's first byte in the file
     text: str
     partial: bool = False  # cut: the line was longer than max_line
     transient: bool = False  # unfinished line shown in place (\r update)
+
+
+_make_line = Line._make
 
 
 def _decode(b: bytes) -> str:
@@ -129,6 +132,14 @@ class Tailer:
         parts = data.split(b"\n")
         tail = parts.pop()
         start = self.line_start
+        lens = [len(p) + 1 for p in parts]
+        if parts and b"\r" not in data and max(lens) <= max_line + 1:
+            # fast path (the common case): decode once, split once, no per-line branches
+            body = data[: sum(lens) - 1].decode("utf-8", "replace").split("\n")
+            offsets = list(accumulate(lens, initial=start))
+            start = offsets.pop()
+            out = list(map(_make_line, zip(offsets, body, repeat(False), repeat(False))))
+            parts = ()
         append = out.append
         for raw in parts:
             n = len(raw) + 1
@@ -142,7 +153,7 @@ class Tailer:
                 append(Line(start, raw.decode("utf-8", "replace")))
             start += n
         self.line_start = start
-        self._last_transient = b"" if parts else self._last_transient
+        self._last_transient = b"" if lens else self._last_transient
         if tail:
             if len(tail) > max_line and b"\r" not in tail[-max_line:]:
                 # an endless line: emit its head once, skip the rest until newline

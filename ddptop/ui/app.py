@@ -1,0 +1,698 @@
+"""The Textual UI: a live view of one run (a Session).
+
+``make_app(session)`` builds it; after ``app.run()`` the return value is
+``"detach"`` (the job keeps running), ``"stop"`` (``session.stop()`` was
+called; the caller waits for the end) or ``"finished"`` (the job had ended).
+
+Data flow: a thread worker calls ``session.poll()`` and hands events over in a
+list; at most one ``EventsReady`` message is in flight at a time, and the UI
+takes the whole accumulated batch per message.  Each log pane writes a bounded
+number of lines per batch, in one call.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from rich.text import Text
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, Vertical
+from textual.markup import escape
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import (
+    Button,
+    DataTable,
+    Footer,
+    Input,
+    Label,
+    RichLog,
+    Static,
+    TabbedContent,
+    TabPane,
+)
+
+from ddptop.core.events import FINAL_STATES, LogEvent, NoteEvent, RankEvent, StateEvent
+from ddptop.core.model import JobModel
+from ddptop.ui import logview
+from ddptop.ui.logview import Line, PaneBuffer
+from ddptop.ui.themes import DEFAULT_THEME, FALLBACK_THEME, load_themes
+
+BACKLOG_EVENTS = 200_000  # the poller waits while this many events wait for the UI
+
+STATE_VAR = {
+    "starting": "$accent",
+    "running": "$primary",
+    "stopping": "$warning",
+    "succeeded": "$success",
+    "failed": "$error",
+    "stopped": "$warning",
+    "lost": "$error",
+}
+
+HELP_TEXT = """\
+[b]ddptop keys[/b]
+
+  [b]m[/b]              merged log (every rank, prefixed [r0] [r1] …)
+  [b]0[/b]-[b]9[/b]            log of rank N
+  [b]t[/b]              torchrun's own output
+  [b]tab[/b] / [b]shift+tab[/b]  next / previous log pane
+  [b]enter[/b] on a rank  open that rank's log
+  [b]/[/b]              filter log lines (case-insensitive); [b]esc[/b] clears
+  [b]end[/b] / [b]home[/b]     follow the log / go to its top
+  [b]w[/b]              wrap long lines on/off
+  [b]ctrl+p[/b]         command palette (themes: "Change theme")
+  [b]?[/b]              this help
+  [b]q[/b] / [b]ctrl+c[/b]     quit: detach (job keeps running) or stop the job
+
+The journal keeps every line; the panes keep the last 20,000 lines each.
+"""
+
+
+def _fmt_duration(s: float) -> str:
+    s = max(0, int(s))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m:02d}:{sec:02d}"
+
+
+def _fmt_age(s: float) -> str:
+    if s < 10:
+        return f"{s:.1f}s"
+    if s < 3600:
+        return f"{int(s)}s"
+    return _fmt_duration(s)
+
+
+class EventsReady(Message):
+    """Events are waiting in the app's inbox (one message per batch)."""
+
+
+class PollFailed(Message):
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        self.error = error
+
+
+# -- modals ------------------------------------------------------------------
+
+
+class QuitScreen(ModalScreen[str | None]):
+    DEFAULT_CSS = """
+    QuitScreen { align: center middle; }
+    QuitScreen > Vertical {
+        width: 52; height: auto; padding: 1 2;
+        background: $panel; border: thick $primary;
+    }
+    QuitScreen Label { width: 100%; content-align: center middle; margin-bottom: 1; }
+    QuitScreen Button { width: 100%; margin-bottom: 1; }
+    """
+    BINDINGS = [
+        Binding("d", "choose('detach')", "Detach", show=False),
+        Binding("s", "choose('stop')", "Stop", show=False),
+        Binding("escape,c,n", "choose(None)", "Cancel", show=False),
+    ]
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label("Quit ddptop — the job is still running.")
+            yield Button("Detach (job keeps running)  [d]", id="detach", variant="primary")
+            yield Button("Stop the job  [s]", id="stop", variant="error")
+            yield Button("Cancel  [esc]", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#detach", Button).focus()
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(None if event.button.id == "cancel" else event.button.id)
+
+    def action_choose(self, what: str | None) -> None:
+        self.dismiss(what)
+
+
+class HelpScreen(ModalScreen[None]):
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > Vertical {
+        width: 76; height: auto; max-height: 90%; padding: 1 2;
+        background: $panel; border: thick $primary;
+    }
+    """
+    BINDINGS = [Binding("escape,q,question_mark,enter", "dismiss(None)", "Close", show=False)]
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(HELP_TEXT)
+            yield Label("[dim]esc / ? / q closes[/dim]")
+
+
+class FilterInput(Input):
+    BINDINGS = [Binding("escape", "app.clear_filter", "Clear filter", show=False)]
+
+
+# -- the app -----------------------------------------------------------------
+
+
+class DdptopApp(App[str]):
+    TITLE = "ddptop"
+    DEFAULT_CSS = """
+    Screen { layout: vertical; }
+    #header {
+        height: 1; width: 100%; padding: 0 1;
+        background: $panel; color: $foreground;
+    }
+    #ranks {
+        height: auto; max-height: 12;
+        border-bottom: solid $primary 40%;
+    }
+    #panes { height: 1fr; }
+    #panes TabPane { padding: 0; }
+    .logview RichLog { height: 1fr; background: $surface; scrollbar-size-vertical: 1; overflow-x: hidden; }
+    .logview .live {
+        height: auto; max-height: 4; display: none;
+        background: $surface; color: $text-muted; padding: 0 0 0 0;
+    }
+    .logview .live.-on { display: block; }
+    #filter { dock: bottom; display: none; height: 3; border: tall $accent; }
+    #filter.-on { display: block; }
+    """
+
+    BINDINGS = [
+        Binding("q", "request_quit", "Quit"),
+        Binding("ctrl+c,ctrl+q", "request_quit", "Quit", show=False, priority=True),
+        Binding("question_mark", "help", "Help"),
+        Binding("slash", "open_filter", "Filter"),
+        Binding("m", "pane('merged')", "Merged"),
+        Binding("t", "pane('torchrun')", "torchrun", show=False),
+        Binding("tab", "cycle(1)", "Next pane", priority=True),
+        Binding("shift+tab", "cycle(-1)", "Prev pane", show=False, priority=True),
+        Binding("w", "toggle_wrap", "Wrap", show=False),
+        Binding("end", "follow", "Follow", show=False),
+        Binding("home", "top", "Top", show=False),
+    ] + [Binding(str(n), f"rank({n})", f"Rank {n}", show=False) for n in range(10)]
+
+    MAIN_ACTIONS = {"request_quit", "help", "open_filter", "pane", "cycle", "rank", "follow", "top", "clear_filter", "toggle_wrap"}
+
+    def __init__(self, session: Any, *, theme: str | None = None, poll_interval: float = 0.1) -> None:
+        super().__init__()
+        self.session = session
+        self.poll_interval = poll_interval
+        self.model = JobModel()
+        self._requested_theme = theme
+        self._inbox: list = []
+        self._inbox_lock = threading.Lock()
+        self._posted = False
+        self._panes: dict[str, PaneBuffer] = {"merged": PaneBuffer("merged", merged=True)}
+        self._views: dict[str, tuple[RichLog, Static]] = {}
+        self._filter = ""
+        self._wrap = True
+        self._stopping = False
+        self._palette: list[str] = []
+        self._poll_error: str | None = None
+        meta = getattr(session, "meta", None)
+        self.run_id = getattr(meta, "run_id", None) or str(getattr(session, "run_dir", "run"))
+        self.sub_title = self.run_id
+
+    # -- layout ---------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="header")
+        table: DataTable = DataTable(id="ranks", cursor_type="row", zebra_stripes=True)
+        yield table
+        with TabbedContent(id="panes", initial="pane-merged"):
+            with TabPane("merged", id="pane-merged"):
+                yield from self._make_view("merged")
+        yield FilterInput(placeholder="filter: lines containing… (esc clears, enter keeps)", id="filter")
+        yield Footer()
+
+    def _make_view(self, key: str):
+        log = RichLog(max_lines=logview.LOG_MAX_LINES, wrap=self._wrap, markup=False, highlight=False, id=f"log-{key}")
+        live = Static("", classes="live", id=f"live-{key}")
+        self._views[key] = (log, live)
+        box = Vertical(log, live, classes="logview")
+        return [box]
+
+    def on_mount(self) -> None:
+        self._setup_themes()
+        table = self.query_one("#ranks", DataTable)
+        for key, label in (
+            ("rank", "rank"), ("local", "local"), ("node", "node"), ("pid", "pid"), ("state", "state"),
+            ("attempt", "attempt"), ("since", "last output"), ("step", "step"), ("lines", "lines"),
+        ):
+            table.add_column(label, key=key)
+        self._refresh_header()
+        self.set_interval(1.0, self._tick)
+        self._poll_loop()
+
+    def _setup_themes(self) -> None:
+        try:
+            for th in load_themes():
+                self.register_theme(th)
+        except Exception:
+            pass
+        wanted = self._requested_theme or DEFAULT_THEME
+        if wanted in self.available_themes:
+            self.theme = wanted
+        elif self._requested_theme:
+            self.theme = FALLBACK_THEME
+            self.notify(f"unknown theme {self._requested_theme!r}; using {FALLBACK_THEME}", severity="warning")
+        else:
+            self.theme = FALLBACK_THEME if DEFAULT_THEME not in self.available_themes else DEFAULT_THEME
+        self._update_palette()
+
+    def watch_theme(self, theme: str) -> None:
+        self._update_palette()
+        for pane in self._panes.values():
+            pane.dirty = True
+        try:
+            self._render_active()
+            self._refresh_table()
+        except Exception:
+            pass
+
+    def _update_palette(self) -> None:
+        try:
+            th = self.current_theme
+            self._palette = [c for c in (th.primary, th.accent, th.success, th.secondary, th.warning) if c]
+        except Exception:
+            self._palette = []
+
+    # -- polling (thread) -----------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="poll", exit_on_error=False)
+    def _poll_loop(self) -> None:
+        from textual.worker import get_current_worker
+
+        worker = get_current_worker()
+        session = self.session
+        while not worker.is_cancelled:
+            try:
+                events = session.poll()
+            except Exception as e:  # keep the UI alive; say what happened
+                self.post_message(PollFailed(f"{type(e).__name__}: {e}"))
+                time.sleep(max(self.poll_interval, 1.0))
+                continue
+            if events:
+                with self._inbox_lock:
+                    self._inbox.extend(events)
+                    backlog = len(self._inbox)
+                    post = not self._posted
+                    self._posted = True
+                if post:
+                    self.post_message(EventsReady())
+                if backlog > BACKLOG_EVENTS:
+                    time.sleep(self.poll_interval)
+            if getattr(session, "finished", False):
+                break
+            if not events:
+                time.sleep(self.poll_interval)
+
+    def on_poll_failed(self, msg: PollFailed) -> None:
+        if msg.error != self._poll_error:
+            self._poll_error = msg.error
+            self._add_line(Line(-1, "note", f"reading the journal failed: {msg.error}", "bold"))
+            self._flush_views()
+
+    def on_events_ready(self, _msg: EventsReady) -> None:
+        with self._inbox_lock:
+            events, self._inbox = self._inbox, []
+            self._posted = False
+        if events:
+            self.ingest(events)
+
+    # -- events -> model, buffers, widgets ------------------------------------
+
+    def ingest(self, events: list) -> None:
+        """Apply one batch of events (also usable directly from tests)."""
+        try:
+            self.model.apply(events)
+        except Exception as e:
+            self._add_line(Line(-1, "note", f"could not apply events: {e}", "bold"))
+        new_ranks = False
+        for ev in events:
+            try:
+                if isinstance(ev, LogEvent):
+                    if ev.rank is not None and self._ensure_rank(ev.rank):
+                        new_ranks = True
+                    if ev.transient:
+                        self._set_live(ev.rank, ev.stream, ev.text)
+                    else:
+                        self._add_line(Line(ev.rank, ev.stream, ev.text))
+                elif isinstance(ev, RankEvent):
+                    if self._ensure_rank(ev.rank):
+                        new_ranks = True
+                elif isinstance(ev, StateEvent):
+                    msg = f"job {ev.state}"
+                    if ev.exit_code is not None:
+                        msg += f" (exit code {ev.exit_code})"
+                    if ev.message:
+                        msg += f": {ev.message}"
+                    self._add_line(Line(-1, "note", msg, "bold"))
+                elif isinstance(ev, NoteEvent):
+                    style = "bold" if ev.level in ("warning", "error") else "dim"
+                    self._add_line(Line(-1, "note", f"{ev.level}: {ev.message}", style))
+            except Exception as e:  # one bad event must not take the monitor down
+                self._add_line(Line(-1, "note", f"could not show an event: {e}", "dim"))
+        if any(isinstance(ev, LogEvent) and ev.rank is None for ev in events):
+            self._ensure_pane("torchrun")
+        self._flush_views()
+        self._refresh_table()
+        self._refresh_header()
+        if new_ranks:
+            self.refresh_bindings()
+
+    def _pane_key(self, rank: int | None) -> str:
+        return "torchrun" if rank is None else f"r{rank}"
+
+    def _add_line(self, line: Line) -> None:
+        self._panes["merged"].add(line)
+        if line.rank is None or line.rank >= 0:
+            pane = self._panes.get(self._pane_key(line.rank))
+            if pane is None:
+                pane = self._ensure_pane(self._pane_key(line.rank))
+            pane.add(line)
+
+    def _set_live(self, rank: int | None, stream: str, text: str) -> None:
+        self._panes["merged"].set_live(rank, stream, text)
+        key = self._pane_key(rank)
+        pane = self._panes.get(key) or self._ensure_pane(key)
+        pane.set_live(rank, stream, text)
+
+    def _ensure_rank(self, rank: int) -> bool:
+        if f"r{rank}" in self._panes:
+            return False
+        self._ensure_pane(f"r{rank}")
+        return True
+
+    def _pane_order(self) -> list[str]:
+        ranks = sorted(int(k[1:]) for k in self._panes if k.startswith("r"))
+        order = ["merged"] + [f"r{r}" for r in ranks]
+        if "torchrun" in self._panes:
+            order.append("torchrun")
+        return order
+
+    def _ensure_pane(self, key: str) -> PaneBuffer:
+        pane = self._panes.get(key)
+        if pane is not None:
+            return pane
+        pane = self._panes[key] = PaneBuffer(key)
+        title = "torchrun" if key == "torchrun" else f"rank {key[1:]}"
+        tp = TabPane(title, *self._make_view(key), id=f"pane-{key}")
+        order = self._pane_order()
+        tabs = self.query_one("#panes", TabbedContent)
+        after = order[order.index(key) + 1:]
+        before = next((f"pane-{k}" for k in after if k in self._views and k != key and self._mounted_pane(k)), None)
+        if before is not None:
+            tabs.add_pane(tp, before=before)
+        else:
+            tabs.add_pane(tp)
+        return pane
+
+    def _mounted_pane(self, key: str) -> bool:
+        try:
+            self.query_one(f"#pane-{key}", TabPane)
+            return True
+        except Exception:
+            return False
+
+    def _active_key(self) -> str:
+        try:
+            active = self.query_one("#panes", TabbedContent).active or "pane-merged"
+        except Exception:
+            return "merged"
+        return active.removeprefix("pane-")
+
+    def _flush_views(self) -> None:
+        """Write what is new to the visible pane; hidden panes re-render on show."""
+        active = self._active_key()
+        for key, pane in self._panes.items():
+            if key == active:
+                self._render_pane(key)
+            elif pane.pending:
+                pane.pending = []
+                pane.dirty = True
+
+    def _render_active(self) -> None:
+        self._render_pane(self._active_key())
+
+    def _render_pane(self, key: str) -> None:
+        pane = self._panes.get(key)
+        view = self._views.get(key)
+        if pane is None or view is None:
+            return
+        log, live = view
+        try:
+            full, lines, hidden = pane.take_render(self._filter)
+            if full:
+                log.clear()
+            text = logview.render_lines(lines, pane.merged, self._palette, hidden, full)
+            if text is not None:
+                log.write(text, scroll_end=None)
+            if pane.live_changed or full:
+                pane.live_changed = False
+                self._render_live(pane, live)
+        except Exception as e:
+            try:
+                log.write(Text(f"<could not render lines: {e}>", style="dim"))
+            except Exception:
+                pass
+
+    def _render_live(self, pane: PaneBuffer, live: Static) -> None:
+        needle = self._filter.lower()
+        parts = []
+        for (rank, _stream), raw in list(pane.live.items())[-4:]:
+            if needle and needle not in logview.plain(raw).lower():
+                continue
+            parts.append(Line(rank, _stream, raw))
+        text = logview.render_lines(parts, pane.merged, self._palette, 0, False) if parts else None
+        live.update(text if text is not None else "")
+        live.set_class(text is not None, "-on")
+
+    # -- header and table -----------------------------------------------------
+
+    def _tick(self) -> None:
+        self._refresh_header()
+        self._refresh_table()
+
+    def _refresh_header(self) -> None:
+        try:
+            m = self.model
+            now = time.time()
+            started = m.started or getattr(getattr(self.session, "meta", None), "started", None)
+            end = m.ended if m.ended is not None else now
+            elapsed = _fmt_duration(end - started) if started else "--:--"
+            var = STATE_VAR.get(m.state, "$foreground")
+            parts = [
+                f"[b]ddptop[/b] {escape(self.run_id)}",
+                f"[b {var}]{escape(m.state.upper())}[/]",
+                f"⏱ {elapsed}",
+                f"ranks {len(self.model.ranks)}",
+                f"restarts {m.attempt}",
+            ]
+            if m.state in FINAL_STATES:
+                code = "-" if m.exit_code is None else str(m.exit_code)
+                cvar = "$success" if m.exit_code == 0 else "$error"
+                parts.append(f"exit [b {cvar}]{code}[/]")
+            elif self._stopping:
+                parts.append("[$warning]stop requested…[/]")
+            if self._filter:
+                parts.append(f"filter [b $accent]{escape(self._filter)}[/]")
+            self.query_one("#header", Static).update("  │  ".join(parts))
+        except Exception:
+            pass
+
+    def _refresh_table(self) -> None:
+        try:
+            table = self.query_one("#ranks", DataTable)
+        except Exception:
+            return
+        now = time.time()
+        th = self.current_theme
+        finished = self.model.finished
+        added = False
+        for r, info in sorted(self.model.ranks.items()):
+            try:
+                if info.alive is None:
+                    state = Text("waiting", style="dim")
+                elif info.alive and not finished:
+                    state = Text("alive", style=th.success or "")
+                else:
+                    rc = info.exit_code
+                    if rc is None:
+                        state = Text("exited" if not info.alive else "gone", style="dim")
+                    else:
+                        state = Text(f"exited {rc}", style=(th.success if rc == 0 else th.error) or "")
+                if info.last_output_t is None:
+                    since = Text("-", style="dim")
+                elif info.alive and not finished:
+                    age = now - info.last_output_t
+                    style = (th.warning or "") if age > 60 else ""
+                    since = Text(_fmt_age(age), style=style)
+                else:
+                    since = Text("-", style="dim")
+                row = {
+                    "rank": r,
+                    "local": "-" if info.local_rank is None else info.local_rank,
+                    "node": info.node or "-",
+                    "pid": "-" if info.pid is None else info.pid,
+                    "state": state,
+                    "attempt": info.attempt,
+                    "since": since,
+                    "step": "-" if info.last_step is None else info.last_step,
+                    "lines": info.lines,
+                }
+                key = str(r)
+                if key not in table.rows:
+                    table.add_row(*row.values(), key=key)
+                    added = True
+                else:
+                    for col, val in row.items():
+                        table.update_cell(key, col, val, update_width=True)
+            except Exception:
+                continue
+        if added:
+            try:
+                table.sort("rank")
+            except Exception:
+                pass
+
+    # -- actions --------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        if action in self.MAIN_ACTIONS and len(self.screen_stack) > 1:
+            return False
+        if action == "rank" and parameters and f"r{parameters[0]}" not in self._panes:
+            return None if len(self.screen_stack) <= 1 else False
+        return True
+
+    def show_pane(self, key: str) -> bool:
+        if key not in self._panes or not self._mounted_pane(key):
+            return False
+        tabs = self.query_one("#panes", TabbedContent)
+        tabs.active = f"pane-{key}"
+        self._render_pane(key)
+        log = self._views[key][0]
+        if not isinstance(self.focused, Input):
+            log.focus()
+        return True
+
+    def action_pane(self, key: str) -> None:
+        if not self.show_pane(key):
+            self.notify(f"no {key} output yet", timeout=2)
+
+    def action_rank(self, n: int) -> None:
+        if not self.show_pane(f"r{n}"):
+            self.notify(f"no rank {n} yet", timeout=2)
+
+    def action_cycle(self, step: int) -> None:
+        order = [k for k in self._pane_order() if self._mounted_pane(k)]
+        if not order:
+            return
+        cur = self._active_key()
+        i = order.index(cur) if cur in order else 0
+        self.show_pane(order[(i + step) % len(order)])
+
+    def action_follow(self) -> None:
+        log = self._views.get(self._active_key(), (None, None))[0]
+        if log is not None:
+            log.auto_scroll = True
+            log.scroll_end(animate=False)
+
+    def action_toggle_wrap(self) -> None:
+        self._wrap = not self._wrap
+        for log, _live in self._views.values():
+            log.wrap = self._wrap
+        for pane in self._panes.values():
+            pane.dirty = True
+        self._render_active()
+        self.notify("long lines wrap" if self._wrap else "long lines are cut at the edge", timeout=2)
+
+    def action_top(self) -> None:
+        log = self._views.get(self._active_key(), (None, None))[0]
+        if log is not None:
+            log.scroll_home(animate=False)
+
+    @on(TabbedContent.TabActivated)
+    def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        self._render_active()
+
+    @on(DataTable.RowSelected, "#ranks")
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        self.show_pane(f"r{event.row_key.value}")
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_open_filter(self) -> None:
+        inp = self.query_one("#filter", FilterInput)
+        inp.add_class("-on")
+        inp.focus()
+
+    @on(Input.Changed, "#filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        self.set_filter(event.value)
+
+    @on(Input.Submitted, "#filter")
+    def _filter_submitted(self, event: Input.Submitted) -> None:
+        if not event.value:
+            self.action_clear_filter()
+            return
+        self._views[self._active_key()][0].focus()
+
+    def set_filter(self, text: str) -> None:
+        if text == self._filter:
+            return
+        self._filter = text
+        for pane in self._panes.values():
+            pane.dirty = True
+        self._render_active()
+        self._refresh_header()
+
+    def action_clear_filter(self) -> None:
+        inp = self.query_one("#filter", FilterInput)
+        inp.value = ""
+        inp.remove_class("-on")
+        self.set_filter("")
+        view = self._views.get(self._active_key())
+        if view is not None:
+            view[0].focus()
+
+    def action_request_quit(self) -> None:
+        if self._stopping:
+            return
+        if isinstance(self.screen, QuitScreen):
+            return
+        if self.model.finished or getattr(self.session, "finished", False):
+            self._quit("finished")
+            return
+        self.push_screen(QuitScreen(), self._quit_chosen)
+
+    def _quit_chosen(self, choice: str | None) -> None:
+        if choice == "detach":
+            self._quit("detach")
+        elif choice == "stop":
+            self._stopping = True
+            self._refresh_header()
+            self._stop_job()
+
+    @work(thread=True, exclusive=True, group="stop", exit_on_error=False)
+    def _stop_job(self) -> None:
+        try:
+            self.session.stop()
+        finally:
+            self.call_from_thread(self._quit, "stop")
+
+    def _quit(self, result: str) -> None:
+        self.workers.cancel_group(self, "poll")
+        self.exit(result)
+
+
+def make_app(session: Any, *, theme: str | None = None, poll_interval: float = 0.1) -> DdptopApp:
+    """The one factory for the CLI and the tests."""
+    return DdptopApp(session, theme=theme, poll_interval=poll_interval)

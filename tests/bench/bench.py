@@ -1,0 +1,145 @@
+"""ddptop benchmarks: print figures, assert nothing.
+
+    python3 tests/bench/bench.py            # all
+    python3 tests/bench/bench.py help ingest
+
+Figures: `ddptop --help` wall time; time to the TUI's first frame; headless
+ingest throughput (lines/s) for a synthetic multi-rank burst; ddptop's CPU use
+(viewer and supervisor) while supervising a quiet 2-rank job.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def bench_help(n: int = 7) -> None:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "ddptop", "--help"], stdout=subprocess.DEVNULL, check=True, cwd=ROOT, timeout=60)
+        times.append(time.perf_counter() - t0)
+    print(f"ddptop --help wall time: median {statistics.median(times) * 1000:.0f} ms, min {min(times) * 1000:.0f} ms  (n={n})")
+
+
+def make_synthetic_run(d: Path, ranks: int, lines: int, finished: bool = True) -> Path:
+    from ddptop.core import journal
+    run = d / "run"
+    run.mkdir()
+    log_dir = run / "logs"
+    meta = journal.Meta("bench", ["torchrun"], ["torchrun"], {}, str(ROOT), "bench", time.time(), str(log_dir), ranks, 0, "bench")
+    journal.write_json(run / journal.META, meta.to_dict())
+    with open(run / journal.EVENTS, "w") as f:
+        f.write(json.dumps({"t": time.time(), "kind": "state", "state": "running"}) + "\n")
+        for r in range(ranks):
+            f.write(json.dumps({"t": time.time(), "kind": "rank", "rank": r, "local_rank": r, "node": "bench", "pid": 1, "attempt": 0, "alive": True}) + "\n")
+        if finished:
+            f.write(json.dumps({"t": time.time(), "kind": "state", "state": "succeeded", "exit_code": 0}) + "\n")
+    if finished:
+        journal.write_json(run / journal.EXIT, {"state": "succeeded", "exit_code": 0})
+    for r in range(ranks):
+        p = log_dir / "x_1" / "attempt_0" / str(r)
+        p.mkdir(parents=True)
+        with open(p / "stdout.log", "w") as f:
+            f.write("".join(f"step {i} loss 0.{i % 9973:04d} lr 3e-4 epoch 1 [batch {i}/1000000]\n" for i in range(lines)))
+        (p / "stderr.log").write_text("")
+    return run
+
+
+def bench_ingest(ranks: int = 8, lines: int = 250_000) -> None:
+    from ddptop.core.headless import run_headless
+    from ddptop.core.session import Session
+    with tempfile.TemporaryDirectory() as d:
+        run = make_synthetic_run(Path(d), ranks, lines)
+        total = ranks * lines
+        for mode in ("text", "json"):
+            s = Session.open(run)
+            out = open(os.devnull, "w")
+            t0 = time.perf_counter()
+            run_headless(s, json_mode=(mode == "json"), out=out, stop_on_signal=False, interval=0)
+            dt = time.perf_counter() - t0
+            print(f"headless ingest ({mode}): {total / dt:,.0f} lines/s ({ranks} ranks x {lines:,} lines in {dt:.2f} s)")
+        s = Session.open(run)
+        t0 = time.perf_counter()
+        n = 0
+        while not s.finished:
+            n += len(s.poll())
+        dt = time.perf_counter() - t0
+        print(f"session poll only (events, no output): {n / dt:,.0f} events/s")
+
+
+def bench_first_frame() -> None:
+    code = r'''
+import asyncio, sys, time, tempfile
+from pathlib import Path
+t0 = time.perf_counter()
+sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/tests/bench")
+from bench import make_synthetic_run
+from ddptop.core.session import Session
+from ddptop.ui.app import make_app
+d = tempfile.mkdtemp()
+run = make_synthetic_run(Path(d), 2, 100)
+app = make_app(Session.open(run))
+async def main():
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        print(f"{(time.perf_counter() - t0) * 1000:.0f}")
+asyncio.run(main())
+'''
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        r = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            print("first frame: could not measure:", r.stderr.strip().splitlines()[-1:] )
+            return
+        times.append(float(r.stdout.strip().splitlines()[-1]))
+    print(f"TUI first frame (process start excluded, imports included): median {statistics.median(times):.0f} ms (n=3)")
+
+
+def bench_supervise(seconds: float = 20) -> None:
+    import psutil
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, DDPTOP_RUNS_DIR=d)
+        steps = int(seconds)
+        p = subprocess.Popen([sys.executable, "-m", "ddptop", "--headless", "torchrun", "--nproc-per-node", "2",
+                              str(ROOT / "examples" / "train_ddp.py"), "--steps", str(steps), "--step-time", "1"],
+                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        viewer = psutil.Process(p.pid)
+        sup = None
+        deadline = time.time() + 60
+        while sup is None and time.time() < deadline:
+            for f in Path(d).glob("*/supervisor.json"):
+                try:
+                    sup = psutil.Process(json.loads(f.read_text())["pid"])
+                except Exception:
+                    pass
+            time.sleep(0.2)
+        time.sleep(8)  # past torch import and rendezvous
+        v0, s0, t0 = sum(viewer.cpu_times()[:2]), sum(sup.cpu_times()[:2]), time.perf_counter()
+        time.sleep(max(1.0, seconds - 12))
+        v1, s1, t1 = sum(viewer.cpu_times()[:2]), sum(sup.cpu_times()[:2]), time.perf_counter()
+        p.wait(timeout=300)
+        dt = t1 - t0
+        print(f"supervising a quiet 2-rank job (1 step/s): viewer {100 * (v1 - v0) / dt:.2f}% of a core, "
+              f"supervisor {100 * (s1 - s0) / dt:.2f}% of a core (over {dt:.0f} s)")
+
+
+BENCHES = {"help": bench_help, "ingest": bench_ingest, "frame": bench_first_frame, "supervise": bench_supervise}
+
+if __name__ == "__main__":
+    names = sys.argv[1:] or list(BENCHES)
+    print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}")
+    for n in names:
+        BENCHES[n]()

@@ -1,0 +1,358 @@
+"""Pilot tests of the Textual UI, on hand-made run directories (no torchrun)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("textual")
+
+from textual.widgets import DataTable, RichLog, TabbedContent  # noqa: E402
+
+from ddptop.core.events import LogEvent, RankEvent, StateEvent  # noqa: E402
+from ddptop.core.session import Session  # noqa: E402
+from ddptop.ui import logview  # noqa: E402
+from ddptop.ui.app import QuitScreen, make_app  # noqa: E402
+from ddptop.ui.themes import load_themes  # noqa: E402
+
+TEST_TIMEOUT = 30  # seconds per test
+SIZE = (120, 40)
+
+
+def run_async(coro, timeout=TEST_TIMEOUT):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def make_run(root: Path, *, finished: bool = False, lines: int = 3) -> Path:
+    """A run directory as the supervisor would leave it: meta, events, rank logs."""
+    run_dir = root / "run"
+    log_dir = run_dir / "logs"
+    now = time.time()
+    run_dir.mkdir(parents=True)
+    meta = {
+        "run_id": "test-run-1",
+        "command": ["torchrun", "--nproc-per-node", "2", "train.py"],
+        "user_command": ["torchrun", "--nproc-per-node", "2", "train.py"],
+        "env_set": {"PYTHONUNBUFFERED": "1"},
+        "cwd": str(root),
+        "host": "h",
+        "started": now,
+        "log_dir": str(log_dir),
+        "nproc_per_node": 2,
+        "node_rank": 0,
+        "ddptop_version": "0.1.0",
+    }
+    (run_dir / "meta.json").write_text(json.dumps(meta))
+    events = [{"t": now, "kind": "state", "state": "running"}]
+    for r, pid in ((0, 4242), (1, 4343)):
+        events.append({"t": now, "kind": "rank", "rank": r, "local_rank": r, "node": "h",
+                       "pid": pid, "attempt": 0, "alive": True})
+    for r in (0, 1):
+        d = log_dir / "x_abc" / "attempt_0" / str(r)
+        d.mkdir(parents=True)
+        body = "".join(f"rank{r} step {i} loss 0.{i}\n" for i in range(lines))
+        if r == 1:
+            body += "\x1b[31mred warning from one\x1b[0m\n"
+        (d / "stdout.log").write_text(body)
+        (d / "stderr.log").write_text("")
+    (run_dir / "torchrun.log").write_text("torchrun says hello\n")
+    if finished:
+        for r in (0, 1):
+            events.append({"t": now + 1, "kind": "rank", "rank": r, "local_rank": r, "node": "h",
+                           "pid": 4242 + 101 * r, "attempt": 0, "alive": False, "exit_code": 0})
+        events.append({"t": now + 2, "kind": "state", "state": "succeeded", "exit_code": 0})
+        (run_dir / "exit.json").write_text(json.dumps({"state": "succeeded", "exit_code": 0, "t": now + 2}))
+    with open(run_dir / "events.jsonl", "w") as f:
+        for e in events:
+            f.write(json.dumps(e) + "\n")
+    return run_dir
+
+
+class SpySession:
+    """A real Session, with stop() recorded instead of signalling anything."""
+
+    def __init__(self, session):
+        self._s = session
+        self.stop_calls = 0
+
+    def stop(self):
+        self.stop_calls += 1
+        return True
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)
+
+
+def log_text(app, key: str) -> str:
+    log = app.query_one(f"#log-{key}", RichLog)
+    return "\n".join(strip.text for strip in log.lines)
+
+
+async def wait_until(pilot, pred, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        await pilot.pause(0.05)
+        try:
+            if pred():
+                return
+        except Exception:
+            pass
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_table_and_merged_pane(tmp_path):
+    run_dir = make_run(tmp_path)
+
+    async def go():
+        app = make_app(Session.open(run_dir), poll_interval=0.02)
+        async with app.run_test(size=SIZE) as pilot:
+            table = app.query_one("#ranks", DataTable)
+            await wait_until(pilot, lambda: table.row_count == 2 and "rank1 step 2" in log_text(app, "merged"),
+                             what="two ranks and their lines")
+            rows = [[str(c) for c in table.get_row(k)] for k in ("0", "1")]
+            assert rows[0][0] == "0" and "4242" in rows[0]
+            assert rows[1][0] == "1" and "4343" in rows[1]
+            assert any("alive" in c for c in rows[0])
+            assert rows[0][7] == "2"  # last step parsed from "step 2"
+            merged = log_text(app, "merged")
+            assert "[r0] rank0 step 0 loss 0.0" in merged
+            assert "[r1] rank1 step 1 loss 0.1" in merged
+            assert "[torchrun] torchrun says hello" in merged
+            # ANSI colour is rendered, not shown as escape codes
+            assert "[r1] red warning from one" in merged
+            assert "\x1b" not in merged and "[31m" not in merged
+            header = str(app.query_one("#header").render())
+            assert "test-run-1" in header and "RUNNING" in header
+
+    run_async(go())
+
+
+def test_rank_pane_and_filter(tmp_path):
+    run_dir = make_run(tmp_path, lines=5)
+
+    async def go():
+        app = make_app(Session.open(run_dir), poll_interval=0.02)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: "rank1 step 4" in log_text(app, "merged"), what="lines")
+            await pilot.press("1")
+            await pilot.pause()
+            assert app.query_one("#panes", TabbedContent).active == "pane-r1"
+            r1 = log_text(app, "r1")
+            assert "rank1 step 0" in r1 and "rank1 step 4" in r1
+            assert "rank0" not in r1 and "[r1]" not in r1
+            # tab goes on to the next pane (torchrun), shift+tab back
+            await pilot.press("tab")
+            await pilot.pause()
+            assert app.query_one("#panes", TabbedContent).active == "pane-torchrun"
+            await pilot.press("shift+tab", "shift+tab")
+            await pilot.pause()
+            assert app.query_one("#panes", TabbedContent).active == "pane-r0"
+            await pilot.press("m")
+            await pilot.pause()
+            assert app.query_one("#panes", TabbedContent).active == "pane-merged"
+
+            # filter: case-insensitive, applied to merged and rank panes
+            await pilot.press("slash")
+            await pilot.press(*"STEP 3")
+            await pilot.pause()
+            merged = log_text(app, "merged")
+            assert "[r0] rank0 step 3" in merged and "[r1] rank1 step 3" in merged
+            assert "step 2" not in merged and "torchrun says" not in merged
+            await pilot.press("enter", "1")  # keep the filter, look at rank 1
+            await pilot.pause()
+            r1 = log_text(app, "r1")
+            assert "rank1 step 3" in r1 and "step 4" not in r1
+            # esc clears the filter
+            await pilot.press("slash", "escape")
+            await pilot.pause()
+            r1 = log_text(app, "r1")
+            assert "rank1 step 0" in r1 and "rank1 step 4" in r1
+
+    run_async(go())
+
+
+def test_live_tailing_and_transient(tmp_path):
+    run_dir = make_run(tmp_path)
+    out0 = run_dir / "logs" / "x_abc" / "attempt_0" / "0" / "stdout.log"
+
+    async def go():
+        app = make_app(Session.open(run_dir), poll_interval=0.02)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: "rank0 step 2" in log_text(app, "merged"), what="first lines")
+            with open(out0, "a") as f:
+                f.write("appended while running step 77\n")
+            await wait_until(pilot, lambda: "[r0] appended while running step 77" in log_text(app, "merged"),
+                             what="appended line")
+            table = app.query_one("#ranks", DataTable)
+            await wait_until(pilot, lambda: str(table.get_row("0")[7]) == "77", what="step 77 in table")
+            # an in-place progress bar: shown as the live line, not appended
+            with open(out0, "a") as f:
+                f.write("progress 10%\rprogress 50%")
+            live = app.query_one("#live-merged")
+            await wait_until(pilot, lambda: "progress 50%" in str(live.render()), what="transient line")
+            assert "progress" not in log_text(app, "merged")
+            with open(out0, "a") as f:
+                f.write("\rprogress 100%\n")
+            await wait_until(pilot, lambda: "[r0] progress 100%" in log_text(app, "merged"), what="completed line")
+            await wait_until(pilot, lambda: "progress" not in str(live.render()), what="live line cleared")
+
+    run_async(go())
+
+
+def test_many_lines_are_bounded(tmp_path):
+    run_dir = make_run(tmp_path)
+
+    async def go():
+        app = make_app(Session.open(run_dir), poll_interval=0.02)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: "rank0 step 2" in log_text(app, "merged"), what="first lines")
+            now = time.time()
+            batch = [LogEvent(now, 0, "stdout", f"flood {i}") for i in range(50_000)]
+            batch.append(LogEvent(now, 0, "stdout", "bad \x00\x07 control \x1b[999;;m chars " + "x" * 100_000))
+            app.ingest(batch)
+            await pilot.pause()
+            merged = log_text(app, "merged")
+            assert "flood 49999" in merged
+            assert "lines not shown" in merged
+            assert len(app.query_one("#log-merged", RichLog).lines) <= logview.RERENDER_LINES + 60
+            assert len(app._panes["r0"].lines) <= 20_000
+            # an ordinary big batch: at most TICK_LINES written, plus one notice
+            log = app.query_one("#log-merged", RichLog)
+            before = len(log.lines)
+            app.ingest([LogEvent(now, 1, "stdout", f"burst {i}") for i in range(3000)])
+            await pilot.pause()
+            assert "burst 2999" in log_text(app, "merged")
+            assert "2500 lines not shown" in log_text(app, "merged")
+            assert len(log.lines) - before <= logview.TICK_LINES + 1 or len(log.lines) == logview.LOG_MAX_LINES
+
+    run_async(go())
+
+
+def test_quit_detach_does_not_stop(tmp_path):
+    run_dir = make_run(tmp_path)
+    spy = SpySession(Session.open(run_dir))
+
+    async def go():
+        app = make_app(spy, poll_interval=0.02)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: "rank0 step 2" in log_text(app, "merged"), what="lines")
+            await pilot.press("q")
+            await pilot.pause()
+            assert isinstance(app.screen, QuitScreen)
+            await pilot.press("escape")  # cancel
+            await pilot.pause()
+            assert not isinstance(app.screen, QuitScreen)
+            await pilot.press("q")
+            await pilot.pause()
+            await pilot.click("#detach")
+            await pilot.pause()
+        return app.return_value
+
+    assert run_async(go()) == "detach"
+    assert spy.stop_calls == 0
+
+
+def test_quit_stop_calls_stop(tmp_path):
+    run_dir = make_run(tmp_path)
+    spy = SpySession(Session.open(run_dir))
+
+    async def go():
+        app = make_app(spy, poll_interval=0.02)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: "rank0 step 2" in log_text(app, "merged"), what="lines")
+            await pilot.press("ctrl+c")
+            await pilot.pause()
+            assert isinstance(app.screen, QuitScreen)
+            await pilot.click("#stop")
+            await wait_until(pilot, lambda: app.return_value is not None, what="exit")
+        return app.return_value
+
+    assert run_async(go()) == "stop"
+    assert spy.stop_calls == 1
+
+
+def test_quit_finished_run(tmp_path):
+    run_dir = make_run(tmp_path, finished=True)
+    spy = SpySession(Session.open(run_dir))
+
+    async def go():
+        app = make_app(spy, poll_interval=0.02)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: app.model.finished, what="final state")
+            header = str(app.query_one("#header").render())
+            assert "SUCCEEDED" in header and "exit 0" in header
+            row = [str(c) for c in app.query_one("#ranks", DataTable).get_row("1")]
+            assert "exited 0" in row
+            await pilot.press("q")
+            await pilot.pause()
+        return app.return_value
+
+    assert run_async(go()) == "finished"
+    assert spy.stop_calls == 0
+
+
+def test_help_and_themes(tmp_path):
+    run_dir = make_run(tmp_path, finished=True)
+    names = {t.name for t in load_themes()}
+    assert {"ddptop-dark", "ddptop-light"} <= names
+
+    async def go():
+        app = make_app(Session.open(run_dir), theme="ddptop-light", poll_interval=0.02)
+        async with app.run_test(size=SIZE) as pilot:
+            assert app.theme == "ddptop-light"
+            assert "ddptop-dark" in app.available_themes
+            await pilot.press("question_mark")
+            await pilot.pause()
+            assert type(app.screen).__name__ == "HelpScreen"
+            await pilot.press("escape")
+            await pilot.pause()
+            assert type(app.screen).__name__ != "HelpScreen"
+            app.theme = "ddptop-dark"
+            await pilot.pause()
+        app2 = make_app(Session.open(run_dir), theme="no-such-theme", poll_interval=0.02)
+        async with app2.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            assert app2.theme == "textual-dark"
+
+    run_async(go())
+
+
+def test_default_theme_is_ddptop_dark(tmp_path):
+    run_dir = make_run(tmp_path, finished=True)
+
+    async def go():
+        app = make_app(Session.open(run_dir))
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            return app.theme
+
+    assert run_async(go()) == "ddptop-dark"
+
+
+def test_bad_events_do_not_crash(tmp_path):
+    run_dir = make_run(tmp_path)
+
+    async def go():
+        app = make_app(Session.open(run_dir), poll_interval=0.02)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            now = time.time()
+            app.ingest([
+                LogEvent(now, 7, "stdout", "\udcff surrogate \ufffd"),
+                LogEvent(now, None, "torchrun", "\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\ \x1b[1mbold"),
+                RankEvent(now, rank=3, local_rank=1, node="other", pid=None, attempt=1, alive=True),
+                StateEvent(now, state="running"),
+            ])
+            await pilot.pause()
+            assert "r7" in app._panes and "r3" in app._panes
+            assert app.model.attempt == 1
+            await pilot.press("7")
+            await pilot.pause()
+            assert app.query_one("#panes", TabbedContent).active == "pane-r7"
+
+    run_async(go())
