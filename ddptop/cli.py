@@ -41,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", metavar="DIR", help="journal directory for this launch (created 0700)")
     p.add_argument("--headless", action="store_true", help="no UI: print merged rank-prefixed output and events")
     p.add_argument("--json", action="store_true", help="no UI: print one JSON event per line")
+    p.add_argument("--gpu", choices=["auto", "sim", "none"], default="auto",
+                   help="GPU telemetry: auto = NVML when a driver is present, else none; "
+                        "sim = SIMULATED GPUs (one per local rank, utilisation = rank CPU use) for machines without one")
+    p.add_argument("--sample-interval", type=float, default=1.0, metavar="S",
+                   help="telemetry sampling period in seconds (default 1)")
     p.add_argument("--theme", metavar="NAME", help="UI theme (ddptop-dark, ddptop-light, or any Textual theme)")
     p.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return p
@@ -127,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         from ddptop.core.launcher import LaunchError
 
         try:
-            session = Session.launch(cmd, args.run_dir)
+            session = Session.launch(cmd, args.run_dir, gpu=args.gpu, sample_interval=args.sample_interval)
         except (LaunchError, journal.JournalError) as e:
             return _err(str(e))
         if not (args.headless or args.json):

@@ -115,8 +115,91 @@ class NoteEvent(Event):
     message: str = ""
 
 
+@dataclass(frozen=True)
+class GpuStatusEvent(Event):
+    """Which GPU backend is in use, or why there is none ("no NVIDIA driver")."""
+
+    kind: ClassVar[str] = "gpu_status"
+    backend: str = "none"  # nvml | sim | none
+    message: str = ""
+    driver: str | None = None
+    count: int = 0
+    node: str = ""
+
+
+@dataclass(frozen=True)
+class GpuEvent(Event):
+    """One GPU, one sample.  A field the GPU does not report is None ("n/a")."""
+
+    kind: ClassVar[str] = "gpu"
+    index: int = 0
+    name: str = ""
+    uuid: str = ""
+    util: float | None = None  # SM utilisation, %
+    mem_util: float | None = None  # memory-bandwidth utilisation, %
+    mem_used: int | None = None  # bytes
+    mem_total: int | None = None  # bytes
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    temp_c: float | None = None
+    sm_clock_mhz: int | None = None
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    pcie_tx_kbs: int | None = None
+    pcie_rx_kbs: int | None = None
+    ecc_uncorrected: int | None = None
+    retired_pages: int | None = None
+    throttle: tuple[str, ...] = ()
+    ranks: tuple[int, ...] = ()  # ranks running on this GPU
+    pids: tuple[int, ...] = ()  # processes NVML sees on it
+    mapping: str = ""  # how ranks were mapped: nvml | env | guess
+    simulated: bool = False
+    lost: bool = False
+    node: str = ""
+
+
+@dataclass(frozen=True)
+class ProcEvent(Event):
+    """One rank process, one psutil sample."""
+
+    kind: ClassVar[str] = "proc"
+    rank: int = 0
+    pid: int = 0
+    cpu: float | None = None  # % of one core (the rank itself)
+    rss: int | None = None  # bytes
+    status: str = ""  # running, sleeping, disk-sleep, zombie, ...
+    threads: int | None = None
+    children: int | None = None  # data-loader workers and other descendants
+    children_cpu: float | None = None  # % of one core, all descendants
+    gpu: int | None = None  # GPU index the rank runs on
+    gpu_mapping: str = ""  # nvml | env | guess
+    node: str = ""
+
+
+@dataclass(frozen=True)
+class AlarmEvent(Event):
+    """Something is wrong and a person should look.
+
+    ``type``: stall, signature, crash or gpu.  ``culprits`` are global ranks.
+    """
+
+    kind: ClassVar[str] = "alarm"
+    type: str = "gpu"
+    id: str = ""
+    ranks: tuple[int, ...] = ()
+    culprits: tuple[int, ...] = ()
+    message: str = ""
+    suggested_profiles: tuple[str, ...] = ()
+    node: str = ""
+
+
 _KINDS: dict[str, type[Event]] = {
-    cls.kind: cls for cls in (StateEvent, RankEvent, LogEvent, NoteEvent)
+    cls.kind: cls
+    for cls in (StateEvent, RankEvent, LogEvent, NoteEvent, GpuStatusEvent, GpuEvent, ProcEvent, AlarmEvent)
+}
+_TUPLES = {
+    cls: {f.name for f in dataclasses.fields(cls) if str(f.type).startswith("tuple")}
+    for cls in _KINDS.values()
 }
 
 
@@ -126,7 +209,8 @@ def from_dict(d: dict[str, Any]) -> Event:
     if cls is None:
         raise ValueError(f"unknown event kind {d.get('kind')!r}")
     names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in d.items() if k in names})
+    tuples = _TUPLES[cls]
+    return cls(**{k: (tuple(v) if k in tuples and v is not None else v) for k, v in d.items() if k in names})
 
 
 def from_json(line: str) -> Event:

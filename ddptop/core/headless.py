@@ -7,7 +7,8 @@ import sys
 import time
 from typing import TextIO
 
-from ddptop.core.events import Event, LogEvent, NoteEvent, RankEvent, StateEvent
+from ddptop.core.events import (AlarmEvent, Event, GpuEvent, GpuStatusEvent, LogEvent, NoteEvent,
+                                ProcEvent, RankEvent, StateEvent)
 from ddptop.core.session import Session
 
 
@@ -29,6 +30,12 @@ def format_text(ev: Event) -> str | None:
     if isinstance(ev, RankEvent):
         what = "started" if ev.alive else "ended"
         return f"== ddptop: rank {ev.rank} (local {ev.local_rank}, pid {ev.pid}, attempt {ev.attempt}) {what} =="
+    if isinstance(ev, (GpuEvent, ProcEvent)):
+        return None  # telemetry every second: in --json output and the journal only
+    if isinstance(ev, GpuStatusEvent):
+        return f"== ddptop: GPUs ({ev.backend}): {ev.message} =="
+    if isinstance(ev, AlarmEvent):
+        return f"!! ddptop ALARM [{ev.type}/{ev.id}] {ev.message}"
     if isinstance(ev, NoteEvent):
         return f"== ddptop {ev.level}: {ev.message} =="
     return f"== ddptop: {ev.to_json()} =="

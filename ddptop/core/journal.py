@@ -123,13 +123,15 @@ class Meta:
     nproc_per_node: int | None
     node_rank: int | None
     ddptop_version: str
+    gpu: str = "auto"  # auto | nvml | sim | none
+    sample_interval: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Meta":
-        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__})
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
 def load_meta(run_dir: Path) -> Meta:

@@ -180,7 +180,8 @@ def plan_launch(user_command: list[str], run_dir: Path, cwd: str | None = None) 
     return LaunchPlan(command, env_set, log_dir, nproc, node_rank, notes)
 
 
-def launch(user_command: list[str], run_dir: Path | None = None) -> Path:
+def launch(user_command: list[str], run_dir: Path | None = None, *, gpu: str = "auto",
+           sample_interval: float = 1.0) -> Path:
     """Create the journal and start the supervisor in its own session.
 
     Returns the run directory.  The supervisor (``ddptop.core.supervisor``)
@@ -203,6 +204,8 @@ def launch(user_command: list[str], run_dir: Path | None = None) -> Path:
         nproc_per_node=plan.nproc_per_node,
         node_rank=plan.node_rank,
         ddptop_version=__version__,
+        gpu=gpu,
+        sample_interval=sample_interval,
     )
     journal.write_json(run_dir / journal.META, meta.to_dict())
     with open(run_dir / journal.EVENTS, "a", encoding="utf-8") as f:

@@ -64,10 +64,10 @@ class Session:
         return cls(Path(run_dir))
 
     @classmethod
-    def launch(cls, user_command: list[str], run_dir: Path | None = None) -> "Session":
+    def launch(cls, user_command: list[str], run_dir: Path | None = None, **options) -> "Session":
         from ddptop.core.launcher import launch
 
-        return cls(launch(user_command, run_dir))
+        return cls(launch(user_command, run_dir, **options))
 
     # -- the job -------------------------------------------------------------
 

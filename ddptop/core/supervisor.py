@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -37,13 +38,53 @@ GRACE = float(os.environ.get("DDPTOP_STOP_GRACE", "10"))
 
 
 class EventWriter:
-    """Append events to events.jsonl, one write per event, no buffering."""
+    """Append events to events.jsonl, one write per batch, no buffering."""
 
     def __init__(self, path: Path):
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._lock = threading.Lock()
 
     def write(self, ev: Event) -> None:
-        os.write(self._fd, (ev.to_json() + "\n").encode("utf-8"))
+        self.write_many([ev])
+
+    def write_many(self, evs: list[Event]) -> None:
+        if not evs:
+            return
+        data = "".join(ev.to_json() + "\n" for ev in evs).encode("utf-8")
+        with self._lock:
+            os.write(self._fd, data)
+
+
+class Sampler(threading.Thread):
+    """Telemetry once per interval, off the supervisor's main loop.
+
+    Poll, then reschedule: a slow tick (a hung NVML call) delays the next one
+    and never overlaps it, and never delays stopping the job.
+    """
+
+    def __init__(self, sup: "Supervisor", mode: str, interval: float):
+        super().__init__(name="ddptop-sampler", daemon=True)
+        self.sup, self.mode, self.interval = sup, mode, interval
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        from ddptop.core.telemetry import RankProc, Telemetry, make_backend
+
+        try:
+            tel = Telemetry(make_backend(self.mode, self.sup.meta.host), self.sup.meta.host)
+        except Exception as e:  # never let telemetry take the job down
+            self.sup.emit(NoteEvent(time.time(), "warning", f"telemetry disabled: {e!r}"))
+            return
+        while not self.done.is_set():
+            t0 = time.monotonic()
+            ranks = [RankProc(i["rank"], i["local_rank"], pid)
+                     for pid, (p, i) in list(self.sup.ranks.items()) if not i.get("ended")]
+            try:
+                self.sup.events.write_many(tel.tick(ranks))
+            except Exception as e:
+                self.sup.emit(NoteEvent(time.time(), "warning", f"telemetry tick failed: {e!r}"))
+            self.done.wait(max(0.05, self.interval - (time.monotonic() - t0)))
+        tel.backend.shutdown()
 
 
 class _Proc:
@@ -192,6 +233,10 @@ class Supervisor:
                 out.write((msg + "\n").encode())
                 return self.finish(FAILED, 127, msg)
         self.emit(StateEvent(time.time(), state=RUNNING, message=f"torchrun pid {popen.pid}"))
+        sampler = None
+        if (self.meta.gpu or "auto") != "off":
+            sampler = Sampler(self, self.meta.gpu or "auto", float(self.meta.sample_interval or 1.0))
+            sampler.start()
         try:
             tr = psutil.Process(popen.pid)
             torchrun = _Proc(tr)
@@ -214,6 +259,8 @@ class Supervisor:
                 self.signal_all(torchrun, signal.SIGKILL)
                 self.stopping_since = float("inf")
             time.sleep(POLL)
+        if sampler is not None:
+            sampler.done.set()
         # torchrun is gone; sweep any rank or worker it left behind
         if tr is not None:
             self.discover(tr)

@@ -1,0 +1,1 @@
+"""GPU telemetry backends: NVML (real) and a simulator (labelled as such)."""

@@ -1,0 +1,293 @@
+"""The one module that imports pynvml (from the nvidia-ml-py distribution).
+
+Every NVML call in ddptop goes through :class:`NvmlBackend`:
+
+* lazy init; "no driver" is a normal state with a reason, never an exception;
+* handles and static facts (name, uuid, memory total, power limit, max PCIe
+  link) are read once and cached, never re-fetched per tick;
+* one read per field per device per tick; a field the GPU does not support is
+  None (shown as "n/a"), and stops being asked for after it said so;
+* a GPU that falls off the bus ("GPU is lost") is reported once as lost and
+  sampling goes on for the others;
+* Xid critical errors are collected from NVML events where the driver
+  supports them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddptop.core.events import GpuEvent
+
+# NVML return codes (stable across NVML versions)
+_NOT_SUPPORTED = 3
+_NO_PERMISSION = 4
+_DRIVER_NOT_LOADED = 9
+_LIBRARY_NOT_FOUND = 12
+_FUNCTION_NOT_FOUND = 13
+_GPU_IS_LOST = 15
+
+_THROTTLE_NAMES = {
+    0x1: "idle",
+    0x2: "app-clocks",
+    0x4: "sw-power-cap",
+    0x8: "hw-slowdown",
+    0x10: "sync-boost",
+    0x20: "sw-thermal",
+    0x40: "hw-thermal",
+    0x80: "hw-power-brake",
+    0x100: "display-clocks",
+}
+# reasons that are not a problem worth showing
+_BENIGN = {"idle", "app-clocks", "display-clocks"}
+
+
+def _load():
+    import pynvml  # the only import of pynvml in ddptop
+
+    return pynvml
+
+
+@dataclass
+class _Device:
+    index: int
+    handle: Any
+    name: str = ""
+    uuid: str = ""
+    mem_total: int | None = None
+    power_limit_w: float | None = None
+    unsupported: set[str] = field(default_factory=set)
+    lost: bool = False
+
+
+@dataclass(frozen=True)
+class XidError:
+    index: int
+    xid: int
+    t: float
+
+
+class NvmlBackend:
+    simulated = False
+
+    def __init__(self, lib: Any = None, node: str = ""):
+        self._lib = lib
+        self.node = node
+        self.error: str | None = None
+        self.driver: str | None = None
+        self.devices: list[_Device] = []
+        self._ready = False
+        self._event_set = None
+        self.newly_lost: list[int] = []
+
+    # -- start-up -------------------------------------------------------------
+
+    def init(self) -> bool:
+        """Initialise NVML once.  False (with ``self.error``) when there is no GPU."""
+        if self._ready:
+            return True
+        if self.error is not None:
+            return False
+        try:
+            nv = self._lib or _load()
+        except ImportError:
+            self.error = "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
+            return False
+        self._lib = nv
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as e:
+            code = getattr(e, "value", None)
+            if code == _LIBRARY_NOT_FOUND:
+                self.error = "no NVIDIA driver (libnvidia-ml not found)"
+            elif code == _DRIVER_NOT_LOADED:
+                self.error = "no NVIDIA driver loaded"
+            else:
+                self.error = f"NVML unavailable: {e}"
+            return False
+        except OSError as e:  # a broken library on the path
+            self.error = f"NVML unavailable: {e}"
+            return False
+        try:
+            self.driver = _str(nv.nvmlSystemGetDriverVersion())
+        except nv.NVMLError:
+            self.driver = None
+        try:
+            n = nv.nvmlDeviceGetCount()
+        except nv.NVMLError as e:
+            self.error = f"NVML could not count GPUs: {e}"
+            return False
+        for i in range(n):
+            try:
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+            except nv.NVMLError as e:
+                d = _Device(i, None, name=f"GPU {i} ({e})", lost=True)
+                self.devices.append(d)
+                continue
+            d = _Device(i, h)
+            d.name = self._static(nv.nvmlDeviceGetName, h, "") or f"GPU {i}"
+            d.name = _str(d.name)
+            d.uuid = _str(self._static(nv.nvmlDeviceGetUUID, h, ""))
+            mem = self._static(nv.nvmlDeviceGetMemoryInfo, h, None)
+            d.mem_total = getattr(mem, "total", None)
+            lim = self._static(nv.nvmlDeviceGetEnforcedPowerLimit, h, None)
+            d.power_limit_w = lim / 1000.0 if lim is not None else None
+            self.devices.append(d)
+        self._register_xid()
+        self._ready = True
+        return True
+
+    def _static(self, fn, h, default):
+        try:
+            return fn(h)
+        except self._lib.NVMLError:
+            return default
+
+    def _register_xid(self) -> None:
+        nv = self._lib
+        try:
+            es = nv.nvmlEventSetCreate()
+        except (nv.NVMLError, AttributeError):
+            return
+        registered = False
+        for d in self.devices:
+            if d.handle is None:
+                continue
+            try:
+                nv.nvmlDeviceRegisterEvents(d.handle, nv.nvmlEventTypeXidCriticalError, es)
+                registered = True
+            except nv.NVMLError:
+                pass
+        self._event_set = es if registered else None
+
+    # -- sampling -------------------------------------------------------------
+
+    def _field(self, d: _Device, name: str, fn, *args):
+        """One NVML read; None when unsupported (and never asked again)."""
+        if name in d.unsupported or d.lost:
+            return None
+        nv = self._lib
+        try:
+            return fn(d.handle, *args)
+        except nv.NVMLError as e:
+            code = getattr(e, "value", None)
+            if code == _GPU_IS_LOST:
+                d.lost = True
+                self.newly_lost.append(d.index)
+            elif code in (_NOT_SUPPORTED, _NO_PERMISSION, _FUNCTION_NOT_FOUND):
+                d.unsupported.add(name)
+            return None
+        except AttributeError:  # older nvidia-ml-py without this function
+            d.unsupported.add(name)
+            return None
+
+    def sample(self, now: float | None = None) -> list[GpuEvent]:
+        if not self.init():
+            return []
+        now = time.time() if now is None else now
+        nv = self._lib
+        out = []
+        for d in self.devices:
+            if d.lost:
+                out.append(GpuEvent(now, index=d.index, name=d.name, uuid=d.uuid, mem_total=d.mem_total, lost=True, node=self.node))
+                continue
+            f = self._field
+            util = f(d, "util", nv.nvmlDeviceGetUtilizationRates)
+            mem = f(d, "mem", nv.nvmlDeviceGetMemoryInfo)
+            power = f(d, "power", nv.nvmlDeviceGetPowerUsage)
+            temp = f(d, "temp", nv.nvmlDeviceGetTemperature, getattr(nv, "NVML_TEMPERATURE_GPU", 0))
+            sm = f(d, "sm_clock", nv.nvmlDeviceGetClockInfo, getattr(nv, "NVML_CLOCK_SM", 1))
+            gen = f(d, "pcie_gen", nv.nvmlDeviceGetCurrPcieLinkGeneration)
+            width = f(d, "pcie_width", nv.nvmlDeviceGetCurrPcieLinkWidth)
+            tx = f(d, "pcie_tx", nv.nvmlDeviceGetPcieThroughput, getattr(nv, "NVML_PCIE_UTIL_TX_BYTES", 0))
+            rx = f(d, "pcie_rx", nv.nvmlDeviceGetPcieThroughput, getattr(nv, "NVML_PCIE_UTIL_RX_BYTES", 1))
+            ecc = f(d, "ecc", nv.nvmlDeviceGetTotalEccErrors,
+                    getattr(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1), getattr(nv, "NVML_VOLATILE_ECC", 0))
+            retired = f(d, "retired", nv.nvmlDeviceGetRetiredPages, getattr(nv, "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", 1))
+            reasons = f(d, "throttle", getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                        or nv.nvmlDeviceGetCurrentClocksThrottleReasons)
+            if d.lost:
+                out.append(GpuEvent(now, index=d.index, name=d.name, uuid=d.uuid, mem_total=d.mem_total, lost=True, node=self.node))
+                continue
+            out.append(GpuEvent(
+                now,
+                index=d.index,
+                name=d.name,
+                uuid=d.uuid,
+                util=_num(getattr(util, "gpu", None)),
+                mem_util=_num(getattr(util, "memory", None)),
+                mem_used=getattr(mem, "used", None),
+                mem_total=getattr(mem, "total", None) or d.mem_total,
+                power_w=power / 1000.0 if power is not None else None,
+                power_limit_w=d.power_limit_w,
+                temp_c=_num(temp),
+                sm_clock_mhz=sm,
+                pcie_gen=gen,
+                pcie_width=width,
+                pcie_tx_kbs=tx,
+                pcie_rx_kbs=rx,
+                ecc_uncorrected=ecc,
+                retired_pages=len(retired) if retired is not None else None,
+                throttle=_throttle(reasons),
+                node=self.node,
+            ))
+        return out
+
+    def processes(self) -> dict[int, int]:
+        """pid -> GPU index, from NVML's running-process lists."""
+        if not self.init():
+            return {}
+        nv = self._lib
+        out: dict[int, int] = {}
+        for d in self.devices:
+            for name, fn in (("procs", nv.nvmlDeviceGetComputeRunningProcesses),
+                             ("gprocs", nv.nvmlDeviceGetGraphicsRunningProcesses)):
+                for p in self._field(d, name, fn) or ():
+                    out.setdefault(p.pid, d.index)
+        return out
+
+    def xid_errors(self) -> list[XidError]:
+        """Xid critical errors since the last call (non-blocking)."""
+        if self._event_set is None:
+            return []
+        nv = self._lib
+        out = []
+        for _ in range(16):
+            try:
+                ev = nv.nvmlEventSetWait(self._event_set, 0)
+            except nv.NVMLError:
+                break
+            idx = next((d.index for d in self.devices if d.handle == getattr(ev, "device", None)), -1)
+            out.append(XidError(idx, int(getattr(ev, "eventData", 0)), time.time()))
+        return out
+
+    def status(self) -> tuple[str, str]:
+        """(backend, message) for the UI."""
+        if self.init():
+            names = sorted({d.name for d in self.devices})
+            return "nvml", f"{len(self.devices)} GPU(s): {', '.join(names)}; driver {self.driver or '?'}"
+        return "none", self.error or "no GPU"
+
+    def shutdown(self) -> None:
+        if self._ready:
+            try:
+                self._lib.nvmlShutdown()
+            except Exception:
+                pass
+            self._ready = False
+
+
+def _str(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _num(v):
+    return float(v) if v is not None else None
+
+
+def _throttle(mask) -> tuple[str, ...]:
+    if not mask:
+        return ()
+    return tuple(n for bit, n in _THROTTLE_NAMES.items() if mask & bit and n not in _BENIGN)

@@ -1,0 +1,202 @@
+"""Per-tick telemetry: psutil per rank, GPUs per node, ranks mapped to GPUs.
+
+``Telemetry.tick(ranks)`` returns the events of one sample.  It is called by
+the supervisor's sampler thread once a second (poll, then reschedule: ticks
+never overlap) and costs a few psutil reads per rank and one NVML read per
+field per GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import psutil
+
+from ddptop.core.events import AlarmEvent, Event, GpuEvent, GpuStatusEvent, ProcEvent
+
+
+@dataclass(frozen=True)
+class RankProc:
+    rank: int
+    local_rank: int
+    pid: int
+
+
+def _ppid_map() -> dict[int, int]:
+    fn = getattr(psutil, "_ppid_map", None)
+    if fn is not None:
+        try:
+            return fn()
+        except Exception:
+            pass
+    return {p.pid: p.info["ppid"] for p in psutil.process_iter(["ppid"])}
+
+
+def _descendants(pid: int, children_of: dict[int, list[int]]) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        for c in children_of.get(todo.pop(), ()):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def gpu_from_env(env: dict[str, str], local_rank: int) -> int | None:
+    """The physical GPU a rank would use: CUDA_VISIBLE_DEVICES[LOCAL_RANK]."""
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is None:
+        return local_rank
+    ids = [x.strip() for x in cvd.split(",") if x.strip()]
+    if not ids:
+        return None
+    pick = ids[local_rank] if local_rank < len(ids) else ids[0]
+    return int(pick) if pick.isdigit() else None
+
+
+class Telemetry:
+    def __init__(self, backend, node: str = ""):
+        self.backend = backend  # NvmlBackend | SimBackend
+        self.node = node
+        self._procs: dict[int, psutil.Process] = {}
+        self._child_procs: dict[int, psutil.Process] = {}
+        self._env_gpu: dict[int, int | None] = {}
+        self._status_sent = False
+        self._lost_reported: set[int] = set()
+
+    def _proc(self, pid: int, cache: dict) -> psutil.Process | None:
+        p = cache.get(pid)
+        if p is None:
+            try:
+                p = cache[pid] = psutil.Process(pid)
+                p.cpu_percent(None)  # prime: the next call measures since now
+            except psutil.Error:
+                return None
+        return p
+
+    def tick(self, ranks: list[RankProc], now: float | None = None) -> list[Event]:
+        now = time.time() if now is None else now
+        out: list[Event] = []
+        if not self._status_sent:
+            backend, msg = self.backend.status()
+            out.append(GpuStatusEvent(now, backend=backend, message=msg,
+                                      driver=getattr(self.backend, "driver", None),
+                                      count=len(getattr(self.backend, "devices", ())), node=self.node))
+            self._status_sent = True
+        children_of: dict[int, list[int]] = {}
+        for pid, ppid in _ppid_map().items():
+            children_of.setdefault(ppid, []).append(pid)
+        stats: dict[int, tuple] = {}
+        live = set()
+        for r in ranks:
+            p = self._proc(r.pid, self._procs)
+            if p is None:
+                continue
+            try:
+                with p.oneshot():
+                    cpu = p.cpu_percent(None)
+                    rss = p.memory_info().rss
+                    status = p.status()
+                    threads = p.num_threads()
+            except psutil.Error:
+                continue
+            live.add(r.pid)
+            kids = _descendants(r.pid, children_of)
+            live.update(kids)
+            kid_cpu = 0.0
+            for k in kids:
+                kp = self._proc(k, self._child_procs)
+                if kp is not None:
+                    try:
+                        kid_cpu += kp.cpu_percent(None)
+                    except psutil.Error:
+                        pass
+            if r.pid not in self._env_gpu:
+                try:
+                    self._env_gpu[r.pid] = gpu_from_env(p.environ(), r.local_rank)
+                except psutil.Error:
+                    self._env_gpu[r.pid] = r.local_rank
+            stats[r.rank] = (r, cpu, rss, status, threads, len(kids), kid_cpu)
+        # forget processes that are gone
+        for cache in (self._procs, self._child_procs):
+            for pid in [pid for pid in cache if pid not in live]:
+                del cache[pid]
+
+        # map ranks to GPUs
+        rank_gpu: dict[int, tuple[int | None, str]] = {}
+        gpus: list[GpuEvent] = []
+        if self.backend.simulated:
+            gpus = self.backend.sample_from_ranks(
+                {s[0].local_rank: (rank, s[1], s[2]) for rank, s in stats.items()}, now)
+            for rank, s in stats.items():
+                rank_gpu[rank] = (s[0].local_rank, "sim")
+        else:
+            gpus = self.backend.sample(now)
+            nvml_pids = self.backend.processes() if gpus else {}
+            known = {g.index for g in gpus}
+            for rank, s in stats.items():
+                r = s[0]
+                idx = nvml_pids.get(r.pid)
+                if idx is not None:
+                    rank_gpu[rank] = (idx, "nvml")
+                else:
+                    env_idx = self._env_gpu.get(r.pid)
+                    # NVML lists processes but not ours: pids from another
+                    # namespace (a container) -- the mapping is a guess
+                    how = "guess" if nvml_pids else "env"
+                    rank_gpu[rank] = (env_idx if env_idx in known else None, how)
+            by_gpu: dict[int, list[int]] = {}
+            for rank, (idx, _) in rank_gpu.items():
+                if idx is not None:
+                    by_gpu.setdefault(idx, []).append(rank)
+            gpus = [
+                replace(g, ranks=tuple(sorted(by_gpu.get(g.index, ()))),
+                        pids=tuple(sorted(p for p, i in nvml_pids.items() if i == g.index)),
+                        mapping=_mapping(by_gpu.get(g.index, ()), rank_gpu))
+                for g in gpus
+            ]
+            for idx in getattr(self.backend, "newly_lost", ()):
+                if idx not in self._lost_reported:
+                    self._lost_reported.add(idx)
+                    on = sorted(by_gpu.get(idx, ()))
+                    out.append(AlarmEvent(now, type="gpu", id="gpu-lost", ranks=tuple(on), culprits=tuple(on),
+                                          message=f"GPU {idx} fell off the bus (NVML: GPU is lost)"
+                                          + (f"; ranks {', '.join(map(str, on))} ran on it" if on else ""),
+                                          node=self.node))
+            for x in self.backend.xid_errors():
+                on = sorted(by_gpu.get(x.index, ()))
+                out.append(AlarmEvent(now, type="gpu", id="xid", ranks=tuple(on), culprits=tuple(on),
+                                      message=f"Xid {x.xid} critical error on GPU {x.index}", node=self.node))
+        out.extend(gpus)
+        for rank, (r, cpu, rss, status, threads, nkids, kid_cpu) in sorted(stats.items()):
+            idx, how = rank_gpu.get(rank, (None, ""))
+            out.append(ProcEvent(now, rank=rank, pid=r.pid, cpu=round(cpu, 1), rss=rss, status=status,
+                                 threads=threads, children=nkids, children_cpu=round(kid_cpu, 1),
+                                 gpu=idx, gpu_mapping=how, node=self.node))
+        return out
+
+
+def _mapping(ranks_on_gpu, rank_gpu) -> str:
+    hows = {rank_gpu[r][1] for r in ranks_on_gpu}
+    if not hows:
+        return ""
+    for h in ("guess", "env", "nvml"):
+        if h in hows:
+            return h
+    return ""
+
+
+def make_backend(mode: str, node: str = ""):
+    """``auto``: NVML when it initialises, else none.  ``sim``: simulated."""
+    from ddptop.core.gpu.sim import SimBackend
+
+    if mode == "sim":
+        return SimBackend(node)
+    from ddptop.core.gpu.nvml import NvmlBackend
+
+    b = NvmlBackend(node=node)
+    if mode == "none":
+        b.error = "GPU sampling turned off (--gpu none)"
+    else:
+        b.init()
+    return b
