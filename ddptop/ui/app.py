@@ -20,10 +20,12 @@ from rich.text import Text
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Grid, Horizontal, Vertical
+from textual.containers import Vertical
+from textual.content import Content
 from textual.markup import escape
 from textual.message import Message
 from textual.screen import ModalScreen
+from textual.widget import Widget
 from textual.widgets import (
     Button,
     DataTable,
@@ -42,6 +44,8 @@ from ddptop.ui import logview
 from ddptop.ui.logview import Line, PaneBuffer
 from ddptop.ui.themes import DEFAULT_THEME, FALLBACK_THEME, load_themes
 
+FLUSH_EVERY = 0.2  # seconds between writes to the widgets while output floods in
+TABLE_EVERY = 0.5  # seconds between rank-table updates
 BACKLOG_EVENTS = 200_000  # the poller waits while this many events wait for the UI
 
 STATE_VAR = {
@@ -120,9 +124,9 @@ class QuitScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label("Quit ddptop — the job is still running.")
-            yield Button("Detach (job keeps running)  [d]", id="detach", variant="primary")
-            yield Button("Stop the job  [s]", id="stop", variant="error")
-            yield Button("Cancel  [esc]", id="cancel")
+            yield Button("Detach (job keeps running)  \\[d]", id="detach", variant="primary")
+            yield Button("Stop the job  \\[s]", id="stop", variant="error")
+            yield Button("Cancel  \\[esc]", id="cancel")
 
     def on_mount(self) -> None:
         self.query_one("#detach", Button).focus()
@@ -150,6 +154,23 @@ class HelpScreen(ModalScreen[None]):
         with Vertical():
             yield Static(HELP_TEXT)
             yield Label("[dim]esc / ? / q closes[/dim]")
+
+
+class HeaderBar(Widget):
+    """One line of status; repaints without asking for a new layout."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self._content: Content = Content("")
+
+    def set_markup(self, markup: str) -> None:
+        content = Content.from_markup(markup)
+        if content != self._content:
+            self._content = content
+            self.refresh()
+
+    def render(self) -> Content:
+        return self._content
 
 
 class FilterInput(Input):
@@ -213,6 +234,12 @@ class DdptopApp(App[str]):
         self._filter = ""
         self._wrap = True
         self._stopping = False
+        self._flush_timer = None
+        self._last_flush = 0.0
+        self._last_table = 0.0
+        self._table_rows = 0
+        self._cells: dict[tuple[str, str], str] = {}
+        self._col_width: dict[str, int] = {}
         self._palette: list[str] = []
         self._poll_error: str | None = None
         meta = getattr(session, "meta", None)
@@ -222,7 +249,7 @@ class DdptopApp(App[str]):
     # -- layout ---------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        yield Static(id="header")
+        yield HeaderBar(id="header")
         table: DataTable = DataTable(id="ranks", cursor_type="row", zebra_stripes=True)
         yield table
         with TabbedContent(id="panes", initial="pane-merged"):
@@ -361,9 +388,7 @@ class DdptopApp(App[str]):
                 self._add_line(Line(-1, "note", f"could not show an event: {e}", "dim"))
         if any(isinstance(ev, LogEvent) and ev.rank is None for ev in events):
             self._ensure_pane("torchrun")
-        self._flush_views()
-        self._refresh_table()
-        self._refresh_header()
+        self._schedule_flush()
         if new_ranks:
             self.refresh_bindings()
 
@@ -427,6 +452,25 @@ class DdptopApp(App[str]):
         except Exception:
             return "merged"
         return active.removeprefix("pane-")
+
+    def _schedule_flush(self) -> None:
+        """Write to the widgets at most every FLUSH_EVERY seconds (batches coalesce)."""
+        if self._flush_timer is not None:
+            return
+        wait = self._last_flush + FLUSH_EVERY - time.monotonic()
+        if wait <= 0:
+            self._flush_now()
+        else:
+            self._flush_timer = self.set_timer(wait, self._flush_now)
+
+    def _flush_now(self) -> None:
+        self._flush_timer = None
+        self._last_flush = time.monotonic()
+        self._flush_views()
+        now = time.monotonic()
+        if now - self._last_table >= TABLE_EVERY or len(self.model.ranks) != self._table_rows:
+            self._refresh_table()
+            self._refresh_header()
 
     def _flush_views(self) -> None:
         """Write what is new to the visible pane; hidden panes re-render on show."""
@@ -503,7 +547,7 @@ class DdptopApp(App[str]):
                 parts.append("[$warning]stop requested…[/]")
             if self._filter:
                 parts.append(f"filter [b $accent]{escape(self._filter)}[/]")
-            self.query_one("#header", Static).update("  │  ".join(parts))
+            self.query_one("#header", HeaderBar).set_markup("  │  ".join(parts))
         except Exception:
             pass
 
@@ -513,6 +557,8 @@ class DdptopApp(App[str]):
         except Exception:
             return
         now = time.time()
+        self._last_table = time.monotonic()
+        self._table_rows = len(self.model.ranks)
         th = self.current_theme
         finished = self.model.finished
         added = False
@@ -551,9 +597,19 @@ class DdptopApp(App[str]):
                 if key not in table.rows:
                     table.add_row(*row.values(), key=key)
                     added = True
+                    for col, val in row.items():
+                        self._cells[(key, col)] = str(val)
+                        self._col_width[col] = max(self._col_width.get(col, 0), len(str(val)))
                 else:
                     for col, val in row.items():
-                        table.update_cell(key, col, val, update_width=True)
+                        sval = str(val)
+                        if self._cells.get((key, col)) == sval:
+                            continue
+                        self._cells[(key, col)] = sval
+                        wider = len(sval) > self._col_width.get(col, 0)
+                        if wider:
+                            self._col_width[col] = len(sval)
+                        table.update_cell(key, col, val, update_width=wider)
             except Exception:
                 continue
         if added:

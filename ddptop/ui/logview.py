@@ -16,8 +16,8 @@ from rich.text import Text
 
 BUFFER_LINES = 20_000  # per pane, kept in memory (everything is in the journal)
 LOG_MAX_LINES = 5_000  # lines a RichLog widget keeps
-TICK_LINES = 500  # most lines written to a pane per tick
-RERENDER_LINES = 2_000  # most lines written when a pane is re-rendered (filter, tab switch)
+TICK_LINES = 150  # most lines written to a pane per tick
+RERENDER_LINES = 1_000  # most lines written when a pane is re-rendered (filter, tab switch)
 CLIP_CHARS = 2_000  # display clip of one line (the journal keeps it whole)
 
 _ANSI_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
