@@ -72,10 +72,6 @@ def main(argv=None):
     g = torch.Generator().manual_seed(rank)
     for step in range(1, args.steps + 1):
         if rank == args.fault_rank and step == args.fault_step:
-            if args.fault == "hang":
-                print(f"step {step}: rank {rank} is about to hang (injected)", flush=True)
-                while True:
-                    time.sleep(3600)
             if args.fault == "segv":
                 print(f"step {step}: rank {rank} is about to segfault (injected)", flush=True)
                 ctypes.string_at(0)  # SIGSEGV
@@ -86,6 +82,12 @@ def main(argv=None):
         opt.zero_grad()
         loss.backward()  # DDP all-reduces the gradients here
         opt.step()
+        if args.fault == "hang" and rank == args.fault_rank and step == args.fault_step:
+            # the others finish this step's backward with us, then wait for us
+            # in the all-reduce below, spinning
+            print(f"step {step}: rank {rank} is about to hang (injected)", flush=True)
+            while True:
+                time.sleep(3600)
         # a small explicit collective every step, polled busily like a GPU kernel
         t = torch.tensor([loss.item()], device=device)
         work = dist.all_reduce(t, async_op=True)

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable
 
 from ddptop.core.events import (
     FINAL_STATES,
     STARTING,
+    AlarmEvent,
     Event,
+    GpuEvent,
+    GpuStatusEvent,
     LogEvent,
+    NoteEvent,
+    ProcEvent,
     RankEvent,
     StateEvent,
 )
+
+HISTORY = 300  # telemetry samples kept per GPU (5 minutes at 1 Hz)
 from ddptop.core.progress import parse_step
 
 
@@ -29,6 +37,7 @@ class RankInfo:
     last_step: int | None = None
     lines: int = 0
     last_line: str = ""
+    proc: ProcEvent | None = None  # latest psutil sample (cpu, rss, status, gpu...)
 
 
 @dataclass
@@ -41,6 +50,11 @@ class JobModel:
     attempt: int = 0
     ranks: dict[int, RankInfo] = field(default_factory=dict)
     torchrun_lines: int = 0
+    gpu_status: GpuStatusEvent | None = None
+    gpus: dict[tuple[str, int], GpuEvent] = field(default_factory=dict)  # (node, index) -> latest
+    gpu_history: dict[tuple[str, int], deque] = field(default_factory=dict)  # -> deque[(t, util, power_w)]
+    alarms: list[AlarmEvent] = field(default_factory=list)
+    notes: list[NoteEvent] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -68,6 +82,21 @@ class JobModel:
                 step = parse_step(ev.text)
                 if step is not None:
                     info.last_step = step
+            elif isinstance(ev, GpuEvent):
+                key = (ev.node, ev.index)
+                self.gpus[key] = ev
+                h = self.gpu_history.get(key)
+                if h is None:
+                    h = self.gpu_history[key] = deque(maxlen=HISTORY)
+                h.append((ev.t, ev.util, ev.power_w))
+            elif isinstance(ev, ProcEvent):
+                self.rank(ev.rank).proc = ev
+            elif isinstance(ev, GpuStatusEvent):
+                self.gpu_status = ev
+            elif isinstance(ev, AlarmEvent):
+                self.alarms.append(ev)
+            elif isinstance(ev, NoteEvent):
+                self.notes.append(ev)
             elif isinstance(ev, RankEvent):
                 info = self.rank(ev.rank)
                 if ev.attempt > info.attempt or info.pid is None or ev.pid == info.pid:

@@ -1,0 +1,78 @@
+"""A fake at the NVML boundary: the real pynvml module's constants and error
+classes, with the functions that would call libnvidia-ml replaced."""
+
+import types
+from dataclasses import dataclass, field
+
+import pynvml
+
+
+@dataclass
+class FakeGpu:
+    name: str = "NVIDIA H100 80GB HBM3"
+    util: int = 50
+    mem_util: int = 20
+    used: int = 10 * 1024**3
+    total: int = 80 * 1024**3
+    power_mw: int = 300_000
+    limit_mw: int = 700_000
+    temp: int = 55
+    sm: int = 1980
+    gen: int = 5
+    width: int = 16
+    procs: list = field(default_factory=list)  # pids
+    unsupported: set = field(default_factory=set)  # NVML function names raising NotSupported
+    lost: bool = False
+    throttle: int = 0
+
+
+def make(gpus, init_error=None, calls=None):
+    nv = types.SimpleNamespace(**{k: getattr(pynvml, k) for k in dir(pynvml) if not k.startswith("nvml")
+                                  or k.startswith(("nvmlClocks", "nvmlEventType"))})
+    calls = calls if calls is not None else []
+
+    def fn(name, impl):
+        def wrapper(*a):
+            calls.append(name)
+            if init_error is not None and name != "nvmlInit":
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+            if a and isinstance(a[0], FakeGpu):
+                g = a[0]
+                if g.lost:
+                    raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+                if name in g.unsupported:
+                    raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            return impl(*a)
+        setattr(nv, name, wrapper)
+
+    def init():
+        if init_error is not None:
+            raise pynvml.NVMLError(init_error)
+
+    proc = lambda pid: types.SimpleNamespace(pid=pid, usedGpuMemory=1)
+    fn("nvmlInit", init)
+    fn("nvmlShutdown", lambda: None)
+    fn("nvmlSystemGetDriverVersion", lambda: "550.54.15")
+    fn("nvmlDeviceGetCount", lambda: len(gpus))
+    fn("nvmlDeviceGetHandleByIndex", lambda i: gpus[i])
+    fn("nvmlDeviceGetName", lambda g: g.name)
+    fn("nvmlDeviceGetUUID", lambda g: f"GPU-{id(g)}")
+    fn("nvmlDeviceGetMemoryInfo", lambda g: types.SimpleNamespace(used=g.used, total=g.total, free=g.total - g.used))
+    fn("nvmlDeviceGetEnforcedPowerLimit", lambda g: g.limit_mw)
+    fn("nvmlDeviceGetUtilizationRates", lambda g: types.SimpleNamespace(gpu=g.util, memory=g.mem_util))
+    fn("nvmlDeviceGetPowerUsage", lambda g: g.power_mw)
+    fn("nvmlDeviceGetTemperature", lambda g, s: g.temp)
+    fn("nvmlDeviceGetClockInfo", lambda g, c: g.sm)
+    fn("nvmlDeviceGetCurrPcieLinkGeneration", lambda g: g.gen)
+    fn("nvmlDeviceGetCurrPcieLinkWidth", lambda g: g.width)
+    fn("nvmlDeviceGetPcieThroughput", lambda g, c: 1000)
+    fn("nvmlDeviceGetTotalEccErrors", lambda g, a, b: 0)
+    fn("nvmlDeviceGetRetiredPages", lambda g, c: [])
+    fn("nvmlDeviceGetCurrentClocksEventReasons", lambda g: g.throttle)
+    fn("nvmlDeviceGetCurrentClocksThrottleReasons", lambda g: g.throttle)
+    fn("nvmlDeviceGetComputeRunningProcesses", lambda g: [proc(p) for p in g.procs])
+    fn("nvmlDeviceGetGraphicsRunningProcesses", lambda g: [])
+    fn("nvmlEventSetCreate", lambda: object())
+    fn("nvmlDeviceRegisterEvents", lambda g, t, s: (_ for _ in ()).throw(pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)))
+    fn("nvmlEventSetWait", lambda s, t: (_ for _ in ()).throw(pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)))
+    return nv
