@@ -46,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "sim = SIMULATED GPUs (one per local rank, utilisation = rank CPU use) for machines without one")
     p.add_argument("--sample-interval", type=float, default=1.0, metavar="S",
                    help="telemetry sampling period in seconds (default 1)")
+    p.add_argument("--stall-after", type=float, metavar="S",
+                   help="call it a stall after S seconds without progress (default: learned from the step interval)")
+    p.add_argument("--on-stall", choices=["alarm", "kill"], default="alarm",
+                   help="alarm (default), or kill: stop a stalled job and exit 124")
     p.add_argument("--theme", metavar="NAME", help="UI theme (ddptop-dark, ddptop-light, or any Textual theme)")
     p.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return p
@@ -132,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         from ddptop.core.launcher import LaunchError
 
         try:
-            session = Session.launch(cmd, args.run_dir, gpu=args.gpu, sample_interval=args.sample_interval)
+            session = Session.launch(cmd, args.run_dir, gpu=args.gpu, sample_interval=args.sample_interval,
+                                     stall_after=args.stall_after, on_stall=args.on_stall)
         except (LaunchError, journal.JournalError) as e:
             return _err(str(e))
         if not (args.headless or args.json):

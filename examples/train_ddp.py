@@ -73,7 +73,7 @@ def main(argv=None):
     for step in range(1, args.steps + 1):
         if rank == args.fault_rank and step == args.fault_step:
             if args.fault == "segv":
-                print(f"step {step}: rank {rank} is about to segfault (injected)", flush=True)
+                print(f"rank {rank} segfaults now (injected fault)", flush=True)
                 ctypes.string_at(0)  # SIGSEGV
                 os.kill(os.getpid(), signal.SIGSEGV)
         x = torch.randn(64, 32, generator=g).to(device)
@@ -85,7 +85,7 @@ def main(argv=None):
         if args.fault == "hang" and rank == args.fault_rank and step == args.fault_step:
             # the others finish this step's backward with us, then wait for us
             # in the all-reduce below, spinning
-            print(f"step {step}: rank {rank} is about to hang (injected)", flush=True)
+            print(f"rank {rank} hangs now (injected fault)", flush=True)
             while True:
                 time.sleep(3600)
         # a small explicit collective every step, polled busily like a GPU kernel

@@ -24,7 +24,7 @@ def test_sim_gpu_reads_hot_for_spinning_rank_and_idle_for_hung_rank(runs_dir):
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         run = wait_for(lambda: next(iter(runs_dir.glob("*")), None) if runs_dir.exists() else None, what="run dir")
-        wait_for(lambda: any("about to hang" in f.read_text() for f in run.glob("logs/*/attempt_0/*/stdout.log")),
+        wait_for(lambda: any("hangs now" in f.read_text() for f in run.glob("logs/*/attempt_0/*/stdout.log")),
                  timeout=TIMEOUT, what="the injected hang")
         def hot_and_cold():
             g = latest(run, "gpu")

@@ -125,6 +125,8 @@ class Meta:
     ddptop_version: str
     gpu: str = "auto"  # auto | nvml | sim | none
     sample_interval: float = 1.0
+    stall_after: float | None = None  # seconds; None: learned from the step interval
+    on_stall: str = "alarm"  # alarm | kill
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

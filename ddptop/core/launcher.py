@@ -181,7 +181,7 @@ def plan_launch(user_command: list[str], run_dir: Path, cwd: str | None = None) 
 
 
 def launch(user_command: list[str], run_dir: Path | None = None, *, gpu: str = "auto",
-           sample_interval: float = 1.0) -> Path:
+           sample_interval: float = 1.0, stall_after: float | None = None, on_stall: str = "alarm") -> Path:
     """Create the journal and start the supervisor in its own session.
 
     Returns the run directory.  The supervisor (``ddptop.core.supervisor``)
@@ -206,6 +206,8 @@ def launch(user_command: list[str], run_dir: Path | None = None, *, gpu: str = "
         ddptop_version=__version__,
         gpu=gpu,
         sample_interval=sample_interval,
+        stall_after=stall_after,
+        on_stall=on_stall,
     )
     journal.write_json(run_dir / journal.META, meta.to_dict())
     with open(run_dir / journal.EVENTS, "a", encoding="utf-8") as f:

@@ -1,20 +1,113 @@
-"""Step numbers from log lines (a minimal parser; richer formats build on it)."""
+"""Training progress from log lines.
+
+``parse_progress(line)`` returns a :class:`Progress` -- a training step, or
+"other" progress (an eval/validation bar, a checkpoint being saved) that
+shows the job is alive but must not be mistaken for training steps -- or None.
+ANSI codes and rank prefixes (``[default0]:``, ``[rank3]:``, nested) are
+stripped first.  Never raises, whatever the bytes.
+"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-_STEP = re.compile(r"\b(?:step|iter|iteration)\b\s*[:=#]?\s*\[?\s*(\d+)", re.IGNORECASE)
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
+_PREFIX = re.compile(r"^(?:\s*\[(?:default|rank)\d+\]:\s?)+")
+
+TRAIN = "train"
+OTHER = "other"
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int | None  # the training step (or batch) count this line reports
+    total: int | None = None
+    kind: str = TRAIN  # train | other
+    epoch: int | None = None
+    fmt: str = ""  # which format matched
 
 
 def strip_ansi(text: str) -> str:
     return _ANSI.sub("", text) if "\x1b" in text else text
 
 
+def clean(text: str) -> str:
+    text = strip_ansi(text)
+    if text.startswith("[") or text.startswith(" "):
+        text = _PREFIX.sub("", text)
+    return text
+
+
+_OTHER_WORDS = re.compile(r"\b(?:eval\w*|valid\w*|val|test\w*|predict\w*|inference|sanity)\b", re.I)
+_CKPT = re.compile(r"\b(?:saving|saved|checkpoint\w*|writing model|save_model)\b", re.I)
+
+# (name, regex, groups) in order of preference
+_FORMATS: list[tuple[str, re.Pattern]] = [
+    # Lightning: "Epoch 0:   6%|▋ | 32040/500150 [..]"
+    ("lightning", re.compile(r"\bEpoch (?P<epoch>\d+):\s+\d+%\|[^|]*\|\s*(?P<step>\d+)/(?P<total>\d+)")),
+    # "Epoch [1/10], Step [100/600]"
+    ("epoch-step", re.compile(r"Epoch\s*\[(?P<epoch>\d+)/\d+\],?\s*Step\s*\[(?P<step>\d+)/(?P<total>\d+)\]", re.I)),
+    # 3D-Speaker: "Epoch: [3][ 100/3000]"
+    ("3dspeaker", re.compile(r"Epoch:\s*\[(?P<epoch>\d+)\]\[\s*(?P<step>\d+)/(?P<total>\d+)\]")),
+    # wenet: "TRAIN Batch 4/203700 loss ..."   ("CV Batch" is validation)
+    ("wenet", re.compile(r"\b(?P<tag>TRAIN|CV) Batch (?P<epoch>\d+)/(?P<step>\d+)")),
+    # icefall: "Epoch 0, batch 1, loss[...]"
+    ("icefall", re.compile(r"\bEpoch (?P<epoch>\d+), batch (?P<step>\d+)\b")),
+    # HF Trainer dict logs: "{'loss': 0.7, 'learning_rate': ..., 'epoch': 0.35}" (+ optional 'step')
+    ("hf", re.compile(r"^\{.*'loss': [-\d.e]+.*'epoch': (?P<fepoch>[\d.]+)")),
+    # tqdm: "10/1752 [00:29<1:22:01, 2.83s/it]" (with optional "desc: 1%|...| ")
+    ("tqdm", re.compile(r"(?:(?P<desc>[^\s|:][^|:]*):\s*)?(?:\d+%\|[^|]*\|\s*)?(?P<step>\d+)/(?P<total>\d+|\?) \[\d")),
+    # "step: 700  loss: 0.70", "step 12 loss", "iter 30", "global_step=5"
+    ("step", re.compile(r"\b(?:global_step|step|iter|iteration|it)\b\s*[:=#]?\s*\[?\s*(?P<step>\d+)(?:\s*/\s*(?P<total>\d+))?", re.I)),
+]
+
+_HF_STEP = re.compile(r"'step': (\d+)")
+
+
+def parse_progress(text: str) -> Progress | None:
+    try:
+        return _parse(text)
+    except Exception:  # a parser must never take the monitor down
+        return None
+
+
+def _parse(text: str) -> Progress | None:
+    if not text:
+        return None
+    t = clean(text)[:4096]
+    if not any(c.isdigit() for c in t):
+        return Progress(None, None, OTHER, None, "checkpoint") if _CKPT.search(t) else None
+    for name, rx in _FORMATS:
+        m = rx.search(t)
+        if not m:
+            continue
+        g = m.groupdict()
+        if name == "hf":
+            s = _HF_STEP.search(t)
+            return Progress(int(s.group(1)) if s else None, None, OTHER if "eval_" in t else TRAIN,
+                            None, name) if s else Progress(None, None, TRAIN, None, name + "-nostep")
+        step = int(g["step"]) if g.get("step") else None
+        total = g.get("total")
+        total = int(total) if total and total.isdigit() else None
+        epoch = int(g["epoch"]) if g.get("epoch") else None
+        kind = TRAIN
+        if name == "wenet" and g.get("tag") == "CV":
+            kind = OTHER
+        elif name == "tqdm":
+            if _OTHER_WORDS.search(g.get("desc") or "") or _OTHER_WORDS.search(t[: m.start()]):
+                kind = OTHER
+        elif name == "lightning" and _OTHER_WORDS.search(t[: m.start()]):
+            kind = OTHER
+        elif name == "step" and _OTHER_WORDS.search(t[: m.start()]):
+            kind = OTHER
+        return Progress(step, total, kind, epoch, name)
+    if _CKPT.search(t):
+        return Progress(None, None, OTHER, None, "checkpoint")
+    return None
+
+
 def parse_step(text: str) -> int | None:
     """The training step a line reports, or None (``step 12 loss 0.3`` -> 12)."""
-    if "tep" not in text and "ter" not in text and "TEP" not in text and "TER" not in text:
-        return None
-    m = _STEP.search(strip_ansi(text))
-    return int(m.group(1)) if m else None
+    p = parse_progress(text)
+    return p.step if p is not None and p.kind == TRAIN else None

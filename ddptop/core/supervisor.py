@@ -55,6 +55,44 @@ class EventWriter:
             os.write(self._fd, data)
 
 
+STALL_EXIT = 124
+
+
+class Watcher(threading.Thread):
+    """Reads the job's own journal and writes alarms into it (stall, signatures)."""
+
+    def __init__(self, sup: "Supervisor", interval: float = 0.5):
+        super().__init__(name="ddptop-watcher", daemon=True)
+        self.sup, self.interval = sup, interval
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        from ddptop.core.analyzer import Analyzer
+        from ddptop.core.events import AlarmEvent
+        from ddptop.core.session import Session
+
+        try:
+            session = Session(self.sup.run_dir)
+            an = Analyzer(stall_after=self.sup.meta.stall_after, node=self.sup.meta.host)
+        except Exception as e:
+            self.sup.emit(NoteEvent(time.time(), "warning", f"detection disabled: {e!r}"))
+            return
+        while not self.done.is_set():
+            try:
+                evs = [e for e in session.poll() if not isinstance(e, AlarmEvent)]
+                alarms = an.feed(evs) + an.check()
+            except Exception as e:
+                self.sup.emit(NoteEvent(time.time(), "warning", f"detection tick failed: {e!r}"))
+                alarms = []
+            if alarms:
+                self.sup.events.write_many(alarms)
+                if any(a.type == "stall" for a in alarms) and self.sup.meta.on_stall == "kill":
+                    self.sup.emit(NoteEvent(time.time(), "warning", "stall detected and --on-stall kill: stopping the job"))
+                    self.sup.stall_kill = True
+                    self.sup.stop_requested = True
+            self.done.wait(self.interval)
+
+
 class Sampler(threading.Thread):
     """Telemetry once per interval, off the supervisor's main loop.
 
@@ -134,6 +172,7 @@ class Supervisor:
         self.ranks: dict[int, tuple[_Proc, dict]] = {}  # pid -> (proc, info)
         self.family: dict[int, _Proc] = {}  # every descendant seen, for the final sweep
         self.stop_requested = False
+        self.stall_kill = False
         self.stopping_since: float | None = None
 
     def emit(self, ev: Event) -> None:
@@ -237,6 +276,8 @@ class Supervisor:
         if (self.meta.gpu or "auto") != "off":
             sampler = Sampler(self, self.meta.gpu or "auto", float(self.meta.sample_interval or 1.0))
             sampler.start()
+        watcher = Watcher(self)
+        watcher.start()
         try:
             tr = psutil.Process(popen.pid)
             torchrun = _Proc(tr)
@@ -261,6 +302,8 @@ class Supervisor:
             time.sleep(POLL)
         if sampler is not None:
             sampler.done.set()
+        watcher.done.set()
+        watcher.join(timeout=5)  # its last alarms land before the final state
         # torchrun is gone; sweep any rank or worker it left behind
         if tr is not None:
             self.discover(tr)
@@ -275,6 +318,8 @@ class Supervisor:
             self.signal_all(None, signal.SIGKILL)
         self.discover_end()
         code = _exit_code(rc)
+        if self.stall_kill:
+            return self.finish(STOPPED, STALL_EXIT, "stopped by ddptop: the job stalled (--on-stall kill)")
         if self.stop_requested:
             return self.finish(STOPPED, code, "stopped on request")
         return self.finish(SUCCEEDED if code == 0 else FAILED, code, f"torchrun exited with {code}")

@@ -1,0 +1,113 @@
+"""Analyzer: events in, alarms out.  Pure (no I/O), injected clock.
+
+Combines the progress parser, the signature matcher and the stall detector.
+Runs live inside the supervisor (so alarms land in the journal whoever is
+watching) and post-mortem in ``ddptop diagnose``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ddptop.core.events import (FINAL_STATES, AlarmEvent, Event, GpuEvent, LogEvent, ProcEvent,
+                                RankEvent, StateEvent)
+from ddptop.core.progress import OTHER, parse_progress
+from ddptop.core.signatures import CAUSE, GENERIC, TIMEOUT, Finding, SignatureMatcher, root_cause
+from ddptop.core.stall import StallDetector
+
+
+class Analyzer:
+    def __init__(self, clock=time.time, *, stall_after: float | None = None, detect_stalls: bool = True,
+                 node: str = "", **stall_options):
+        self.clock = clock
+        self.node = node
+        self.stall = StallDetector(clock, stall_after=stall_after, **stall_options)
+        self.detect_stalls = detect_stalls
+        self.matchers: dict[str, SignatureMatcher] = {}
+        self.findings: list[Finding] = []
+        self._alarmed: set[tuple] = set()
+        self.line_no: dict[str, int] = {}
+        self.finished = False
+        self.last_steps: dict[int, int | None] = {}
+
+    def feed(self, events: list[Event]) -> list[AlarmEvent]:
+        alarms: list[AlarmEvent] = []
+        st = self.stall
+        for ev in events:
+            if isinstance(ev, LogEvent):
+                if ev.transient:
+                    p = parse_progress(ev.text)
+                    if p is not None and ev.rank is not None:
+                        self._progress(ev.rank, p, ev.t)
+                    continue
+                key = ev.path or str(ev.rank)
+                n = self.line_no[key] = self.line_no.get(key, 0) + 1
+                if ev.rank is not None:
+                    st.output(ev.rank, ev.t)
+                    p = parse_progress(ev.text)
+                    if p is not None:
+                        self._progress(ev.rank, p, ev.t)
+                m = self.matchers.get(key)
+                if m is None:
+                    m = self.matchers[key] = SignatureMatcher()
+                for f in m.feed(ev.text, ev.rank, n, ev.path):
+                    self.findings.append(f)
+                    a = self._alarm_for(f, ev.t)
+                    if a is not None:
+                        alarms.append(a)
+            elif isinstance(ev, GpuEvent):
+                if ev.util is not None:
+                    for r in ev.ranks:
+                        st.telemetry(r, util=ev.util)
+            elif isinstance(ev, ProcEvent):
+                st.telemetry(ev.rank, cpu=ev.cpu, children_cpu=ev.children_cpu, status=ev.status)
+            elif isinstance(ev, RankEvent):
+                if ev.alive:
+                    st.rank(ev.rank).alive = True
+                    if ev.rank not in st.ranks or st.ranks[ev.rank].last_output is None:
+                        st.output(ev.rank, ev.t)
+                else:
+                    st.rank_ended(ev.rank, ev.exit_code)
+            elif isinstance(ev, StateEvent) and ev.state in FINAL_STATES:
+                self.finished = True
+        return alarms
+
+    def _progress(self, rank: int, p, t: float) -> None:
+        if p.kind == OTHER:
+            self.stall.other_progress(rank, t)
+        else:
+            self.stall.step(rank, p.step, t)
+            self.last_steps[rank] = p.step if p.step is not None else self.last_steps.get(rank)
+
+    def _alarm_for(self, f: Finding, t: float) -> AlarmEvent | None:
+        if f.level > GENERIC:
+            return None
+        if f.signature == "python-exception" and any(
+                x.rank == f.rank and x.level < GENERIC and x is not f for x in self.findings):
+            return None  # a specific signature already explains this rank
+        key = (f.signature, f.rank)
+        if key in self._alarmed:
+            return None
+        self._alarmed.add(key)
+        kind = "crash" if f.signature in ("rank-signal", "python-exception", "rank-exit", "cuda-oom") else "signature"
+        who = f"rank {f.rank}" if f.rank is not None else "torchrun"
+        return AlarmEvent(t, type=kind, id=f.signature,
+                          ranks=(f.rank,) if f.rank is not None else (),
+                          culprits=(f.rank,) if f.rank is not None and f.level == CAUSE else (),
+                          message=f"{f.signature} ({who}): {f.explanation}  Evidence: {f.text[:300]}",
+                          suggested_profiles=f.suggested_profiles, node=self.node)
+
+    def check(self, now: float | None = None) -> list[AlarmEvent]:
+        if self.finished or not self.detect_stalls:
+            return []
+        s = self.stall.check(now)
+        if s is None:
+            return []
+        evidence = "; ".join(s.evidence)
+        return [AlarmEvent(self.clock() if now is None else now, type="stall", id=f"stall-{s.kind}",
+                           ranks=s.ranks, culprits=s.culprits,
+                           message=s.message + (f" Evidence: {evidence}." if evidence else ""),
+                           suggested_profiles=s.suggested_profiles, node=self.node)]
+
+    def root_cause(self) -> Finding | None:
+        return root_cause(self.findings)

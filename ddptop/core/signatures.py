@@ -1,0 +1,213 @@
+"""Known failure signatures of distributed PyTorch jobs.
+
+Each signature has a stable id, a plain-words explanation, and the profiles or
+actions to try.  :class:`SignatureMatcher` is fed lines (with the rank they
+came from) and returns :class:`Finding` objects; :func:`root_cause` tells the
+cause from its consequences (the teardown noise after a crash or timeout).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ddptop.core.progress import clean
+
+# how a finding ranks as a root cause: lower is more likely the cause
+CAUSE, TIMEOUT, GENERIC, CONSEQUENCE, INFO = 0, 1, 2, 3, 9
+
+
+@dataclass(frozen=True)
+class Signature:
+    id: str
+    pattern: re.Pattern
+    explanation: str
+    profiles: tuple[str, ...] = ()
+    level: int = CAUSE
+
+
+def _s(id, rx, explanation, profiles=(), level=CAUSE, flags=0):
+    return Signature(id, re.compile(rx, flags), explanation, tuple(profiles), level)
+
+
+CATALOG: list[Signature] = [
+    _s("nccl-watchdog-timeout",
+       r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)",
+       "A collective did not finish within the NCCL timeout: at least one rank never joined it "
+       "(hung, crashed, or stuck in a different collective). Compare the sequence numbers per rank: "
+       "the rank with the lowest one fell behind.",
+       ("flight-recorder", "nccl-debug", "p2p-off"), TIMEOUT),
+    _s("nccl-heartbeat-timeout",
+       r"[Hh]eartbeat monitor timed out|watchdog got stuck for \d+ seconds|Heartbeat .*timeout",
+       "PyTorch's NCCL heartbeat monitor found the watchdog thread stuck (a collective or CUDA call never "
+       "returned) and aborted the process.",
+       ("flight-recorder", "nccl-debug"), TIMEOUT),
+    _s("nccl-system-error", r"unhandled system error",
+       "NCCL hit a system error (socket, shared memory, /dev/shm, IB or P2P setup). Run with NCCL_DEBUG=INFO to "
+       "see which call failed; /dev/shm size and P2P are the usual suspects.",
+       ("nccl-debug", "shm-off", "p2p-off")),
+    _s("nccl-internal-error", r"NCCL error.*internal error|ncclInternalError",
+       "NCCL reported an internal error, often a version mismatch between ranks or a broken transport.",
+       ("nccl-debug", "p2p-off")),
+    _s("nccl-cuda-error", r"unhandled cuda error|ncclUnhandledCudaError",
+       "A CUDA call inside NCCL failed (often after another CUDA fault, a lost GPU, or P2P trouble).",
+       ("nccl-debug", "p2p-off", "gloo")),
+    _s("nccl-p2p-disabled", r"NCCL_P2P_DISABLE|P2P (?:is )?disabled|P2P.*not supported",
+       "NCCL is not using GPU peer-to-peer: collectives go through host memory (slower, but avoids P2P hangs).",
+       (), INFO),
+    _s("nccl-socket-transport", r"NCCL INFO.*(?:NET/Socket|Using network Socket)",
+       "NCCL chose the plain TCP socket transport: on multi-node jobs this usually means InfiniBand/RoCE was "
+       "not found or not usable, and bandwidth will be low.",
+       ("ib-off", "nccl-debug"), INFO),
+    _s("gloo-timeout", r"[Gg]loo.*[Tt]imed out|gloo/transport/.*[Tt]imed out",
+       "A gloo collective timed out (default 30 min): a rank never joined it.",
+       ("fail-fast",), TIMEOUT),
+    _s("peer-connection-reset", r"Connection reset by peer|Connection closed by peer|connection refused by peer",
+       "A rank lost its connection to another: almost always because that other rank died first. "
+       "Look for the first rank that failed.",
+       (), CONSEQUENCE),
+    _s("cuda-oom", r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError: CUDA",
+       "A rank ran out of GPU memory.", ("single-gpu",)),
+    _s("port-in-use", r"errno: 98 - Address already in use|EADDRINUSE|[Aa]ddress already in use",
+       "The rendezvous/master port is taken (often a previous run still alive). Pick another --master-port "
+       "or --rdzv-endpoint, or stop the old job.", ()),
+    _s("rendezvous-timeout",
+       r"RendezvousTimeoutError|[Rr]endezvous.*timed? ?out|Timed out initializing process group|"
+       r"TCPStore.*[Tt]imed? ?out|wait timeout after \d+ms, keys:",
+       "Ranks did not all arrive at the rendezvous in time (a node did not start, wrong address or port, "
+       "or a firewall).", ("fail-fast",)),
+    _s("ddp-param-mismatch",
+       r"DDP expects same model across all ranks|appears not to match sizes of the same param in process|"
+       r"params\[\d+\] in this process with sizes",
+       "The ranks built different models (shape or number of parameters differ), so DDP cannot average "
+       "gradients. Check code paths that depend on rank, config or data.", ()),
+    _s("tensor-size-mismatch",
+       r"The size of tensor a \((?P<a>\d+)\) must match the size of tensor b \((?P<b>\d+)\)",
+       "Two tensors had incompatible shapes; a zero-sized one often means an empty batch or shard on one rank.",
+       ()),
+    _s("shm-exhausted",
+       r"insufficient shared memory|/dev/shm.*(?:[Nn]o space|too small)|NCCL WARN.*(?:shm|SHM)|"
+       r"unable to (?:write|allocate|open).*shm|Bus error",
+       "Shared memory (/dev/shm) ran out: containers default to 64 MB, which breaks NCCL's SHM transport and "
+       "DataLoader workers. Give the container more (--shm-size) or use fewer workers.",
+       ("shm-off", "fewer-workers")),
+    _s("xid", r"NVRM: Xid|\bXid\b.*\(PCI:",
+       "The NVIDIA driver reported an Xid error: a GPU hardware or driver fault.", ("single-gpu",)),
+    _s("child-failed", r"ChildFailedError|torch\.distributed\.elastic\.multiprocessing\.errors",
+       "torchrun's summary that a rank failed (see the root cause it names).", (), CONSEQUENCE),
+]
+
+_SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>SIG\w+)\) received by PID (?P<pid>\d+)")
+_EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): (?P<msg>.*)$")
+_ROOT_BLOCK = re.compile(r"Root Cause \(first observed failure\)")
+_FAILURES_BLOCK = re.compile(r"^\s*Failures:\s*$")
+_BLOCK_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+) \(local_rank: (?P<local>\d+)\)")
+_BLOCK_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+)(?: \(pid: (?P<pid>\d+)\))?")
+_RANK_PREFIX = re.compile(r"^\s*\[(?:default|rank)(?P<rank>\d+)\]:")
+_SIGNAMES = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
+_CONSEQUENTIAL_SIGNALS = {"SIGTERM", "SIGKILL", "SIGINT"}
+
+RANK_SIGNAL_PROFILES = ("gloo", "single-gpu", "nccl-debug")
+
+
+@dataclass(frozen=True)
+class Finding:
+    signature: str
+    rank: int | None
+    line: int | None  # 1-based line number in its source, when known
+    text: str
+    explanation: str
+    suggested_profiles: tuple[str, ...]
+    level: int
+    source: str = ""
+    detail: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def to_dict(self) -> dict:
+        return {
+            "signature": self.signature, "rank": self.rank, "line": self.line, "text": self.text,
+            "explanation": self.explanation, "suggested_profiles": list(self.suggested_profiles),
+            "source": self.source, **({"detail": self.detail} if self.detail else {}),
+        }
+
+
+class SignatureMatcher:
+    """Feed lines one by one; stateful only for torchrun's failure summary."""
+
+    def __init__(self):
+        self._block: str | None = None  # "root" | "failures" | None
+        self._block_rank: int | None = None
+        self._in_traceback: dict[int | None, bool] = {}
+
+    def feed(self, text: str, rank: int | None, line: int | None = None, source: str = "") -> list[Finding]:
+        try:
+            return self._feed(text, rank, line, source)
+        except Exception:
+            return []
+
+    def _feed(self, text, rank, line, source):
+        if rank is None:
+            m = _RANK_PREFIX.match(text)
+            if m:
+                rank = int(m.group("rank"))
+        t = clean(text)[:8192]
+        out: list[Finding] = []
+        # torchrun's failure summary: "Root Cause (first observed failure): rank : N ... exitcode : -11"
+        if _ROOT_BLOCK.search(t):
+            self._block, self._block_rank = "root", None
+            return out
+        if _FAILURES_BLOCK.match(t):
+            self._block, self._block_rank = "failures", None
+            return out
+        if self._block:
+            m = _BLOCK_RANK.match(t)
+            if m:
+                self._block_rank = int(m.group("rank"))
+                return out
+            m = _BLOCK_EXIT.match(t)
+            if m:
+                code = int(m.group("code"))
+                r = self._block_rank
+                if code < 0:
+                    name = _SIGNAMES.get(-code, f"signal {-code}")
+                    level = CONSEQUENCE if (name in _CONSEQUENTIAL_SIGNALS or self._block == "failures") else CAUSE
+                    out.append(Finding("rank-signal", r, line, t.strip(),
+                                       f"Rank {r} was killed by {name}"
+                                       + (" (the first failure torchrun observed)." if self._block == "root" else "."),
+                                       RANK_SIGNAL_PROFILES if level == CAUSE else (), level, source,
+                                       {"signal": name, "signum": -code, "root": self._block == "root"}))
+                elif code != 0 and self._block == "root":
+                    out.append(Finding("rank-exit", r, line, t.strip(),
+                                       f"Rank {r} exited with code {code} (the first failure torchrun observed); "
+                                       "its own log says why.", (), GENERIC, source, {"exit_code": code, "root": True}))
+                return out
+            if t.startswith("====="):
+                self._block = None
+        m = _SIGNAL.search(t)
+        if m and not self._block:
+            name = m.group("name")
+            level = CONSEQUENCE if name in _CONSEQUENTIAL_SIGNALS else CAUSE
+            out.append(Finding("rank-signal", rank, line, t.strip(), f"A rank was killed by {name}.",
+                               RANK_SIGNAL_PROFILES if level == CAUSE else (), level, source,
+                               {"signal": name, "signum": int(m.group("num"))}))
+        for sig in CATALOG:
+            m = sig.pattern.search(t)
+            if m:
+                detail = {k: v for k, v in m.groupdict().items() if v is not None}
+                out.append(Finding(sig.id, rank, line, t.strip(), sig.explanation, sig.profiles, sig.level, source, detail))
+        s = t.strip()
+        if s.startswith("[rank"):
+            s = _RANK_PREFIX.sub("", s).strip()
+        m = _EXCEPTION.match(s)
+        if m and rank is not None and all(f.level >= CONSEQUENCE for f in out):
+            out.append(Finding("python-exception", rank, line, s, f"Rank {rank} raised {m.group('type')}: {m.group('msg')[:200]}",
+                               (), GENERIC, source, {"type": m.group("type")}))
+        return out
+
+
+def root_cause(findings: list[Finding]) -> Finding | None:
+    """The finding most likely to be the cause, not a consequence."""
+    ranked = [(f.level, 0 if f.detail.get("root") else 1, i, f) for i, f in enumerate(findings) if f.level < INFO]
+    if not ranked:
+        return None
+    ranked.sort(key=lambda x: (x[0], x[1], x[2]))
+    return ranked[0][3]

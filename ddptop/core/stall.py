@@ -1,0 +1,224 @@
+"""The stall detector: pure code fed progress and telemetry, with an injected clock.
+
+Per rank it learns the expected step interval online (median of recent
+intervals).  A rank is stalled after no progress for::
+
+    max(min_silence, min(k * expected, expected + slack))
+
+(so a hang alarms within ``slack`` seconds of the step that should have come),
+or ``first_step_grace`` before the first step (model load, compilation), or
+``stall_after`` when the person set it.  Other progress (an eval bar, a
+checkpoint line) counts as life and holds the alarm off.  The job is stalled
+when every rank that reports progress is stalled; then the stall is classified
+with telemetry (hot: GPUs busy with no progress, the NCCL hang signature;
+idle; CPU-bound) and the odd rank out is named, with the evidence.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+HOT_UTIL = 85.0  # % GPU utilisation that counts as "busy"
+IDLE_UTIL = 15.0
+BUSY_CPU = 85.0
+
+
+@dataclass
+class RankState:
+    rank: int
+    step: int | None = None
+    steps_seen: int = 0
+    last_progress: float | None = None  # clock time of the last training step
+    last_other: float | None = None  # last eval/checkpoint progress
+    last_output: float | None = None
+    intervals: deque = field(default_factory=lambda: deque(maxlen=64))  # (t, steps_seen)
+    util: float | None = None  # its GPU's utilisation
+    cpu: float | None = None
+    children_cpu: float | None = None
+    status: str = ""
+    alive: bool = True
+    exit_code: int | None = None
+
+    def expected(self) -> float | None:
+        """Seconds per step, over the recent window.
+
+        From (time, steps) pairs rather than single intervals, so lines that
+        arrive in batches (one read, one timestamp) still give the true rate.
+        """
+        if len(self.intervals) < 2:
+            return None
+        (t0, n0), (t1, n1) = self.intervals[0], self.intervals[-1]
+        if n1 - n0 < 3 or t1 <= t0:
+            return None
+        return (t1 - t0) / (n1 - n0)
+
+
+@dataclass(frozen=True)
+class Stall:
+    kind: str  # hot | idle | cpu-bound | unknown
+    ranks: tuple[int, ...]
+    culprits: tuple[int, ...]
+    silent_for: float  # seconds since the job's last progress
+    expected: float | None  # the job's learned step interval
+    evidence: tuple[str, ...]
+    message: str
+    suggested_profiles: tuple[str, ...]
+
+
+class StallDetector:
+    def __init__(self, clock, *, min_silence: float = 10.0, k: float = 3.0, slack: float = 12.0,
+                 first_step_grace: float = 120.0, stall_after: float | None = None, start: float | None = None):
+        self.clock = clock
+        self.min_silence = min_silence
+        self.k = k
+        self.slack = slack
+        self.first_step_grace = first_step_grace
+        self.stall_after = stall_after
+        self.started = clock() if start is None else start
+        self.ranks: dict[int, RankState] = {}
+        self.active: Stall | None = None  # the stall being reported, until progress resumes
+        self.telemetry_real = False  # util values come from a real or asked-for source
+
+    def rank(self, r: int) -> RankState:
+        st = self.ranks.get(r)
+        if st is None:
+            st = self.ranks[r] = RankState(r)
+        return st
+
+    # -- feeding --------------------------------------------------------------
+
+    def step(self, rank: int, step: int | None, t: float | None = None) -> None:
+        """A training step (``step`` None: progress without a number)."""
+        t = self.clock() if t is None else t
+        st = self.rank(rank)
+        if step is not None and st.step is not None and step <= st.step and step != 0:
+            # the same step printed again (several log lines per step): not progress
+            if step == st.step:
+                return
+        st.last_progress = t
+        st.steps_seen += 1
+        st.intervals.append((t, st.steps_seen))
+        if step is not None:
+            st.step = step
+
+    def other_progress(self, rank: int, t: float | None = None) -> None:
+        self.rank(rank).last_other = self.clock() if t is None else t
+
+    def output(self, rank: int, t: float | None = None) -> None:
+        self.rank(rank).last_output = self.clock() if t is None else t
+
+    def telemetry(self, rank: int, *, util=None, cpu=None, children_cpu=None, status=None) -> None:
+        st = self.rank(rank)
+        if util is not None:
+            st.util = util
+        if cpu is not None:
+            st.cpu = cpu
+        if children_cpu is not None:
+            st.children_cpu = children_cpu
+        if status is not None:
+            st.status = status
+
+    def rank_ended(self, rank: int, exit_code: int | None = None) -> None:
+        st = self.rank(rank)
+        st.alive = False
+        st.exit_code = exit_code
+
+    # -- judging --------------------------------------------------------------
+
+    def threshold(self, st: RankState) -> float:
+        if self.stall_after is not None:
+            return self.stall_after
+        if st.last_progress is None:
+            return self.first_step_grace
+        e = st.expected()
+        if e is None:
+            return max(self.min_silence, 3 * self.min_silence)  # learning: be patient
+        return max(self.min_silence, min(self.k * e, e + self.slack))
+
+    def _silent(self, st: RankState, now: float) -> float:
+        last = max(x for x in (st.last_progress, st.last_other, self.started) if x is not None)
+        return now - last
+
+    def check(self, now: float | None = None) -> Stall | None:
+        """A new stall, once per episode; None otherwise (and while it lasts)."""
+        now = self.clock() if now is None else now
+        judged = [st for st in self.ranks.values() if st.alive and (st.steps_seen or st.last_progress is None)]
+        with_progress = [st for st in judged if st.steps_seen]
+        pool = with_progress or judged
+        if not pool:
+            return None
+        stalled = [st for st in pool if self._silent(st, now) > self.threshold(st)]
+        if len(stalled) < len(pool):
+            if self.active is not None and any(self._silent(st, now) < self.threshold(st) for st in pool):
+                self.active = None  # progress resumed
+            return None
+        if self.active is not None:
+            return None
+        self.active = self._describe(pool, now)
+        return self.active
+
+    def _describe(self, pool: list[RankState], now: float) -> Stall:
+        everyone = sorted(self.ranks.values(), key=lambda s: s.rank)
+        silent = min(self._silent(st, now) for st in pool)
+        exp = [st.expected() for st in pool if st.expected() is not None]
+        expected = statistics.median(exp) if exp else None
+        evidence: list[str] = []
+        culprits: list[int] = []
+        # 1. a dead, zombie or disk-waiting rank
+        for st in everyone:
+            if not st.alive or st.status in ("zombie", "dead"):
+                culprits.append(st.rank)
+                evidence.append(f"rank {st.rank} is {'dead' if not st.alive else st.status}")
+            elif st.status == "disk-sleep":
+                culprits.append(st.rank)
+                evidence.append(f"rank {st.rank} is in disk wait (D state)")
+        # 2. a rank whose step count is behind the others
+        steps = {st.rank: st.step for st in everyone if st.step is not None}
+        if not culprits and len(steps) >= 2 and len(set(steps.values())) > 1:
+            top = max(steps.values())
+            behind = [r for r, s in steps.items() if s < top]
+            if len(behind) < len(steps) / 2 or len(behind) == 1:
+                culprits += behind
+                evidence += [f"rank {r} is at step {steps[r]}, the others at {top}" for r in behind]
+        # 3. a rank whose GPU is idle while the others are hot
+        utils = {st.rank: st.util for st in everyone if st.util is not None and st.alive}
+        hot = [r for r, u in utils.items() if u >= HOT_UTIL]
+        idle = [r for r, u in utils.items() if u <= IDLE_UTIL]
+        if not culprits and hot and idle and len(idle) < len(utils):
+            culprits += idle
+            others = (f"rank {hot[0]} is" if len(hot) == 1 else f"ranks {', '.join(map(str, hot))} are")
+            evidence += [f"rank {r}'s GPU is idle ({utils[r]:.0f}%) while {others} busy "
+                         f"({min(utils[h] for h in hot):.0f}%)" for r in idle]
+        # classification
+        cpu_bound = [st.rank for st in everyone if (st.cpu or 0) + (st.children_cpu or 0) >= BUSY_CPU
+                     and (st.util is None or st.util <= IDLE_UTIL)]
+        if utils and len(hot) >= max(1, len(utils) - len(culprits)) and hot:
+            kind = "hot"
+            evidence.append(f"GPU utilisation {', '.join(f'r{r} {utils[r]:.0f}%' for r in sorted(utils))} with no step progress")
+        elif utils and len(idle) == len(utils) and not cpu_bound:
+            kind = "idle"
+            evidence.append("GPUs and CPUs idle: a deadlock, a dead data loader, or waiting on I/O")
+        elif cpu_bound:
+            kind = "cpu-bound"
+            evidence.append(f"ranks {', '.join(map(str, cpu_bound))} (or their workers) peg the CPU")
+        else:
+            kind = "unknown"
+        last = f"{silent:.0f} s without a training step"
+        if expected:
+            last += f" (steps came every {expected:.2g} s: {silent / expected:.0f}x the usual interval)"
+        what = {"hot": "Hot stall: GPUs busy but no step progress, the signature of ranks spinning in a "
+                       "collective that one rank never joined (an NCCL hang)",
+                "idle": "Idle stall: no progress and nothing busy",
+                "cpu-bound": "CPU-bound stall: no progress while the CPU is pegged (data loading?)",
+                "unknown": "Stall: no step progress"}[kind]
+        msg = f"{what}. {last}."
+        if culprits:
+            msg += f" Odd rank out: {', '.join(f'rank {r}' for r in sorted(set(culprits)))}."
+        profiles = {"hot": ("p2p-off", "nccl-debug", "flight-recorder", "gloo"),
+                    "idle": ("nccl-debug", "flight-recorder", "fewer-workers"),
+                    "cpu-bound": ("fewer-workers",),
+                    "unknown": ("nccl-debug", "flight-recorder")}[kind]
+        return Stall(kind, tuple(st.rank for st in pool), tuple(sorted(set(culprits))), silent, expected,
+                     tuple(evidence), msg, profiles)
