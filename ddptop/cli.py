@@ -13,6 +13,7 @@ import sys
 USAGE = """\
 ddptop [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [SCRIPT ARGS]
        ddptop [OPTIONS] attach RUN
+       ddptop diagnose PATH... [--json]
        ddptop runs"""
 
 EPILOG = """\
@@ -21,6 +22,7 @@ examples:
   ddptop --headless torchrun --nproc-per-node 2 train.py   # CI / SLURM
   ddptop --json torchrun --standalone --nproc-per-node 8 train.py --lr 3e-4
   ddptop attach latest                                      # re-open a run
+  ddptop diagnose ~/.local/state/ddptop/runs/RUN            # post-mortem
 
 Everything after the word `torchrun` goes to torchrun unchanged; ddptop adds
 only --log-dir RUN/logs --redirects 3 (and PYTHONUNBUFFERED=1) to capture
@@ -131,6 +133,16 @@ def main(argv: list[str] | None = None) -> int:
         return _watch(session, args)
     if cmd[0] == "runs":
         return cmd_runs()
+    if cmd[0] == "diagnose":
+        rest = [a for a in cmd[1:] if a != "--json"]
+        if not rest:
+            return _err("usage: ddptop diagnose PATH... [--json]  (a run dir, a torchrun --log-dir, or log files)")
+        from ddptop.core.diagnose import main as diagnose
+
+        try:
+            return diagnose(rest, json_mode=args.json or "--json" in cmd)
+        except FileNotFoundError as e:
+            return _err(str(e))
     if os.path.basename(cmd[0]) == "torchrun":
         from ddptop.core import journal
         from ddptop.core.launcher import LaunchError
@@ -143,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.headless or args.json):
             print(f"ddptop: run {session.run_dir}", file=sys.stderr)
         return _watch(session, args)
-    return _err(f"unknown command {cmd[0]!r}: expected `torchrun ...`, `attach RUN` or `runs`")
+    return _err(f"unknown command {cmd[0]!r}: expected `torchrun ...`, `attach RUN`, `diagnose PATH` or `runs`")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ def parse_args(argv=None):
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=10)
     p.add_argument("--backend", default=None, help="process-group backend (default: nccl with CUDA, else gloo)")
+    p.add_argument("--eval-every", type=int, default=0, help="run a fake evaluation every N steps (0: never)")
+    p.add_argument("--eval-time", type=float, default=3.0, help="seconds one evaluation takes")
     p.add_argument("--fail", action="store_true", help="raise an exception at the end (non-zero exit)")
     return p.parse_args(argv)
 
@@ -97,6 +99,14 @@ def main(argv=None):
         work.wait()
         mean = t.item() / world
         print(f"step {step} loss {loss.item():.4f} mean_loss {mean:.4f}", flush=True)
+        if args.eval_every and step % args.eval_every == 0:
+            # a pause in training that shows other progress: an eval bar updating in place
+            n = 20
+            for i in range(1, n + 1):
+                time.sleep(args.eval_time / n)
+                end = "\n" if i == n else "\r"
+                print(f"Evaluating: {100 * i // n:3d}%| {i}/{n} [00:0{i % 10}<00:00, 6.67it/s]", end=end, file=sys.stderr, flush=True)
+            dist.barrier()
         delay = args.step_time
         if args.fault == "straggler" and rank == args.fault_rank and step >= args.fault_step:
             delay *= 5

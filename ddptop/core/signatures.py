@@ -199,8 +199,10 @@ class SignatureMatcher:
             s = _RANK_PREFIX.sub("", s).strip()
         m = _EXCEPTION.match(s)
         if m and rank is not None and all(f.level >= CONSEQUENCE for f in out):
+            # an exception whose message is itself a consequence (peer gone) is one too
+            level = CONSEQUENCE if out else GENERIC
             out.append(Finding("python-exception", rank, line, s, f"Rank {rank} raised {m.group('type')}: {m.group('msg')[:200]}",
-                               (), GENERIC, source, {"type": m.group("type")}))
+                               (), level, source, {"type": m.group("type")}))
         return out
 
 

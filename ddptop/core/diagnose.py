@@ -1,0 +1,108 @@
+"""`ddptop diagnose PATH...`: the live analysis, post-mortem.
+
+PATH may be a ddptop run directory, a torchrun --log-dir, or plain log files
+(torchrun --tee output with ``[defaultN]:`` prefixes included).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ddptop.core import journal
+from ddptop.core.analyzer import Analyzer
+from ddptop.core.events import LogEvent
+from ddptop.core.tailer import Tailer
+
+_PREFIX_RANK = re.compile(r"^\s*\[(?:default|rank)(\d+)\]:")
+
+
+def _file_events(path: Path, rank: int | None, stream: str, rel: str):
+    t = Tailer(path)
+    out = []
+    while True:
+        lines = t.read()
+        if not lines:
+            break
+        out += lines
+    out += t.flush()
+    for ln in out:
+        r = rank
+        if r is None:
+            m = _PREFIX_RANK.match(ln.text)
+            if m:
+                r = int(m.group(1))
+        yield LogEvent(0.0, r, stream, ln.text, 0, rel, ln.offset, ln.partial, ln.transient)
+
+
+def analyze_paths(paths: list[str]) -> Analyzer:
+    an = Analyzer(clock=lambda: 0.0, detect_stalls=False)
+    for p in map(Path, paths):
+        if (p / journal.META).is_file():
+            from ddptop.core.session import Session
+
+            s = Session.open(p)
+            while not s.finished:
+                batch = s.poll()
+                if not batch and not s.is_live:
+                    break
+                an.feed(batch)
+            continue
+        if p.is_dir():
+            files = journal.rank_log_files(p)
+            if not files:
+                files = [(0, None, "stdout", f) for f in sorted(p.rglob("*.log"))]
+            for attempt, local_rank, stream, f in files:
+                an.feed(list(_file_events(f, local_rank, stream, str(f))))
+            continue
+        if p.is_file():
+            an.feed(list(_file_events(p, None, "stdout", str(p))))
+            continue
+        raise FileNotFoundError(f"{p}: no such file or directory")
+    return an
+
+
+def report(an: Analyzer) -> dict:
+    rc = an.root_cause()
+    return {
+        "root_cause": rc.to_dict() if rc else None,
+        "findings": [f.to_dict() for f in an.findings],
+        "progress": {str(r): {"last_step": s} for r, s in sorted(an.last_steps.items())},
+    }
+
+
+def format_report(rep: dict) -> str:
+    out = []
+    rc = rep["root_cause"]
+    if rc:
+        who = f"rank {rc['rank']}" if rc["rank"] is not None else "torchrun"
+        out.append(f"Root cause: {rc['signature']} ({who})")
+        out.append(f"  {rc['explanation']}")
+        out.append(f"  evidence: {rc['source']}:{rc['line']}: {rc['text'][:200]}")
+        if rc["suggested_profiles"]:
+            out.append(f"  try: {', '.join('--profile ' + p for p in rc['suggested_profiles'])}")
+    else:
+        out.append("Root cause: none found (no known failure signature in these logs)")
+    seen: dict[tuple, list] = {}
+    for f in rep["findings"]:
+        seen.setdefault((f["signature"], f["rank"]), []).append(f)
+    if seen:
+        out.append("")
+        out.append("Findings:")
+        for (sig, rank), fs in seen.items():
+            who = f"rank {rank}" if rank is not None else "-"
+            n = f" (x{len(fs)})" if len(fs) > 1 else ""
+            out.append(f"  {sig:<24} {who:<8} {fs[0]['source']}:{fs[0]['line']}: {fs[0]['text'][:120]}{n}")
+    if rep["progress"]:
+        out.append("")
+        out.append("Last training step per rank: " + ", ".join(
+            f"r{r}={v['last_step'] if v['last_step'] is not None else '?'}" for r, v in rep["progress"].items()))
+    return "\n".join(out)
+
+
+def main(paths: list[str], json_mode: bool) -> int:
+    an = analyze_paths(paths)
+    rep = report(an)
+    print(json.dumps(rep, indent=2) if json_mode else format_report(rep))
+    return 1 if rep["root_cause"] else 0

@@ -1,0 +1,61 @@
+"""Real torchrun, 2 ranks on CPU: the example's injected faults are recognised."""
+
+import json
+
+from conftest import EXAMPLE, json_events, only_run, run_ddptop
+
+
+def alarms(events):
+    return [e for e in events if e["kind"] == "alarm"]
+
+
+def test_spinning_hang_raises_stall_naming_the_hung_rank_then_exits_124(runs_dir):
+    r = run_ddptop("--json", "--gpu", "sim", "--on-stall", "kill", "torchrun", "--nproc-per-node", "2", EXAMPLE,
+                   "--steps", "100000", "--step-time", "0.05", "--fault", "hang", "--fault-rank", "1", "--fault-step", "20")
+    assert r.returncode == 124, r.stderr[-2000:]
+    events = json_events(r.stdout)
+    stalls = [a for a in alarms(events) if a["type"] == "stall"]
+    assert len(stalls) == 1
+    a = stalls[0]
+    assert a["culprits"] == [1] and a["id"] == "stall-hot"
+    assert "rank 1" in a["message"] and "p2p-off" in a["suggested_profiles"]
+    assert events[-1]["state"] == "stopped" and events[-1]["exit_code"] == 124
+    # rank 1 hung in step 20; rank 0 waits for it in that step's all-reduce
+    assert any(e["kind"] == "log" and e["rank"] == 1 and "hangs now" in e["text"] for e in events)
+    steps = {r_: max(int(e["text"].split()[1]) for e in events if e["kind"] == "log" and e["rank"] == r_ and e["text"].startswith("step "))
+             for r_ in (0, 1)}
+    assert steps == {0: 19, 1: 19}
+
+
+def test_segfault_is_named_with_signal_and_rank(runs_dir):
+    r = run_ddptop("--json", "torchrun", "--nproc-per-node", "2", EXAMPLE, "--steps", "50", "--step-time", "0",
+                   "--fault", "segv", "--fault-rank", "1", "--fault-step", "3")
+    assert r.returncode == 1
+    crash = [a for a in alarms(json_events(r.stdout)) if a["id"] == "rank-signal" and a["culprits"]]
+    assert len(crash) == 1 and crash[0]["type"] == "crash"
+    assert crash[0]["culprits"] == [1] and "SIGSEGV" in crash[0]["message"]
+    # and post-mortem, from the journal
+    d = run_ddptop("diagnose", "--json", str(only_run(runs_dir)))
+    rep = json.loads(d.stdout)
+    assert rep["root_cause"]["signature"] == "rank-signal" and rep["root_cause"]["rank"] == 1
+    assert "SIGSEGV" in rep["root_cause"]["explanation"]
+    assert rep["progress"]["0"]["last_step"] == 2 and rep["progress"]["1"]["last_step"] == 2
+
+
+def test_parameter_mismatch_is_recognised(runs_dir):
+    r = run_ddptop("--json", "torchrun", "--nproc-per-node", "2", EXAMPLE, "--steps", "5", "--fault", "mismatch", "--fault-rank", "1")
+    assert r.returncode == 1
+    ids = {(a["id"], tuple(a["ranks"])) for a in alarms(json_events(r.stdout))}
+    assert ("ddp-param-mismatch", (1,)) in ids
+    rep = json.loads(run_ddptop("diagnose", "--json", str(only_run(runs_dir))).stdout)
+    assert rep["root_cause"]["signature"] == "ddp-param-mismatch" and rep["root_cause"]["rank"] == 1
+
+
+def test_healthy_run_with_slow_first_step_and_eval_pause_raises_no_alarm(runs_dir):
+    r = run_ddptop("--json", "--gpu", "sim", "torchrun", "--nproc-per-node", "2", EXAMPLE, "--steps", "100", "--step-time", "0.05",
+                   "--first-step-time", "15", "--eval-every", "60", "--eval-time", "15")
+    assert r.returncode == 0, r.stderr[-2000:]
+    events = json_events(r.stdout)
+    assert alarms(events) == []
+    assert any(e["kind"] == "log" and "Evaluating" in e["text"] for e in events)
+    assert events[-1]["state"] == "succeeded"

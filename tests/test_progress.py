@@ -1,0 +1,53 @@
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddptop.core.progress import OTHER, TRAIN, parse_progress, parse_step
+
+CASES = [
+    # (real-world line, step, total, kind)
+    (" 10/1752 [00:29<1:22:01, 2.83s/it]", 10, 1752, TRAIN),
+    ("Epoch 0:   6%|▋         | 32040/500150 [1:02:11<15:08:42, 8.59it/s, v_num=3, loss=0.31]", 32040, 500150, TRAIN),
+    ("Validation DataLoader 0:  40%|████      | 4/10 [00:01<00:02, 3.10it/s]", 4, 10, OTHER),
+    ("{'loss': 0.7001, 'grad_norm': 1.2, 'learning_rate': 4.9e-05, 'epoch': 0.35, 'step': 700}", 700, None, TRAIN),
+    ("Epoch [1/10], Step [100/600], Loss: 0.2231", 100, 600, TRAIN),
+    ("step: 700  loss: 0.70", 700, None, TRAIN),
+    ("2023-01-01 12:00:00,123 DEBUG TRAIN Batch 4/203700 loss 12.345 lr 1.0e-03 rank 0", 203700, None, TRAIN),
+    ("2023-01-01 12:00:00,123 DEBUG CV Batch 4/200 loss 12.345", 200, None, OTHER),
+    ("2023-06-05 10:10:10,101 INFO [train.py:892] Epoch 0, batch 1, loss[loss=3.1, over 1440 frames], tot_loss[...]", 1, None, TRAIN),
+    ("Epoch: [3][ 100/3000]  Time 0.412  Loss 1.2  Acc 0.93", 100, 3000, TRAIN),
+    ("[default0]:[rank0]: step 5 loss 0.1", 5, None, TRAIN),
+    ("\x1b[32m[default1]:iter 30 lr 1e-4\x1b[0m", 30, None, TRAIN),
+    ("Evaluating: 12/100 [00:03<00:20, 4.00it/s]", 12, 100, OTHER),
+]
+
+
+@pytest.mark.parametrize("line,step,total,kind", CASES)
+def test_formats(line, step, total, kind):
+    p = parse_progress(line)
+    assert p is not None, line
+    assert (p.step, p.total, p.kind) == (step, total, kind)
+
+
+def test_checkpoint_lines_are_other_progress():
+    p = parse_progress("Saving checkpoint to /ckpt/epoch-3.pt")
+    assert p is not None and p.kind == OTHER and p.step is None
+
+
+@pytest.mark.parametrize("line", ["loading data from /mnt/x", "rank 1 hangs now (injected fault)", "", "NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>"])
+def test_non_progress_lines(line):
+    assert parse_step(line) is None
+
+
+def test_eval_progress_is_not_a_training_step():
+    assert parse_step("Validation DataLoader 0:  40%|████      | 4/10 [00:01<00:02, 3.10it/s]") is None
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=2000))
+def test_no_byte_sequence_crashes_the_parsers(data):
+    from ddptop.core.signatures import SignatureMatcher
+    text = data.decode("utf-8", "replace")
+    parse_progress(text)
+    SignatureMatcher().feed(text, 0)
+    SignatureMatcher().feed(text, None)

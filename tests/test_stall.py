@@ -1,0 +1,127 @@
+"""The stall detector with a fake clock: it never sleeps."""
+
+from ddptop.core.stall import StallDetector
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def run_steps(d, clock, ranks, n, dt):
+    for _ in range(n):
+        clock.t += dt
+        for r in ranks:
+            d.step(r, (d.ranks[r].step or 0) + 1 if r in d.ranks else 1)
+        assert d.check() is None
+
+
+def test_healthy_job_never_alarms_even_with_a_slow_first_step_and_jitter():
+    c = Clock()
+    d = StallDetector(c)
+    c.t += 100  # model load, compile: under the first-step grace
+    assert d.check() is None
+    import random
+    rng = random.Random(0)
+    for i in range(2000):
+        c.t += 0.5 * rng.uniform(0.5, 2.0)
+        for r in (0, 1):
+            d.step(r, i + 1)
+        assert d.check() is None
+
+
+def test_hang_alarms_within_15s_of_the_missing_step_and_names_the_rank_behind():
+    c = Clock()
+    d = StallDetector(c)
+    run_steps(d, c, [0, 1, 2, 3], 50, 2.0)
+    # rank 2 stops; the others finish one more step and then wait
+    c.t += 2.0
+    for r in (0, 1, 3):
+        d.step(r, 51)
+    due = c.t + 2.0  # when rank 2's step should have come
+    alarm = None
+    while alarm is None and c.t < due + 60:
+        c.t += 0.5
+        alarm = d.check()
+    assert alarm is not None and c.t - due <= 15
+    assert alarm.culprits == (2,)
+    assert any("rank 2 is at step 50" in e for e in alarm.evidence)
+    # once per episode
+    c.t += 5
+    assert d.check() is None
+
+
+def test_hot_stall_names_the_idle_gpu():
+    c = Clock()
+    d = StallDetector(c)
+    run_steps(d, c, [0, 1], 20, 1.0)
+    d.telemetry(0, util=100.0, cpu=100.0)
+    d.telemetry(1, util=0.0, cpu=0.0)
+    c.t += 30
+    s = d.check()
+    assert s.kind == "hot" and s.culprits == (1,)
+    assert "p2p-off" in s.suggested_profiles
+
+
+def test_idle_stall():
+    c = Clock()
+    d = StallDetector(c)
+    run_steps(d, c, [0, 1], 20, 1.0)
+    for r in (0, 1):
+        d.telemetry(r, util=0.0, cpu=1.0)
+    c.t += 30
+    assert d.check().kind == "idle"
+
+
+def test_cpu_bound_stall_from_data_loader_workers():
+    c = Clock()
+    d = StallDetector(c)
+    run_steps(d, c, [0, 1], 20, 1.0)
+    for r in (0, 1):
+        d.telemetry(r, util=2.0, cpu=20.0, children_cpu=400.0)
+    c.t += 30
+    assert d.check().kind == "cpu-bound"
+
+
+def test_other_progress_holds_the_alarm_off_and_progress_resumes():
+    c = Clock()
+    d = StallDetector(c)
+    run_steps(d, c, [0, 1], 20, 1.0)
+    for _ in range(120):  # a 2-minute eval, its bar moving
+        c.t += 1.0
+        d.other_progress(0)
+        d.other_progress(1)
+        assert d.check() is None
+    run_steps(d, c, [0, 1], 5, 1.0)
+
+
+def test_dead_rank_is_the_culprit():
+    c = Clock()
+    d = StallDetector(c)
+    run_steps(d, c, [0, 1, 2], 10, 1.0)
+    d.rank_ended(1, -11)
+    c.t += 40
+    s = d.check()
+    assert s is not None and 1 in s.culprits
+
+
+def test_stall_after_overrides():
+    c = Clock()
+    d = StallDetector(c, stall_after=3.0)
+    run_steps(d, c, [0], 5, 1.0)
+    c.t += 3.5
+    assert d.check() is not None
+
+
+def test_no_first_step_ever_alarms_after_the_grace():
+    c = Clock()
+    d = StallDetector(c, first_step_grace=60)
+    d.output(0)
+    d.output(1)
+    c.t += 59
+    assert d.check() is None
+    c.t += 2
+    assert d.check() is not None
