@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="call it a stall after S seconds without progress (default: learned from the step interval)")
     p.add_argument("--on-stall", choices=["alarm", "kill"], default="alarm",
                    help="alarm (default), or kill: stop a stalled job and exit 124")
+    p.add_argument("--no-inject", action="store_true",
+                   help="do not put ddptop's step hook (a sitecustomize) on the ranks' PYTHONPATH")
     p.add_argument("--theme", metavar="NAME", help="UI theme (ddptop-dark, ddptop-light, or any Textual theme)")
     p.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return p
@@ -149,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             session = Session.launch(cmd, args.run_dir, gpu=args.gpu, sample_interval=args.sample_interval,
-                                     stall_after=args.stall_after, on_stall=args.on_stall)
+                                     stall_after=args.stall_after, on_stall=args.on_stall,
+                                     inject=not args.no_inject)
         except (LaunchError, journal.JournalError) as e:
             return _err(str(e))
         if not (args.headless or args.json):

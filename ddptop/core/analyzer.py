@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from ddptop.core.events import (FINAL_STATES, AlarmEvent, Event, GpuEvent, LogEvent, ProcEvent,
-                                RankEvent, StateEvent)
+                                ProgressEvent, RankEvent, StateEvent)
 from ddptop.core.progress import OTHER, parse_progress
 from ddptop.core.signatures import CAUSE, GENERIC, TIMEOUT, Finding, SignatureMatcher, root_cause
 from ddptop.core.stall import StallDetector
@@ -29,6 +29,7 @@ class Analyzer:
         self.line_no: dict[str, int] = {}
         self.finished = False
         self.last_steps: dict[int, int | None] = {}
+        self.hooked: set[int] = set()  # ranks whose steps come from the hook/beat
 
     def feed(self, events: list[Event]) -> list[AlarmEvent]:
         alarms: list[AlarmEvent] = []
@@ -55,6 +56,10 @@ class Analyzer:
                     a = self._alarm_for(f, ev.t)
                     if a is not None:
                         alarms.append(a)
+            elif isinstance(ev, ProgressEvent):
+                self.hooked.add(ev.rank)
+                st.step(ev.rank, ev.step, ev.t)
+                self.last_steps[ev.rank] = ev.step
             elif isinstance(ev, GpuEvent):
                 if ev.util is not None:
                     for r in ev.ranks:
@@ -73,7 +78,8 @@ class Analyzer:
         return alarms
 
     def _progress(self, rank: int, p, t: float) -> None:
-        if p.kind == OTHER:
+        if p.kind == OTHER or rank in self.hooked:
+            # (a hooked rank's log step numbers are not mixed with its hook count)
             self.stall.other_progress(rank, t)
         else:
             self.stall.step(rank, p.step, t)

@@ -116,6 +116,20 @@ class NoteEvent(Event):
 
 
 @dataclass(frozen=True)
+class ProgressEvent(Event):
+    """A rank's step count from its in-process hook or ``ddptop.beat``.
+
+    ``t`` is when the rank made the step (its own clock).
+    ``source``: ``hook`` (optimizer steps counted automatically) or ``beat``.
+    """
+
+    kind: ClassVar[str] = "progress"
+    rank: int = 0
+    step: int = 0
+    source: str = "hook"
+
+
+@dataclass(frozen=True)
 class GpuStatusEvent(Event):
     """Which GPU backend is in use, or why there is none ("no NVIDIA driver")."""
 
@@ -195,7 +209,7 @@ class AlarmEvent(Event):
 
 _KINDS: dict[str, type[Event]] = {
     cls.kind: cls
-    for cls in (StateEvent, RankEvent, LogEvent, NoteEvent, GpuStatusEvent, GpuEvent, ProcEvent, AlarmEvent)
+    for cls in (StateEvent, RankEvent, LogEvent, NoteEvent, ProgressEvent, GpuStatusEvent, GpuEvent, ProcEvent, AlarmEvent)
 }
 _TUPLES = {
     cls: {f.name for f in dataclasses.fields(cls) if str(f.type).startswith("tuple")}

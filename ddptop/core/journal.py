@@ -28,6 +28,7 @@ TORCHRUN_LOG = "torchrun.log"
 LOGS = "logs"
 SUPERVISOR = "supervisor.json"
 EXIT = "exit.json"
+BEATS = "beats"  # hook.<rank> / beat.<rank>: "<step> <unix time>", rewritten in place
 
 
 def state_home() -> Path:
@@ -127,6 +128,7 @@ class Meta:
     sample_interval: float = 1.0
     stall_after: float | None = None  # seconds; None: learned from the step interval
     on_stall: str = "alarm"  # alarm | kill
+    inject: bool = True  # the step hook (sitecustomize) is on the ranks' PYTHONPATH
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -128,7 +128,10 @@ class LaunchPlan:
     notes: list[str]
 
 
-def plan_launch(user_command: list[str], run_dir: Path, cwd: str | None = None) -> LaunchPlan:
+INJECT_DIR = str(Path(__file__).resolve().parents[1] / "_inject")
+
+
+def plan_launch(user_command: list[str], run_dir: Path, cwd: str | None = None, inject: bool = True) -> LaunchPlan:
     """Check the command and build what will run.  Raises LaunchError early."""
     if not user_command or Path(user_command[0]).name != "torchrun":
         raise LaunchError("expected `ddptop [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [ARGS]`")
@@ -173,6 +176,10 @@ def plan_launch(user_command: list[str], run_dir: Path, cwd: str | None = None) 
     env_set = {}
     if os.environ.get("PYTHONUNBUFFERED") is None:
         env_set["PYTHONUNBUFFERED"] = "1"
+    env_set["DDPTOP_BEAT_DIR"] = str(run_dir / journal.BEATS)  # where ddptop.beat() writes
+    if inject:
+        old = os.environ.get("PYTHONPATH")
+        env_set["PYTHONPATH"] = INJECT_DIR + (os.pathsep + old if old else "")
     nproc = _int_or_none(targs.values.get("--nproc-per-node"))
     node_rank = _int_or_none(targs.values.get("--node-rank"))
     if node_rank is None and _int_or_none(targs.values.get("--nnodes")) in (None, 1):
@@ -181,17 +188,18 @@ def plan_launch(user_command: list[str], run_dir: Path, cwd: str | None = None) 
 
 
 def launch(user_command: list[str], run_dir: Path | None = None, *, gpu: str = "auto",
-           sample_interval: float = 1.0, stall_after: float | None = None, on_stall: str = "alarm") -> Path:
+           sample_interval: float = 1.0, stall_after: float | None = None, on_stall: str = "alarm",
+           inject: bool = True) -> Path:
     """Create the journal and start the supervisor in its own session.
 
     Returns the run directory.  The supervisor (``ddptop.core.supervisor``)
     owns the job from then on, so the job outlives this process.
     """
     # check everything before creating anything
-    probe = plan_launch(user_command, Path(run_dir or "/nonexistent"))
-    del probe
+    plan_launch(user_command, Path(run_dir or "/nonexistent"), inject=inject)
     run_dir = journal.create_run_dir(run_dir)
-    plan = plan_launch(user_command, run_dir)
+    plan = plan_launch(user_command, run_dir, inject=inject)
+    (run_dir / journal.BEATS).mkdir(mode=0o700)
     meta = journal.Meta(
         run_id=run_dir.name,
         command=plan.command,
@@ -208,6 +216,7 @@ def launch(user_command: list[str], run_dir: Path | None = None, *, gpu: str = "
         sample_interval=sample_interval,
         stall_after=stall_after,
         on_stall=on_stall,
+        inject=inject,
     )
     journal.write_json(run_dir / journal.META, meta.to_dict())
     with open(run_dir / journal.EVENTS, "a", encoding="utf-8") as f:

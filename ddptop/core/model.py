@@ -16,6 +16,7 @@ from ddptop.core.events import (
     LogEvent,
     NoteEvent,
     ProcEvent,
+    ProgressEvent,
     RankEvent,
     StateEvent,
 )
@@ -38,6 +39,8 @@ class RankInfo:
     lines: int = 0
     last_line: str = ""
     proc: ProcEvent | None = None  # latest psutil sample (cpu, rss, status, gpu...)
+    step_source: str = "log"  # log | hook | beat: where last_step comes from
+    last_step_t: float | None = None
 
 
 @dataclass
@@ -79,9 +82,11 @@ class JobModel:
                 if not ev.transient:
                     info.lines += 1
                 info.last_line = ev.text
-                step = parse_step(ev.text)
-                if step is not None:
-                    info.last_step = step
+                if info.step_source == "log":
+                    step = parse_step(ev.text)
+                    if step is not None:
+                        info.last_step = step
+                        info.last_step_t = ev.t
             elif isinstance(ev, GpuEvent):
                 key = (ev.node, ev.index)
                 self.gpus[key] = ev
@@ -89,6 +94,11 @@ class JobModel:
                 if h is None:
                     h = self.gpu_history[key] = deque(maxlen=HISTORY)
                 h.append((ev.t, ev.util, ev.power_w))
+            elif isinstance(ev, ProgressEvent):
+                info = self.rank(ev.rank)
+                info.last_step = ev.step
+                info.step_source = ev.source
+                info.last_step_t = ev.t
             elif isinstance(ev, ProcEvent):
                 self.rank(ev.rank).proc = ev
             elif isinstance(ev, GpuStatusEvent):

@@ -22,6 +22,7 @@ from ddptop.core.events import (
     Event,
     LogEvent,
     NoteEvent,
+    ProgressEvent,
     RankEvent,
     StateEvent,
     from_dict,
@@ -54,6 +55,8 @@ class Session:
         self._logs: dict[Path, tuple[Tailer, int, int, str]] = {}
         self._rank_of: dict[tuple[int, int], int] = {}  # (attempt, local_rank) -> rank
         self._last_scan = 0.0
+        self._beats: dict[str, int] = {}  # beat file -> mtime_ns last read
+        self._notes: dict[str, Tailer] = {}
         self._final: StateEvent | None = None
         self._supervisor_gone_since: float | None = None
         self.finished = False
@@ -142,6 +145,7 @@ class Session:
             self._last_scan = now
             self._scan_logs()
         run_dir = str(self.run_dir)
+        out.extend(self._read_beats(now))
         for tl in self._torchrun.read(max_bytes):
             out.append(LogEvent(now, None, "torchrun", tl.text, 0, journal.TORCHRUN_LOG, tl.offset, tl.partial, tl.transient))
         drained = self._torchrun.at_eof()
@@ -164,6 +168,39 @@ class Session:
                     out.append(LogEvent(now, self._rank_for(attempt, local_rank), stream, tl.text, attempt, os.path.relpath(tailer.path, run_dir), tl.offset, tl.partial))
             out.append(self._final)
             self.finished = True
+        return out
+
+    def _read_beats(self, now: float) -> list[Event]:
+        """Step counts published by the in-rank hook or ddptop.beat()."""
+        d = self.run_dir / journal.BEATS
+        try:
+            names = os.listdir(d)
+        except OSError:
+            return []
+        out: list[Event] = []
+        for name in names:
+            source, _, rank = name.partition(".")
+            if not rank.isdigit():
+                continue
+            path = os.path.join(d, name)
+            if source == "note":
+                t = self._notes.get(name)
+                if t is None:
+                    t = self._notes[name] = Tailer(path)
+                out += [NoteEvent(now, "info", f"rank {rank}: {l.text}") for l in t.read()]
+                continue
+            if source not in ("hook", "beat"):
+                continue
+            try:
+                st = os.stat(path)
+                if self._beats.get(name) == st.st_mtime_ns:
+                    continue
+                self._beats[name] = st.st_mtime_ns
+                with open(path, "rb") as f:
+                    step_s, t_s = f.read(64).split()[:2]
+                out.append(ProgressEvent(float(t_s), rank=int(rank), step=int(step_s), source=source))
+            except (OSError, ValueError):
+                continue
         return out
 
     def is_live_cached(self, now: float) -> bool:

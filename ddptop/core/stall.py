@@ -98,7 +98,9 @@ class StallDetector:
             if step == st.step:
                 return
         st.last_progress = t
-        st.steps_seen += 1
+        # several steps may arrive at once (a hook file read once per poll)
+        jump = step - st.step if step is not None and st.step is not None and step > st.step else 1
+        st.steps_seen += min(jump, 1_000_000)
         st.intervals.append((t, st.steps_seen))
         if step is not None:
             st.step = step

@@ -1,0 +1,96 @@
+# ddptop's step hook, put on the PYTHONPATH of ranks that ddptop launches.
+#
+# When the training script imports torch.optim, register torch's global
+# optimizer-step post-hook, which counts optimizer steps and publishes the
+# count and time into the run journal (one pwrite per step).  Any failure
+# disables the hook quietly, with a note in the journal; the script is never
+# broken.  Then chain to whatever sitecustomize was there before us.
+import os
+import sys
+
+
+def _ddptop_install():
+    beat_dir = os.environ.get("DDPTOP_BEAT_DIR")
+    rank = os.environ.get("RANK")
+    if not beat_dir or rank is None:
+        return
+    import importlib.abc
+    import importlib.machinery
+    import time
+
+    state = {"fd": None, "n": 0, "off": False}
+
+    def note(msg):
+        try:
+            with open(os.path.join(beat_dir, f"note.{rank}"), "a") as f:
+                f.write(msg + "\n")
+        except Exception:
+            pass
+
+    def on_step(optimizer, args, kwargs):
+        if state["off"]:
+            return
+        try:
+            state["n"] += 1
+            if state["fd"] is None:
+                state["fd"] = os.open(os.path.join(beat_dir, f"hook.{rank}"), os.O_WRONLY | os.O_CREAT, 0o600)
+            os.pwrite(state["fd"], b"%020d %.6f\n" % (state["n"], time.time()), 0)
+        except Exception as e:  # never break the training loop
+            state["off"] = True
+            note(f"step hook disabled on rank {rank}: {e!r}")
+
+    def register(module):
+        try:
+            module.register_optimizer_step_post_hook(on_step)
+        except Exception as e:
+            note(f"step hook not installed on rank {rank}: {e!r}")
+
+    class _Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):
+            if fullname != "torch.optim.optimizer":
+                return None
+            try:
+                sys.meta_path.remove(self)
+            except ValueError:
+                pass
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+            if spec is None or spec.loader is None:
+                return spec
+            real_exec = spec.loader.exec_module
+
+            def exec_module(module):
+                real_exec(module)
+                register(module)
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _Finder())
+
+
+try:
+    _ddptop_install()
+except Exception:
+    pass
+
+
+def _ddptop_chain():
+    """Run the sitecustomize that our directory shadows, if there is one."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    import importlib
+
+    mod = sys.modules.pop("sitecustomize", None)
+    saved = list(sys.path)
+    try:
+        sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+        importlib.import_module("sitecustomize")
+    except ImportError:
+        if mod is not None:
+            sys.modules["sitecustomize"] = mod
+    except Exception:
+        pass
+    finally:
+        sys.path[:] = saved
+
+
+_ddptop_chain()
