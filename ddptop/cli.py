@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 
 USAGE = """\
@@ -52,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="call it a stall after S seconds without progress (default: learned from the step interval)")
     p.add_argument("--on-stall", choices=["alarm", "kill"], default="alarm",
                    help="alarm (default), or kill: stop a stalled job and exit 124")
+    p.add_argument("--notify-cmd", metavar="CMD",
+                   help="run CMD (split like a shell would, never through a shell) on each alarm, "
+                        "with the alarm as JSON on stdin and DDPTOP_ALARM_* in its environment")
     p.add_argument("--no-inject", action="store_true",
                    help="do not put ddptop's step hook (a sitecustomize) on the ranks' PYTHONPATH")
     p.add_argument("--theme", metavar="NAME", help="UI theme (ddptop-dark, ddptop-light, or any Textual theme)")
@@ -152,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             session = Session.launch(cmd, args.run_dir, gpu=args.gpu, sample_interval=args.sample_interval,
                                      stall_after=args.stall_after, on_stall=args.on_stall,
-                                     inject=not args.no_inject)
+                                     inject=not args.no_inject,
+                                     notify_cmd=shlex.split(args.notify_cmd) if args.notify_cmd else None)
         except (LaunchError, journal.JournalError) as e:
             return _err(str(e))
         if not (args.headless or args.json):

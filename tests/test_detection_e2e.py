@@ -59,3 +59,29 @@ def test_healthy_run_with_slow_first_step_and_eval_pause_raises_no_alarm(runs_di
     assert alarms(events) == []
     assert any(e["kind"] == "log" and "Evaluating" in e["text"] for e in events)
     assert events[-1]["state"] == "succeeded"
+
+
+def test_stall_captures_every_rank_stack_and_runs_the_notify_command(runs_dir, tmp_path):
+    import shutil
+    import sys
+    got = tmp_path / "alarm.json"
+    notify = f"{sys.executable} -c \"import sys; open({str(got)!r}, 'w').write(sys.stdin.read())\""
+    r = run_ddptop("--json", "--gpu", "sim", "--on-stall", "kill", "--notify-cmd", notify, "torchrun", "--nproc-per-node", "2", EXAMPLE,
+                   "--steps", "100000", "--step-time", "0.05", "--fault", "hang", "--fault-rank", "1", "--fault-step", "10")
+    assert r.returncode == 124
+    alarm = json.loads(got.read_text())
+    assert alarm["kind"] == "alarm" and alarm["type"] == "stall" and alarm["culprits"] == [1]
+    notes = [e["message"] for e in json_events(r.stdout) if e["kind"] == "note"]
+    if shutil.which("py-spy") is None:
+        assert any("py-spy is not installed" in n for n in notes), notes
+        return
+    captured = [n for n in notes if n.startswith("stacks captured")]
+    if not captured:  # ptrace may be denied in some sandboxes: then the note says so
+        assert any("ptrace" in n or "stack capture" in n for n in notes), notes
+        return
+    assert "differ" in captured[0], captured  # the hung rank's stack is not the spinning one's
+    (stack1,) = only_run(runs_dir).glob("stacks/*/rank1.txt")
+    (stack0,) = only_run(runs_dir).glob("stacks/*/rank0.txt")
+    hang_line = 1 + next(i for i, l in enumerate(open(EXAMPLE)) if "time.sleep(3600)" in l)
+    assert f"train_ddp.py:{hang_line})" in stack1.read_text()  # rank 1 sits in the injected hang
+    assert f"train_ddp.py:{hang_line})" not in stack0.read_text()  # rank 0 is elsewhere (the spin)

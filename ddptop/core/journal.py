@@ -128,6 +128,7 @@ class Meta:
     sample_interval: float = 1.0
     stall_after: float | None = None  # seconds; None: learned from the step interval
     on_stall: str = "alarm"  # alarm | kill
+    notify_cmd: list | None = None  # argv run on each alarm (alarm JSON on stdin)
     inject: bool = True  # the step hook (sitecustomize) is on the ranks' PYTHONPATH
 
     def to_dict(self) -> dict[str, Any]:

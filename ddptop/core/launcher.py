@@ -189,7 +189,7 @@ def plan_launch(user_command: list[str], run_dir: Path, cwd: str | None = None, 
 
 def launch(user_command: list[str], run_dir: Path | None = None, *, gpu: str = "auto",
            sample_interval: float = 1.0, stall_after: float | None = None, on_stall: str = "alarm",
-           inject: bool = True) -> Path:
+           inject: bool = True, notify_cmd: list[str] | None = None) -> Path:
     """Create the journal and start the supervisor in its own session.
 
     Returns the run directory.  The supervisor (``ddptop.core.supervisor``)
@@ -217,6 +217,7 @@ def launch(user_command: list[str], run_dir: Path | None = None, *, gpu: str = "
         stall_after=stall_after,
         on_stall=on_stall,
         inject=inject,
+        notify_cmd=notify_cmd,
     )
     journal.write_json(run_dir / journal.META, meta.to_dict())
     with open(run_dir / journal.EVENTS, "a", encoding="utf-8") as f:

@@ -86,6 +86,10 @@ class Watcher(threading.Thread):
                 alarms = []
             if alarms:
                 self.sup.events.write_many(alarms)
+                for a in alarms:
+                    self.sup.notify(a)
+                if any(a.type == "stall" for a in alarms):
+                    self.sup.capture_stacks()
                 if any(a.type == "stall" for a in alarms) and self.sup.meta.on_stall == "kill":
                     self.sup.emit(NoteEvent(time.time(), "warning", "stall detected and --on-stall kill: stopping the job"))
                     self.sup.stall_kill = True
@@ -323,6 +327,33 @@ class Supervisor:
         if self.stop_requested:
             return self.finish(STOPPED, code, "stopped on request")
         return self.finish(SUCCEEDED if code == 0 else FAILED, code, f"torchrun exited with {code}")
+
+    def notify(self, alarm) -> None:
+        """--notify-cmd: run the person's command with the alarm as JSON on stdin."""
+        cmd = self.meta.notify_cmd
+        if not cmd:
+            return
+        env = dict(os.environ, DDPTOP_ALARM_TYPE=alarm.type, DDPTOP_ALARM_ID=alarm.id,
+                   DDPTOP_ALARM_MESSAGE=alarm.message, DDPTOP_RUN_DIR=str(self.run_dir))
+        try:
+            subprocess.run(cmd, input=(alarm.to_json() + "\n").encode(), env=env, timeout=30,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError) as e:
+            self.emit(NoteEvent(time.time(), "warning", f"--notify-cmd failed: {e}"))
+
+    def capture_stacks(self) -> None:
+        from ddptop.core.stacks import dump_stacks, summarise
+
+        pids = {i["rank"]: pid for pid, (p, i) in list(self.ranks.items()) if not i.get("ended")}
+        raw, groups, err = dump_stacks(pids)
+        if raw:
+            d = self.run_dir / "stacks" / time.strftime("%Y%m%d-%H%M%S")
+            d.mkdir(parents=True, exist_ok=True)
+            for rank, text in raw.items():
+                (d / f"rank{rank}.txt").write_text(text)
+            self.emit(NoteEvent(time.time(), "info", f"stacks captured in {d}: {summarise(groups)}"))
+        if err:
+            self.emit(NoteEvent(time.time(), "warning", f"stack capture: {err}"))
 
     def remember_family_from_ranks(self) -> None:
         for proc, _ in self.ranks.values():
