@@ -136,7 +136,74 @@ def bench_supervise(seconds: float = 20) -> None:
               f"supervisor {100 * (s1 - s0) / dt:.2f}% of a core (over {dt:.0f} s)")
 
 
-BENCHES = {"help": bench_help, "ingest": bench_ingest, "frame": bench_first_frame, "supervise": bench_supervise}
+def bench_telemetry(gpus: int = 8, ranks: int = 8, ticks: int = 200) -> None:
+    """Telemetry tick cost: 8 GPUs behind a fake NVML, 8 real rank processes."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import fake_nvml
+    from ddptop.core.gpu.nvml import NvmlBackend
+    from ddptop.core.telemetry import RankProc, Telemetry
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]) for _ in range(ranks)]
+    try:
+        fgpus = [fake_nvml.FakeGpu(procs=[p.pid]) for p in procs[:gpus]]
+        tel = Telemetry(NvmlBackend(fake_nvml.make(fgpus)))
+        rp = [RankProc(i, i, p.pid) for i, p in enumerate(procs)]
+        tel.tick(rp)
+        c0, t0 = time.process_time(), time.perf_counter()
+        for _ in range(ticks):
+            tel.tick(rp)
+        cpu = (time.process_time() - c0) / ticks
+        print(f"telemetry tick, {gpus} GPUs (fake NVML) + {ranks} ranks (real psutil): {cpu * 1000:.2f} ms CPU per tick "
+              f"= {cpu * 100:.2f}% of one core at 1 Hz (fake NVML calls cost ~0; real ones add the driver's time)")
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def bench_hook(steps: int = 20000) -> None:
+    code = r"""
+import os, sys, time, torch
+m = torch.nn.Linear(4, 1); opt = torch.optim.SGD(m.parameters(), lr=0.0)
+for _ in range(500): opt.step()
+t = time.perf_counter()
+for _ in range(%d): opt.step()
+print((time.perf_counter() - t) / %d * 1e6)
+""" % (steps, steps)
+    with tempfile.TemporaryDirectory() as d:
+        base = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DDPTOP_BEAT_DIR")}
+        hooked = dict(base, PYTHONPATH=str(ROOT / "ddptop" / "_inject"), DDPTOP_BEAT_DIR=d, RANK="0")
+        res = {}
+        for name, env in (("plain", base), ("hooked", hooked)):
+            runs = [float(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                         timeout=300, check=True).stdout) for _ in range(3)]
+            res[name] = min(runs)
+        assert os.path.exists(os.path.join(d, "hook.0"))
+    print(f"step hook: optimizer.step() {res['plain']:.1f} us plain, {res['hooked']:.1f} us with the hook: "
+          f"+{res['hooked'] - res['plain']:.1f} us per step (a 100 ms training step: {100 * (res['hooked'] - res['plain']) / 1e5:.4f}%)")
+
+
+def bench_alarm_latency() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, DDPTOP_RUNS_DIR=d)
+        for step_time in (0.05, 1.0):
+            r = subprocess.run([sys.executable, "-m", "ddptop", "--json", "--gpu", "sim", "--on-stall", "kill", "torchrun",
+                                "--nproc-per-node", "2", str(ROOT / "examples" / "train_ddp.py"), "--steps", "100000",
+                                "--step-time", str(step_time), "--fault", "hang", "--fault-rank", "1", "--fault-step", "15"],
+                               env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+            ev = [json.loads(l) for l in r.stdout.splitlines()]
+            prog = [e for e in ev if e["kind"] == "progress"]
+            alarm = next(e for e in ev if e["kind"] == "alarm" and e["type"] == "stall")
+            last = max(e["t"] for e in prog)
+            ts = sorted({e["t"] for e in prog if e["rank"] == 0})
+            interval = (ts[-1] - ts[0]) / max(1, len(ts) - 1) if len(ts) > 1 else step_time
+            due = last + interval
+            lat = alarm["t"] - due
+            print(f"alarm latency, hang at step 15 (step every {interval:.2f} s): {lat:.1f} s after the step that "
+                  f"should have come ({lat / interval:.0f}x the step interval); culprits {alarm['culprits']}")
+
+
+BENCHES = {"help": bench_help, "ingest": bench_ingest, "frame": bench_first_frame, "supervise": bench_supervise,
+           "telemetry": bench_telemetry, "hook": bench_hook, "alarm": bench_alarm_latency}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(BENCHES)
