@@ -15,6 +15,7 @@ USAGE = """\
 ddptop [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [SCRIPT ARGS]
        ddptop [OPTIONS] attach RUN
        ddptop diagnose PATH... [--json]
+       ddptop profiles [--json]
        ddptop runs"""
 
 EPILOG = """\
@@ -53,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="call it a stall after S seconds without progress (default: learned from the step interval)")
     p.add_argument("--on-stall", choices=["alarm", "kill"], default="alarm",
                    help="alarm (default), or kill: stop a stalled job and exit 124")
+    p.add_argument("--profile", action="append", default=[], metavar="NAME",
+                   help="apply a launch profile (repeatable, applied in order); `ddptop profiles` lists them")
     p.add_argument("--notify-cmd", metavar="CMD",
                    help="run CMD (split like a shell would, never through a shell) on each alarm, "
                         "with the alarm as JSON on stdin and DDPTOP_ALARM_* in its environment")
@@ -139,6 +142,20 @@ def main(argv: list[str] | None = None) -> int:
         return _watch(session, args)
     if cmd[0] == "runs":
         return cmd_runs()
+    if cmd[0] == "profiles":
+        import json as _json
+
+        from ddptop.core.profiles import ProfileError, format_table, load_all
+
+        try:
+            allp = load_all()
+        except ProfileError as e:
+            return _err(str(e))
+        if args.json or "--json" in cmd:
+            print(_json.dumps([p.to_dict() for p in allp.values()], indent=2))
+        else:
+            print(format_table(allp))
+        return 0
     if cmd[0] == "diagnose":
         rest = [a for a in cmd[1:] if a != "--json"]
         if not rest:
@@ -152,12 +169,18 @@ def main(argv: list[str] | None = None) -> int:
     if os.path.basename(cmd[0]) == "torchrun":
         from ddptop.core import journal
         from ddptop.core.launcher import LaunchError
+        from ddptop.core.profiles import ProfileError, resolve
 
+        try:
+            profiles = resolve(args.profile)
+        except ProfileError as e:
+            return _err(str(e))
         try:
             session = Session.launch(cmd, args.run_dir, gpu=args.gpu, sample_interval=args.sample_interval,
                                      stall_after=args.stall_after, on_stall=args.on_stall,
                                      inject=not args.no_inject,
-                                     notify_cmd=shlex.split(args.notify_cmd) if args.notify_cmd else None)
+                                     notify_cmd=shlex.split(args.notify_cmd) if args.notify_cmd else None,
+                                     profiles=profiles)
         except (LaunchError, journal.JournalError) as e:
             return _err(str(e))
         if not (args.headless or args.json):

@@ -45,14 +45,52 @@ def _ddptop_install():
         except Exception as e:
             note(f"step hook not installed on rank {rank}: {e!r}")
 
+    force_backend = os.environ.get("DDPTOP_PG_BACKEND")
+    force_timeout = os.environ.get("DDPTOP_PG_TIMEOUT")
+
+    def patch_init(module):
+        """Override init_process_group's backend/timeout (gloo, fail-fast profiles)."""
+        try:
+            import datetime
+
+            c10d = sys.modules.get("torch.distributed.distributed_c10d")
+            real = c10d.init_process_group
+
+            def init_process_group(*args, **kwargs):
+                args = list(args)
+                changes = []
+                if force_backend:
+                    old = args[0] if args else kwargs.get("backend")
+                    if args:
+                        args[0] = force_backend
+                    else:
+                        kwargs["backend"] = force_backend
+                    changes.append(f"backend {old!r} -> {force_backend!r}")
+                if force_timeout:
+                    kwargs["timeout"] = datetime.timedelta(seconds=float(force_timeout))
+                    changes.append(f"timeout -> {float(force_timeout):g} s")
+                note(f"ddptop profile: init_process_group {', '.join(changes)}")
+                return real(*args, **kwargs)
+
+            c10d.init_process_group = init_process_group
+            module.init_process_group = init_process_group
+        except Exception as e:
+            note(f"init_process_group override failed on rank {rank}: {e!r}")
+
+    hooks = {"torch.optim.optimizer": register}
+    if force_backend or force_timeout:
+        hooks["torch.distributed"] = patch_init
+
     class _Finder(importlib.abc.MetaPathFinder):
         def find_spec(self, fullname, path, target=None):
-            if fullname != "torch.optim.optimizer":
+            if fullname not in hooks:
                 return None
-            try:
-                sys.meta_path.remove(self)
-            except ValueError:
-                pass
+            after = hooks.pop(fullname)
+            if not hooks:
+                try:
+                    sys.meta_path.remove(self)
+                except ValueError:
+                    pass
             spec = importlib.machinery.PathFinder.find_spec(fullname, path)
             if spec is None or spec.loader is None:
                 return spec
@@ -60,7 +98,7 @@ def _ddptop_install():
 
             def exec_module(module):
                 real_exec(module)
-                register(module)
+                after(module)
 
             spec.loader.exec_module = exec_module
             return spec

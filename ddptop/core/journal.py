@@ -129,7 +129,9 @@ class Meta:
     stall_after: float | None = None  # seconds; None: learned from the step interval
     on_stall: str = "alarm"  # alarm | kill
     notify_cmd: list | None = None  # argv run on each alarm (alarm JSON on stdin)
-    inject: bool = True  # the step hook (sitecustomize) is on the ranks' PYTHONPATH
+    inject: bool = True
+    profiles: list | None = None  # names of the profiles applied, in order
+    env_unset: list | None = None  # variables removed from the job's environment  # the step hook (sitecustomize) is on the ranks' PYTHONPATH
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ddptop import __version__
 from ddptop.core import journal
+from ddptop.core.profiles import is_secret, mask_env, rewrite_script_args
 
 # torchrun options that take no value (kept in sync with torch's parser by
 # tests/test_launcher.py::test_flag_list_matches_torchrun).
@@ -122,6 +123,7 @@ def _int_or_none(v: str | None) -> int | None:
 class LaunchPlan:
     command: list[str]
     env_set: dict[str, str]
+    env_unset: list[str]
     log_dir: Path
     nproc_per_node: int | None
     node_rank: int | None
@@ -131,7 +133,31 @@ class LaunchPlan:
 INJECT_DIR = str(Path(__file__).resolve().parents[1] / "_inject")
 
 
-def plan_launch(user_command: list[str], run_dir: Path, cwd: str | None = None, inject: bool = True) -> LaunchPlan:
+def _override_options(options: list[str], overrides: dict[str, str]) -> list[str]:
+    """Replace the values of torchrun options (any spelling), appending missing ones."""
+    out = list(options)
+    for opt, val in overrides.items():
+        want = _norm(opt)
+        done = False
+        i = 0
+        while i < len(out):
+            name, eq, _ = out[i].partition("=")
+            if _norm(name) == want and name not in TORCHRUN_FLAGS:
+                if eq:
+                    out[i] = f"{name}={val}"
+                elif i + 1 < len(out):
+                    out[i + 1] = val
+                done = True
+                i += 1 if eq else 2
+                continue
+            i += 1
+        if not done:
+            out += [opt, val]
+    return out
+
+
+def plan_launch(user_command: list[str], run_dir: Path, cwd: str | None = None, inject: bool = True,
+                profiles: list | None = None) -> LaunchPlan:
     """Check the command and build what will run.  Raises LaunchError early."""
     if not user_command or Path(user_command[0]).name != "torchrun":
         raise LaunchError("expected `ddptop [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [ARGS]`")
@@ -163,17 +189,39 @@ def plan_launch(user_command: list[str], run_dir: Path, cwd: str | None = None, 
             + " ".join(targs.dropped)
             + f" with --log-dir {log_dir} --redirects 3"
         )
+    options, script_args = targs.options, targs.script_args
+    env_set: dict[str, str] = {}
+    env_unset: list[str] = []
+    for prof in profiles or ():
+        for k, v in prof.env.items():
+            env_set[k] = v.replace("{run_dir}", str(run_dir))
+            if k in env_unset:
+                env_unset.remove(k)
+        for k in prof.unset:
+            env_set.pop(k, None)
+            env_unset.append(k)
+        options = _override_options(options, prof.torchrun_args)
+        for k, v in prof.torchrun_args.items():
+            targs.values[_norm(k)] = v
+        script_args = rewrite_script_args(script_args, prof.script_args)
+        if prof.backend or prof.pg_timeout:
+            if not inject:
+                raise LaunchError(f"profile {prof.name!r} overrides init_process_group through ddptop's hook, "
+                                  "which --no-inject turns off")
+            if prof.backend:
+                env_set["DDPTOP_PG_BACKEND"] = prof.backend
+            if prof.pg_timeout:
+                env_set["DDPTOP_PG_TIMEOUT"] = str(prof.pg_timeout)
     command = [
         torchrun,
         "--log-dir",
         str(log_dir),
         "--redirects",
         "3",
-        *targs.options,
+        *options,
         targs.script,
-        *targs.script_args,
+        *script_args,
     ]
-    env_set = {}
     if os.environ.get("PYTHONUNBUFFERED") is None:
         env_set["PYTHONUNBUFFERED"] = "1"
     env_set["DDPTOP_BEAT_DIR"] = str(run_dir / journal.BEATS)  # where ddptop.beat() writes
@@ -184,27 +232,29 @@ def plan_launch(user_command: list[str], run_dir: Path, cwd: str | None = None, 
     node_rank = _int_or_none(targs.values.get("--node-rank"))
     if node_rank is None and _int_or_none(targs.values.get("--nnodes")) in (None, 1):
         node_rank = 0
-    return LaunchPlan(command, env_set, log_dir, nproc, node_rank, notes)
+    return LaunchPlan(command, env_set, env_unset, log_dir, nproc, node_rank, notes)
 
 
 def launch(user_command: list[str], run_dir: Path | None = None, *, gpu: str = "auto",
            sample_interval: float = 1.0, stall_after: float | None = None, on_stall: str = "alarm",
-           inject: bool = True, notify_cmd: list[str] | None = None) -> Path:
+           inject: bool = True, notify_cmd: list[str] | None = None, profiles: list | None = None) -> Path:
     """Create the journal and start the supervisor in its own session.
 
     Returns the run directory.  The supervisor (``ddptop.core.supervisor``)
     owns the job from then on, so the job outlives this process.
     """
     # check everything before creating anything
-    plan_launch(user_command, Path(run_dir or "/nonexistent"), inject=inject)
+    plan_launch(user_command, Path(run_dir or "/nonexistent"), inject=inject, profiles=profiles)
     run_dir = journal.create_run_dir(run_dir)
-    plan = plan_launch(user_command, run_dir, inject=inject)
+    plan = plan_launch(user_command, run_dir, inject=inject, profiles=profiles)
+    if any(k.startswith(("TORCH_FR_DUMP", "TORCH_NCCL_DEBUG_INFO")) for k in plan.env_set):
+        (run_dir / "flight").mkdir(mode=0o700, exist_ok=True)
     (run_dir / journal.BEATS).mkdir(mode=0o700)
     meta = journal.Meta(
         run_id=run_dir.name,
         command=plan.command,
         user_command=list(user_command),
-        env_set=plan.env_set,
+        env_set=mask_env(plan.env_set),  # secrets never reach the journal in clear
         cwd=os.getcwd(),
         host=journal.hostname(),
         started=time.time(),
@@ -218,6 +268,8 @@ def launch(user_command: list[str], run_dir: Path | None = None, *, gpu: str = "
         on_stall=on_stall,
         inject=inject,
         notify_cmd=notify_cmd,
+        profiles=[p.name for p in profiles or ()],
+        env_unset=plan.env_unset,
     )
     journal.write_json(run_dir / journal.META, meta.to_dict())
     with open(run_dir / journal.EVENTS, "a", encoding="utf-8") as f:
@@ -225,9 +277,13 @@ def launch(user_command: list[str], run_dir: Path | None = None, *, gpu: str = "
 
         for n in plan.notes:
             f.write(NoteEvent(time.time(), "warning", n).to_json() + "\n")
+    # secret values travel to the supervisor in its environment, not in the journal
+    sup_env = dict(os.environ)
+    sup_env.update({k: v for k, v in plan.env_set.items() if is_secret(k)})
     with open(run_dir / "supervisor.log", "ab") as err:
         subprocess.Popen(
             [sys.executable, "-c", _SUPERVISOR_BOOT, _PKG_ROOT, str(run_dir)],
+            env=sup_env,
             start_new_session=True,
             stdin=subprocess.DEVNULL,
             stdout=err,

@@ -93,6 +93,9 @@ CATALOG: list[Signature] = [
        ("shm-off", "fewer-workers")),
     _s("xid", r"NVRM: Xid|\bXid\b.*\(PCI:",
        "The NVIDIA driver reported an Xid error: a GPU hardware or driver fault.", ("single-gpu",)),
+    _s("nccl-not-available", r"Distributed package doesn't have NCCL built in|NCCL is not available|ProcessGroupNCCL is only supported with GPUs",
+       "The script asks for the nccl backend but this PyTorch or machine has no NCCL/GPU. Run it on gloo.",
+       ("gloo",)),
     _s("child-failed", r"ChildFailedError|torch\.distributed\.elastic\.multiprocessing\.errors",
        "torchrun's summary that a rank failed (see the root cause it names).", (), CONSEQUENCE),
 ]

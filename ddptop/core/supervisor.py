@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 
 from ddptop.core import journal
+from ddptop.core.profiles import MASK
 from ddptop.core.events import (
     FAILED,
     RUNNING,
@@ -260,7 +261,9 @@ class Supervisor:
             {"pid": me.pid, "create_time": me.create_time()},
         )
         env = dict(os.environ)
-        env.update(self.meta.env_set)
+        env.update({k: v for k, v in self.meta.env_set.items() if v != MASK})  # masked: already in os.environ
+        for k in self.meta.env_unset or ():
+            env.pop(k, None)
         with open(self.run_dir / journal.TORCHRUN_LOG, "ab", buffering=0) as out:
             try:
                 popen = subprocess.Popen(
