@@ -52,8 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="telemetry sampling period in seconds (default 1)")
     p.add_argument("--stall-after", type=float, metavar="S",
                    help="call it a stall after S seconds without progress (default: learned from the step interval)")
-    p.add_argument("--on-stall", choices=["alarm", "kill"], default="alarm",
-                   help="alarm (default), or kill: stop a stalled job and exit 124")
+    p.add_argument("--on-stall", choices=["alarm", "kill", "relaunch"], default="alarm",
+                   help="alarm (default); kill: stop a stalled job and exit 124; "
+                        "relaunch: relaunch with the alarm's first untried suggested profile")
+    p.add_argument("--max-relaunches", type=int, default=3, metavar="N", help="with --on-stall relaunch (default 3)")
     p.add_argument("--profile", action="append", default=[], metavar="NAME",
                    help="apply a launch profile (repeatable, applied in order); `ddptop profiles` lists them")
     p.add_argument("--notify-cmd", metavar="CMD",
@@ -180,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                                      stall_after=args.stall_after, on_stall=args.on_stall,
                                      inject=not args.no_inject,
                                      notify_cmd=shlex.split(args.notify_cmd) if args.notify_cmd else None,
-                                     profiles=profiles)
+                                     profiles=profiles, max_relaunches=args.max_relaunches)
         except (LaunchError, journal.JournalError) as e:
             return _err(str(e))
         if not (args.headless or args.json):

@@ -8,6 +8,8 @@ Runs on CPU with the gloo backend (nccl when CUDA is present).  Prints
 
 Faults (``--fault KIND --fault-rank R --fault-step S``):
 
+  p2p-hang   like hang, unless NCCL_P2P_DISABLE=1 is set (a stand-in for the
+             broken-P2P hang, testable on CPU: the p2p-off profile fixes it)
   hang       rank R stops at step S; the others wait in the all-reduce
              *spinning* (busy-polling the pending work, as NCCL kernels spin
              on a GPU), so their CPU (or simulated GPU) reads ~100%
@@ -34,7 +36,7 @@ def parse_args(argv=None):
     p.add_argument("--step-time", type=float, default=0.05, help="extra seconds per step (default 0.05)")
     p.add_argument("--first-step-time", type=float, default=0.0, help="extra seconds before the first step (model load)")
     p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--fault", choices=["none", "hang", "segv", "straggler", "mismatch"], default="none")
+    p.add_argument("--fault", choices=["none", "hang", "p2p-hang", "segv", "straggler", "mismatch"], default="none")
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=10)
     p.add_argument("--backend", default=None, help="process-group backend (default: nccl with CUDA, else gloo)")
@@ -84,7 +86,8 @@ def main(argv=None):
         opt.zero_grad()
         loss.backward()  # DDP all-reduces the gradients here
         opt.step()
-        if args.fault == "hang" and rank == args.fault_rank and step == args.fault_step:
+        p2p_hang = args.fault == "p2p-hang" and os.environ.get("NCCL_P2P_DISABLE") != "1"
+        if (args.fault == "hang" or p2p_hang) and rank == args.fault_rank and step == args.fault_step:
             # the others finish this step's backward with us, then wait for us
             # in the all-reduce below, spinning
             print(f"rank {rank} hangs now (injected fault)", flush=True)

@@ -116,6 +116,22 @@ class NoteEvent(Event):
 
 
 @dataclass(frozen=True)
+class LaunchEvent(Event):
+    """torchrun was (re)started by ddptop: generation 0 is the first launch.
+
+    ``env_diff`` is what this launch's environment changes relative to the
+    first one (secret values masked); ``profiles`` the profiles applied.
+    """
+
+    kind: ClassVar[str] = "launch"
+    generation: int = 0
+    profiles: tuple[str, ...] = ()
+    command: tuple[str, ...] = ()
+    env_diff: dict = field(default_factory=dict)
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class ProgressEvent(Event):
     """A rank's step count from its in-process hook or ``ddptop.beat``.
 
@@ -209,7 +225,7 @@ class AlarmEvent(Event):
 
 _KINDS: dict[str, type[Event]] = {
     cls.kind: cls
-    for cls in (StateEvent, RankEvent, LogEvent, NoteEvent, ProgressEvent, GpuStatusEvent, GpuEvent, ProcEvent, AlarmEvent)
+    for cls in (StateEvent, RankEvent, LogEvent, NoteEvent, LaunchEvent, ProgressEvent, GpuStatusEvent, GpuEvent, ProcEvent, AlarmEvent)
 }
 _TUPLES = {
     cls: {f.name for f in dataclasses.fields(cls) if str(f.type).startswith("tuple")}

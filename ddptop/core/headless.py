@@ -32,6 +32,13 @@ def format_text(ev: Event) -> str | None:
         return f"== ddptop: rank {ev.rank} (local {ev.local_rank}, pid {ev.pid}, attempt {ev.attempt}) {what} =="
     if isinstance(ev, (GpuEvent, ProcEvent)):
         return None  # telemetry every second: in --json output and the journal only
+    if ev.kind == "launch":
+        if ev.generation == 0:
+            return None
+        return (f"== ddptop: relaunch #{ev.generation} with profiles {', '.join(ev.profiles) or 'default'}"
+                f" ({ev.reason}); env changes: {ev.env_diff} ==")
+    if ev.kind == "progress":
+        return None
     if isinstance(ev, GpuStatusEvent):
         return f"== ddptop: GPUs ({ev.backend}): {ev.message} =="
     if isinstance(ev, AlarmEvent):

@@ -28,6 +28,7 @@ TORCHRUN_LOG = "torchrun.log"
 LOGS = "logs"
 SUPERVISOR = "supervisor.json"
 EXIT = "exit.json"
+RELAUNCH = "relaunch.json"  # a relaunch request: {"profiles": [...], "reason": ...}, then SIGUSR1
 BEATS = "beats"  # hook.<rank> / beat.<rank>: "<step> <unix time>", rewritten in place
 
 
@@ -127,7 +128,8 @@ class Meta:
     gpu: str = "auto"  # auto | nvml | sim | none
     sample_interval: float = 1.0
     stall_after: float | None = None  # seconds; None: learned from the step interval
-    on_stall: str = "alarm"  # alarm | kill
+    on_stall: str = "alarm"  # alarm | kill | relaunch
+    max_relaunches: int | None = None  # for --on-stall relaunch (default 3)
     notify_cmd: list | None = None  # argv run on each alarm (alarm JSON on stdin)
     inject: bool = True
     profiles: list | None = None  # names of the profiles applied, in order

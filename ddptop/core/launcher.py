@@ -237,7 +237,8 @@ def plan_launch(user_command: list[str], run_dir: Path, cwd: str | None = None, 
 
 def launch(user_command: list[str], run_dir: Path | None = None, *, gpu: str = "auto",
            sample_interval: float = 1.0, stall_after: float | None = None, on_stall: str = "alarm",
-           inject: bool = True, notify_cmd: list[str] | None = None, profiles: list | None = None) -> Path:
+           inject: bool = True, notify_cmd: list[str] | None = None, profiles: list | None = None,
+           max_relaunches: int | None = None) -> Path:
     """Create the journal and start the supervisor in its own session.
 
     Returns the run directory.  The supervisor (``ddptop.core.supervisor``)
@@ -270,6 +271,7 @@ def launch(user_command: list[str], run_dir: Path | None = None, *, gpu: str = "
         notify_cmd=notify_cmd,
         profiles=[p.name for p in profiles or ()],
         env_unset=plan.env_unset,
+        max_relaunches=max_relaunches,
     )
     journal.write_json(run_dir / journal.META, meta.to_dict())
     with open(run_dir / journal.EVENTS, "a", encoding="utf-8") as f:

@@ -13,6 +13,7 @@ from ddptop.core.events import (
     Event,
     GpuEvent,
     GpuStatusEvent,
+    LaunchEvent,
     LogEvent,
     NoteEvent,
     ProcEvent,
@@ -56,6 +57,9 @@ class JobModel:
     gpu_status: GpuStatusEvent | None = None
     gpus: dict[tuple[str, int], GpuEvent] = field(default_factory=dict)  # (node, index) -> latest
     gpu_history: dict[tuple[str, int], deque] = field(default_factory=dict)  # -> deque[(t, util, power_w)]
+    generation: int = 0  # ddptop relaunches (torchrun's own restarts are `attempt`)
+    profiles: tuple[str, ...] = ()  # profiles of the current launch
+    env_diff: dict = field(default_factory=dict)  # current launch vs the first
     alarms: list[AlarmEvent] = field(default_factory=list)
     notes: list[NoteEvent] = field(default_factory=list)
 
@@ -94,6 +98,17 @@ class JobModel:
                 if h is None:
                     h = self.gpu_history[key] = deque(maxlen=HISTORY)
                 h.append((ev.t, ev.util, ev.power_w))
+            elif isinstance(ev, LaunchEvent):
+                if ev.generation > self.generation:
+                    for info in self.ranks.values():
+                        info.last_step = None
+                        info.step_source = "log"
+                        info.pid = None
+                        info.alive = None
+                    self.alarms = []
+                self.generation = ev.generation
+                self.profiles = ev.profiles
+                self.env_diff = ev.env_diff
             elif isinstance(ev, ProgressEvent):
                 info = self.rank(ev.rank)
                 info.last_step = ev.step

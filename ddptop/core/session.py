@@ -104,6 +104,21 @@ class Session:
             return False
         return True
 
+    def relaunch(self, profiles: list[str], reason: str = "asked for") -> bool:
+        """Stop the job completely and start it again with these profiles."""
+        from ddptop.core.profiles import resolve
+
+        resolve(profiles)  # unknown names fail here, with the list of known ones
+        sup = self._supervisor()
+        if sup is None or not _pid_matches(sup["pid"], sup.get("create_time")):
+            return False
+        journal.write_json(self.run_dir / journal.RELAUNCH, {"profiles": list(profiles), "reason": reason})
+        try:
+            os.kill(sup["pid"], signal.SIGUSR1)
+        except ProcessLookupError:
+            return False
+        return True
+
     # -- reading -------------------------------------------------------------
 
     def _rank_for(self, attempt: int, local_rank: int) -> int:

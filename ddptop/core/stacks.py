@@ -62,5 +62,7 @@ def summarise(groups: list[StackGroup]) -> str:
         return f"all {len(groups[0].ranks)} ranks have the same Python stack"
     main = groups[0]
     odd = [g for g in groups[1:]]
-    return (f"ranks {', '.join(map(str, main.ranks))} share one stack; "
-            + "; ".join(f"rank{'s' if len(g.ranks) > 1 else ''} {', '.join(map(str, g.ranks))} differ" for g in odd))
+    def who(g):
+        return f"ranks {', '.join(map(str, g.ranks))}" if len(g.ranks) > 1 else f"rank {g.ranks[0]}"
+    head = f"{who(main)} share one stack" if len(main.ranks) > 1 else f"{who(main)} has one stack"
+    return head + "; " + "; ".join(f"{who(g)} {'differ' if len(g.ranks) > 1 else 'differs'}" for g in odd)

@@ -24,6 +24,7 @@ from ddptop.core import journal
 from ddptop.core.profiles import MASK
 from ddptop.core.events import (
     FAILED,
+    LaunchEvent,
     RUNNING,
     STOPPED,
     STOPPING,
@@ -81,6 +82,12 @@ class Watcher(threading.Thread):
         while not self.done.is_set():
             try:
                 evs = [e for e in session.poll() if not isinstance(e, AlarmEvent)]
+                for i, e in enumerate(evs):
+                    if isinstance(e, LaunchEvent) and e.generation > 0:
+                        # a relaunch: judge the new attempt afresh
+                        an = Analyzer(stall_after=self.sup.meta.stall_after, node=self.sup.meta.host)
+                        evs = evs[i + 1:]
+                        break
                 alarms = an.feed(evs) + an.check()
             except Exception as e:
                 self.sup.emit(NoteEvent(time.time(), "warning", f"detection tick failed: {e!r}"))
@@ -91,7 +98,10 @@ class Watcher(threading.Thread):
                     self.sup.notify(a)
                 if any(a.type == "stall" for a in alarms):
                     self.sup.capture_stacks()
-                if any(a.type == "stall" for a in alarms) and self.sup.meta.on_stall == "kill":
+                stalls = [a for a in alarms if a.type == "stall"]
+                if stalls and self.sup.meta.on_stall == "relaunch":
+                    self.sup.auto_relaunch(stalls[0])
+                if stalls and self.sup.meta.on_stall == "kill":
                     self.sup.emit(NoteEvent(time.time(), "warning", "stall detected and --on-stall kill: stopping the job"))
                     self.sup.stall_kill = True
                     self.sup.stop_requested = True
@@ -179,12 +189,42 @@ class Supervisor:
         self.stop_requested = False
         self.stall_kill = False
         self.stopping_since: float | None = None
+        self.relaunch_request: list[str] | None = None
+        self.relaunch_reason = ""
+        self.generation = 0
+        self.profiles: list[str] = list(self.meta.profiles or [])
+        self.tried: set[tuple[str, ...]] = {tuple(self.profiles)}
+        self.relaunches = 0
 
     def emit(self, ev: Event) -> None:
         self.events.write(ev)
 
     def _on_signal(self, signum, frame) -> None:
         self.stop_requested = True
+
+    def _on_relaunch(self, signum, frame) -> None:
+        """SIGUSR1: relaunch with the profiles named in RUN/relaunch.json."""
+        req = journal.read_json(self.run_dir / journal.RELAUNCH)
+        if isinstance(req, dict) and isinstance(req.get("profiles"), list):
+            self.relaunch_request = [str(p) for p in req["profiles"]]
+            self.relaunch_reason = str(req.get("reason", "asked for"))
+
+    def auto_relaunch(self, alarm) -> None:
+        """--on-stall relaunch: the first suggested profile not tried yet."""
+        limit = self.meta.max_relaunches if self.meta.max_relaunches is not None else 3
+        if self.relaunches >= limit:
+            self.emit(NoteEvent(time.time(), "warning", f"stalled again, but --max-relaunches {limit} reached"))
+            return
+        from ddptop.core.profiles import load_all
+
+        known = load_all()
+        for name in alarm.suggested_profiles:
+            combo = tuple(self.profiles + [name]) if name not in self.profiles else None
+            if combo and combo not in self.tried and name in known:
+                self.relaunch_request = list(combo)
+                self.relaunch_reason = f"{alarm.id}: trying profile {name}"
+                return
+        self.emit(NoteEvent(time.time(), "warning", "stalled, and every suggested profile was tried already"))
 
     def discover(self, torchrun: psutil.Process) -> None:
         try:
@@ -254,75 +294,66 @@ class Supervisor:
     def run(self) -> int:
         for s in (signal.SIGTERM, signal.SIGINT):
             signal.signal(s, self._on_signal)
+        signal.signal(signal.SIGUSR1, self._on_relaunch)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         me = psutil.Process()
         journal.write_json(
             self.run_dir / journal.SUPERVISOR,
             {"pid": me.pid, "create_time": me.create_time()},
         )
-        env = dict(os.environ)
-        env.update({k: v for k, v in self.meta.env_set.items() if v != MASK})  # masked: already in os.environ
-        for k in self.meta.env_unset or ():
-            env.pop(k, None)
-        with open(self.run_dir / journal.TORCHRUN_LOG, "ab", buffering=0) as out:
-            try:
-                popen = subprocess.Popen(
-                    self.meta.command,
-                    cwd=self.meta.cwd,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            except OSError as e:
-                msg = f"could not start torchrun: {e}"
-                out.write((msg + "\n").encode())
-                return self.finish(FAILED, 127, msg)
-        self.emit(StateEvent(time.time(), state=RUNNING, message=f"torchrun pid {popen.pid}"))
         sampler = None
         if (self.meta.gpu or "auto") != "off":
             sampler = Sampler(self, self.meta.gpu or "auto", float(self.meta.sample_interval or 1.0))
             sampler.start()
         watcher = Watcher(self)
         watcher.start()
-        try:
-            tr = psutil.Process(popen.pid)
-            torchrun = _Proc(tr)
-        except psutil.Error:
-            tr, torchrun = None, None
+        command, env_set, env_unset = list(self.meta.command), dict(self.meta.env_set), list(self.meta.env_unset or [])
+        first_env = dict(env_set)
+        reason = "launch"
         while True:
-            rc = popen.poll()
-            if tr is not None:
-                self.discover(tr)
-                if self.stop_requested:
-                    self.remember_family(tr)
-            if rc is not None:
+            from ddptop.core.profiles import mask_env
+
+            diff = {k: v for k, v in env_set.items() if first_env.get(k) != v}
+            diff.update({k: None for k in env_unset})
+            self.emit(LaunchEvent(time.time(), generation=self.generation, profiles=tuple(self.profiles),
+                                  command=tuple(command), env_diff=mask_env({k: v for k, v in diff.items() if v is not None})
+                                  | {k: None for k, v in diff.items() if v is None}, reason=reason))
+            env = dict(os.environ)
+            env.update({k: v for k, v in env_set.items() if v != MASK})  # masked: already in os.environ
+            for k in env_unset:
+                env.pop(k, None)
+            rc = self.run_generation(command, env)
+            if rc is None:
                 break
-            if self.stop_requested and self.stopping_since is None:
-                self.stopping_since = time.monotonic()
-                self.emit(StateEvent(time.time(), state=STOPPING, message="stop requested"))
-                self.signal_all(torchrun, signal.SIGTERM)
-            elif self.stopping_since is not None and time.monotonic() - self.stopping_since > GRACE:
-                self.emit(NoteEvent(time.time(), "warning", f"job still running {GRACE:g}s after SIGTERM: sending SIGKILL"))
-                self.signal_all(torchrun, signal.SIGKILL)
-                self.stopping_since = float("inf")
-            time.sleep(POLL)
+            if self.relaunch_request is None or self.stop_requested:
+                break
+            # relaunch: the old attempt is completely gone (run_generation made sure)
+            names, reason = self.relaunch_request, self.relaunch_reason
+            self.relaunch_request = None
+            try:
+                from ddptop.core.launcher import plan_launch
+                from ddptop.core.profiles import resolve
+
+                plan = plan_launch(self.meta.user_command, self.run_dir, cwd=self.meta.cwd,
+                                   inject=self.meta.inject, profiles=resolve(names))
+            except Exception as e:
+                self.emit(NoteEvent(time.time(), "error", f"relaunch with {names} impossible: {e}"))
+                break
+            command, env_set, env_unset = plan.command, plan.env_set, plan.env_unset
+            self.profiles = list(names)
+            self.tried.add(tuple(names))
+            self.generation += 1
+            self.relaunches += 1
+            self.ranks = {}
+            self.family = {}
+            self.stopping_since = None
+            self.emit(StateEvent(time.time(), state=RUNNING, message=f"relaunching ({reason}) with profiles {', '.join(names) or 'default'}"))
         if sampler is not None:
             sampler.done.set()
         watcher.done.set()
         watcher.join(timeout=5)  # its last alarms land before the final state
-        # torchrun is gone; sweep any rank or worker it left behind
-        if tr is not None:
-            self.discover(tr)
-        leftovers = [p for p, _ in self.ranks.values() if p.is_ours()]
-        if leftovers:
-            self.remember_family_from_ranks()
-            self.emit(NoteEvent(time.time(), "warning", "torchrun exited leaving ranks " + ", ".join(str(p.pid) for p in leftovers) + ": stopping them"))
-            self.signal_all(None, signal.SIGTERM)
-            deadline = time.monotonic() + min(GRACE, 5)
-            while time.monotonic() < deadline and any(p.is_ours() and p.p.status() != psutil.STATUS_ZOMBIE for p, _ in self.ranks.values()):
-                time.sleep(0.1)
-            self.signal_all(None, signal.SIGKILL)
+        if rc is None:
+            return self.finish(FAILED, 127, "could not start torchrun")
         self.discover_end()
         code = _exit_code(rc)
         if self.stall_kill:
@@ -357,6 +388,57 @@ class Supervisor:
             self.emit(NoteEvent(time.time(), "info", f"stacks captured in {d}: {summarise(groups)}"))
         if err:
             self.emit(NoteEvent(time.time(), "warning", f"stack capture: {err}"))
+
+    def run_generation(self, command: list[str], env: dict) -> int | None:
+        """Run torchrun once, to its end; stop it on request.  Returns its exit status."""
+        with open(self.run_dir / journal.TORCHRUN_LOG, "ab", buffering=0) as out:
+            try:
+                popen = subprocess.Popen(command, cwd=self.meta.cwd, env=env, stdin=subprocess.DEVNULL,
+                                         stdout=out, stderr=subprocess.STDOUT)
+            except OSError as e:
+                out.write(f"could not start torchrun: {e}\n".encode())
+                return None
+        self.emit(StateEvent(time.time(), state=RUNNING, message=f"torchrun pid {popen.pid}"))
+        try:
+            tr = psutil.Process(popen.pid)
+            torchrun = _Proc(tr)
+        except psutil.Error:
+            tr, torchrun = None, None
+        while True:
+            rc = popen.poll()
+            ending = self.stop_requested or self.relaunch_request is not None
+            if tr is not None:
+                self.discover(tr)
+                if ending:
+                    self.remember_family(tr)
+            if rc is not None:
+                break
+            if ending and self.stopping_since is None:
+                self.stopping_since = time.monotonic()
+                what = "stop requested" if self.stop_requested else f"relaunch requested ({self.relaunch_reason})"
+                self.emit(StateEvent(time.time(), state=STOPPING, message=what))
+                self.signal_all(torchrun, signal.SIGTERM)
+            elif self.stopping_since is not None and time.monotonic() - self.stopping_since > GRACE:
+                self.emit(NoteEvent(time.time(), "warning", f"job still running {GRACE:g}s after SIGTERM: sending SIGKILL"))
+                self.signal_all(torchrun, signal.SIGKILL)
+                self.stopping_since = float("inf")
+            time.sleep(POLL)
+        # torchrun is gone; sweep any rank or worker it left behind
+        if tr is not None:
+            self.discover(tr)
+        leftovers = [p for p, _ in self.ranks.values() if p.is_ours()]
+        if leftovers:
+            self.remember_family_from_ranks()
+            self.emit(NoteEvent(time.time(), "warning", "torchrun exited leaving ranks " + ", ".join(str(p.pid) for p in leftovers) + ": stopping them"))
+            self.signal_all(None, signal.SIGTERM)
+            deadline = time.monotonic() + min(GRACE, 5)
+            while time.monotonic() < deadline and any(p.is_ours() and p.p.status() != psutil.STATUS_ZOMBIE for p, _ in self.ranks.values()):
+                time.sleep(0.1)
+            self.signal_all(None, signal.SIGKILL)
+            while any(p.is_ours() and p.p.status() != psutil.STATUS_ZOMBIE for p, _ in self.ranks.values()):
+                time.sleep(0.05)
+        self.discover_end()
+        return rc
 
     def remember_family_from_ranks(self) -> None:
         for proc, _ in self.ranks.values():

@@ -38,10 +38,11 @@ from textual.widgets import (
     TabPane,
 )
 
-from ddptop.core.events import FINAL_STATES, LogEvent, NoteEvent, RankEvent, StateEvent
+from ddptop.core.events import FINAL_STATES, AlarmEvent, LogEvent, NoteEvent, RankEvent, StateEvent
 from ddptop.core.model import JobModel
 from ddptop.ui import logview
 from ddptop.ui.logview import Line, PaneBuffer
+from ddptop.ui.telemetry_view import AlarmBox, GpuPane, is_recent, rank_cells
 from ddptop.ui.themes import DEFAULT_THEME, FALLBACK_THEME, load_themes
 
 FLUSH_EVERY = 0.2  # seconds between writes to the widgets while output floods in
@@ -69,9 +70,17 @@ HELP_TEXT = """\
   [b]/[/b]              filter log lines (case-insensitive); [b]esc[/b] clears
   [b]end[/b] / [b]home[/b]     follow the log / go to its top
   [b]w[/b]              wrap long lines on/off
+  [b]g[/b]              show / hide the GPU pane
   [b]ctrl+p[/b]         command palette (themes: "Change theme")
   [b]?[/b]              this help
   [b]q[/b] / [b]ctrl+c[/b]     quit: detach (job keeps running) or stop the job
+
+Rank table: GPU ("?" = mapping guessed), CPU % of one core, RSS,
+process status, threads, workers (child processes, their CPU %).
+GPU pane: util + history, memory, memory-bandwidth util, power + history,
+temperature, ranks on the GPU ("r0?" = guessed), SM clock, PCIe, throttling.
+Alarms (stall, crash, error signatures, GPU faults) appear in a red box
+above the table and ring the terminal bell once each.
 
 The journal keeps every line; the panes keep the last 20,000 lines each.
 """
@@ -192,7 +201,7 @@ class DdptopApp(App[str]):
         height: auto; max-height: 12;
         border-bottom: solid $primary 40%;
     }
-    #panes { height: 1fr; }
+    #panes { height: 1fr; min-height: 6; }
     #panes TabPane { padding: 0; }
     .logview RichLog { height: 1fr; background: $surface; scrollbar-size-vertical: 1; overflow-x: hidden; }
     .logview .live {
@@ -214,11 +223,12 @@ class DdptopApp(App[str]):
         Binding("tab", "cycle(1)", "Next pane", priority=True),
         Binding("shift+tab", "cycle(-1)", "Prev pane", show=False, priority=True),
         Binding("w", "toggle_wrap", "Wrap", show=False),
+        Binding("g", "toggle_gpus", "GPUs"),
         Binding("end", "follow", "Follow", show=False),
         Binding("home", "top", "Top", show=False),
     ] + [Binding(str(n), f"rank({n})", f"Rank {n}", show=False) for n in range(10)]
 
-    MAIN_ACTIONS = {"request_quit", "help", "open_filter", "pane", "cycle", "rank", "follow", "top", "clear_filter", "toggle_wrap"}
+    MAIN_ACTIONS = {"request_quit", "help", "open_filter", "pane", "cycle", "rank", "follow", "top", "clear_filter", "toggle_wrap", "toggle_gpus"}
 
     def __init__(self, session: Any, *, theme: str | None = None, poll_interval: float = 0.1) -> None:
         super().__init__()
@@ -242,6 +252,9 @@ class DdptopApp(App[str]):
         self._col_width: dict[str, int] = {}
         self._palette: list[str] = []
         self._poll_error: str | None = None
+        self._alarm_list: list | None = None
+        self._alarms_seen = 0
+        self._gpus_hidden = False
         meta = getattr(session, "meta", None)
         self.run_id = getattr(meta, "run_id", None) or str(getattr(session, "run_dir", "run"))
         self.sub_title = self.run_id
@@ -250,8 +263,10 @@ class DdptopApp(App[str]):
 
     def compose(self) -> ComposeResult:
         yield HeaderBar(id="header")
+        yield AlarmBox(id="alarms")
         table: DataTable = DataTable(id="ranks", cursor_type="row", zebra_stripes=True)
         yield table
+        yield GpuPane(id="gpu-pane")
         with TabbedContent(id="panes", initial="pane-merged"):
             with TabPane("merged", id="pane-merged"):
                 yield from self._make_view("merged")
@@ -270,7 +285,9 @@ class DdptopApp(App[str]):
         table = self.query_one("#ranks", DataTable)
         for key, label in (
             ("rank", "rank"), ("local", "local"), ("node", "node"), ("pid", "pid"), ("state", "state"),
-            ("attempt", "attempt"), ("since", "last output"), ("step", "step"), ("lines", "lines"),
+            ("attempt", "attempt"), ("since", "last output"), ("step", "step"),
+            ("gpu", "GPU"), ("cpu", "CPU"), ("rss", "RSS"), ("status", "status"), ("threads", "thr"),
+            ("workers", "workers"), ("lines", "lines"),
         ):
             table.add_column(label, key=key)
         self._refresh_header()
@@ -381,6 +398,9 @@ class DdptopApp(App[str]):
                     if ev.message:
                         msg += f": {ev.message}"
                     self._add_line(Line(-1, "note", msg, "bold"))
+                elif isinstance(ev, AlarmEvent):
+                    who = f" culprit: {','.join(f'r{r}' for r in ev.culprits)}" if ev.culprits else ""
+                    self._add_line(Line(-1, "note", f"ALARM {ev.type} {ev.id}{who}: {ev.message}", "bold"))
                 elif isinstance(ev, NoteEvent):
                     style = "bold" if ev.level in ("warning", "error") else "dim"
                     self._add_line(Line(-1, "note", f"{ev.level}: {ev.message}", style))
@@ -388,6 +408,8 @@ class DdptopApp(App[str]):
                 self._add_line(Line(-1, "note", f"could not show an event: {e}", "dim"))
         if any(isinstance(ev, LogEvent) and ev.rank is None for ev in events):
             self._ensure_pane("torchrun")
+        if any(isinstance(ev, (AlarmEvent, NoteEvent)) for ev in events):
+            self._refresh_alarms()
         self._schedule_flush()
         if new_ranks:
             self.refresh_bindings()
@@ -522,7 +544,32 @@ class DdptopApp(App[str]):
 
     def _tick(self) -> None:
         self._refresh_header()
-        self._refresh_table()
+        if time.monotonic() - self._last_table >= TABLE_EVERY:
+            self._refresh_table()
+
+    def _refresh_alarms(self) -> None:
+        """Show the alarm box; ring the bell once per new (recent) alarm."""
+        alarms = self.model.alarms
+        if alarms is not self._alarm_list:  # a relaunch starts a new list
+            self._alarm_list = alarms
+            self._alarms_seen = 0
+        new = alarms[self._alarms_seen:]
+        self._alarms_seen = len(alarms)
+        for a in new[-3:]:
+            if is_recent(a.t):
+                self.bell()
+        try:
+            self.query_one("#alarms", AlarmBox).show(self.model)
+        except Exception:
+            pass
+
+    def _refresh_gpus(self) -> None:
+        try:
+            self.query_one("#gpu-pane", GpuPane).show(self.model, self.current_theme)
+        except Exception as e:
+            if not getattr(self, "_gpu_error_shown", False):
+                self._gpu_error_shown = True
+                self._add_line(Line(-1, "note", f"could not show GPUs: {e}", "dim"))
 
     def _refresh_header(self) -> None:
         try:
@@ -545,6 +592,9 @@ class DdptopApp(App[str]):
                 parts.append(f"exit [b {cvar}]{code}[/]")
             elif self._stopping:
                 parts.append("[$warning]stop requested…[/]")
+            if m.alarms:
+                n = len(m.alarms)
+                parts.append(f"[b $error]⚠ {n} alarm{'s' if n != 1 else ''}[/]")
             if self._filter:
                 parts.append(f"filter [b $accent]{escape(self._filter)}[/]")
             self.query_one("#header", HeaderBar).set_markup("  │  ".join(parts))
@@ -591,6 +641,7 @@ class DdptopApp(App[str]):
                     "attempt": info.attempt,
                     "since": since,
                     "step": "-" if info.last_step is None else info.last_step,
+                    **rank_cells(info, finished, th),
                     "lines": info.lines,
                 }
                 key = str(r)
@@ -617,6 +668,7 @@ class DdptopApp(App[str]):
                 table.sort("rank")
             except Exception:
                 pass
+        self._refresh_gpus()
 
     # -- actions --------------------------------------------------------------
 
@@ -668,6 +720,14 @@ class DdptopApp(App[str]):
             pane.dirty = True
         self._render_active()
         self.notify("long lines wrap" if self._wrap else "long lines are cut at the edge", timeout=2)
+
+    def action_toggle_gpus(self) -> None:
+        self._gpus_hidden = not self._gpus_hidden
+        pane = self.query_one("#gpu-pane", GpuPane)
+        pane.set_class(self._gpus_hidden, "-hidden")
+        if not self._gpus_hidden:
+            self._refresh_gpus()
+        self.notify("GPU pane hidden (g shows it)" if self._gpus_hidden else "GPU pane shown", timeout=2)
 
     def action_top(self) -> None:
         log = self._views.get(self._active_key(), (None, None))[0]
