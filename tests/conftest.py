@@ -16,7 +16,26 @@ TIMEOUT = 180  # seconds, for any one ddptop/torchrun subprocess
 def runs_dir(tmp_path, monkeypatch):
     d = tmp_path / "runs"
     monkeypatch.setenv("DDPTOP_RUNS_DIR", str(d))
-    return d
+    yield d
+    # a test that failed midway must not leave its job running: stop it through
+    # its supervisor, and check that no rank survives
+    if d.exists():
+        for run in d.iterdir():
+            stop_run(run)
+
+
+def stop_run(run: Path, timeout: float = 60) -> None:
+    sup = run / "supervisor.json"
+    if not sup.exists() or (run / "exit.json").exists():
+        return
+    from ddptop.core.session import Session
+
+    s = Session.open(run)
+    if s.is_live:
+        s.stop()
+        wait_for(lambda: (run / "exit.json").exists(), timeout=timeout, what=f"{run} to stop")
+    left = [pid for pid in rank_pids(run).values() if alive(pid)]
+    assert not left, f"ranks {left} of {run} survived the stop"
 
 
 def ddptop_cmd(*args):

@@ -62,7 +62,7 @@ STATE_VAR = {
 HELP_TEXT = """\
 [b]ddptop keys[/b]
 
-  [b]m[/b]              merged log (every rank, prefixed [r0] [r1] …)
+  [b]m[/b]              merged log (every rank, prefixed \\[r0] \\[r1] …)
   [b]0[/b]-[b]9[/b]            log of rank N
   [b]t[/b]              torchrun's own output
   [b]tab[/b] / [b]shift+tab[/b]  next / previous log pane
@@ -76,11 +76,12 @@ HELP_TEXT = """\
   [b]q[/b] / [b]ctrl+c[/b]     quit: detach (job keeps running) or stop the job
 
 Rank table: GPU ("?" = mapping guessed), CPU % of one core, RSS,
-process status, threads, workers (child processes, their CPU %).
-GPU pane: util + history, memory, memory-bandwidth util, power + history,
-temperature, ranks on the GPU ("r0?" = guessed), SM clock, PCIe, throttling.
-Alarms (stall, crash, error signatures, GPU faults) appear in a red box
-above the table and ring the terminal bell once each.
+  process status, threads, workers (child processes and their CPU %).
+GPU pane: utilisation and its history, memory, power and its history,
+  temperature, ranks on it ("r0?" = guessed), memory-bandwidth use,
+  SM clock, PCIe link, throttle reasons, ECC errors / retired pages.
+Alarms (stalls, crashes, error signatures, GPU faults) show in a box
+  above the rank table and ring the terminal bell once each.
 
 The journal keeps every line; the panes keep the last 20,000 lines each.
 """
@@ -291,8 +292,16 @@ class DdptopApp(App[str]):
         ):
             table.add_column(label, key=key)
         self._refresh_header()
+        self.on_resize(None)
         self.set_interval(1.0, self._tick)
         self._poll_loop()
+
+    def on_resize(self, event) -> None:
+        # short terminals: keep room for the logs (the merged log has every alarm in full)
+        try:
+            self.query_one("#alarms", AlarmBox).styles.max_height = 5 if self.size.height < 36 else 8
+        except Exception:
+            pass
 
     def _setup_themes(self) -> None:
         try:

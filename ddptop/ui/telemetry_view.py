@@ -28,10 +28,10 @@ NA = "n/a"
 GUESS_NOTE = "rank↔GPU mapping is a guess: NVML pids do not match (container?)"
 SIM_TITLE = "GPUs — SIMULATED (utilisation = rank CPU %)"
 
-GPU_COLUMNS = (
-    ("gpu", "gpu"), ("util", "util"), ("hist", "util history"), ("mem", "mem used/total"),
-    ("bw", "mem-bw"), ("power", "power"), ("phist", "power hist"), ("temp", "temp"),
-    ("ranks", "ranks"), ("sm", "SM"), ("pcie", "PCIe"), ("throttle", "throttle"),
+GPU_COLUMNS = (  # most important first: narrow terminals cut the right-hand side
+    ("gpu", "gpu"), ("util", "util"), ("hist", "util history"), ("ranks", "ranks"),
+    ("mem", "mem used/total"), ("power", "power"), ("temp", "temp"), ("bw", "mem-bw"),
+    ("phist", "power hist"), ("sm", "SM"), ("pcie", "PCIe"), ("throttle", "throttle"),
     ("ecc", "ECC/retired"), ("name", "name"),
 )
 FIXED_WIDTH = {"hist": UTIL_SPARK, "phist": POWER_SPARK}
@@ -226,7 +226,7 @@ class AlarmBox(Static):
 
     DEFAULT_CSS = """
     AlarmBox {
-        display: none; height: auto; max-height: 9; padding: 0 1;
+        display: none; height: auto; max-height: 8; padding: 0 1;
         border: round $error; border-title-color: $error; border-title-style: bold;
         background: $error 8%;
     }
