@@ -20,7 +20,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-HOT_UTIL = 85.0  # % GPU utilisation that counts as "busy"
+HOT_UTIL = 60.0  # % GPU utilisation that counts as "busy" (an NCCL spin reads ~100)
 IDLE_UTIL = 15.0
 BUSY_CPU = 85.0
 
