@@ -16,6 +16,7 @@ ddptop [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [SCRIPT ARGS]
        ddptop [OPTIONS] attach RUN
        ddptop diagnose PATH... [--json]
        ddptop profiles [--json]
+       ddptop [OPTIONS] fix torchrun [TORCHRUN OPTIONS] SCRIPT [SCRIPT ARGS]
        ddptop runs"""
 
 EPILOG = """\
@@ -63,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "with the alarm as JSON on stdin and DDPTOP_ALARM_* in its environment")
     p.add_argument("--no-inject", action="store_true",
                    help="do not put ddptop's step hook (a sitecustomize) on the ranks' PYTHONPATH")
+    p.add_argument("--fix-steps", type=int, default=20, metavar="K", help="ddptop fix: steps of progress that count as working")
+    p.add_argument("--fix-time", type=float, default=180, metavar="S", help="ddptop fix: time limit of one smoke attempt")
     p.add_argument("--theme", metavar="NAME", help="UI theme (ddptop-dark, ddptop-light, or any Textual theme)")
     p.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return p
@@ -144,6 +147,22 @@ def main(argv: list[str] | None = None) -> int:
         return _watch(session, args)
     if cmd[0] == "runs":
         return cmd_runs()
+    if cmd[0] == "fix":
+        rest = cmd[1:]
+        if not rest or os.path.basename(rest[0]) != "torchrun":
+            return _err("usage: ddptop [--json] [--fix-steps K] [--fix-time S] fix torchrun [TORCHRUN OPTIONS] SCRIPT [ARGS]")
+        from ddptop.core.fix import main as fix
+        from ddptop.core.launcher import LaunchError, plan_launch
+        from ddptop.core.profiles import ProfileError, resolve
+
+        try:
+            base = resolve(args.profile)
+            import tempfile
+            plan_launch(rest, __import__("pathlib").Path(tempfile.gettempdir()))  # check before starting anything
+        except (ProfileError, LaunchError) as e:
+            return _err(str(e))
+        return fix(rest, base, json_mode=args.json, steps=args.fix_steps, time_limit=args.fix_time,
+                   gpu=args.gpu, stall_after=args.stall_after)
     if cmd[0] == "profiles":
         import json as _json
 

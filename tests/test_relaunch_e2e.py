@@ -59,3 +59,20 @@ def test_relaunch_through_the_session_stops_every_old_rank_first(runs_dir):
     idx_first_new = min(i for i, e in enumerate(events) if e["kind"] == "rank" and e["alive"] and e["pid"] in gens[1])
     assert idx_last_old_end < idx_first_new
     assert not any(alive(pid) for pid in old)
+
+
+def test_fix_finds_p2p_off_and_reports_it(runs_dir):
+    r = subprocess.run(ddptop_cmd("--json", "--gpu", "sim", "--fix-steps", "15", "fix", "torchrun", "--nproc-per-node", "2",
+                                  EXAMPLE, "--steps", "1000", "--step-time", "0.05", "--fault", "p2p-hang", "--fault-step", "10"),
+                       capture_output=True, text=True, timeout=4 * TIMEOUT, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads(r.stdout)
+    outcomes = [(a["label"], a["outcome"]) for a in rep["attempts"]]
+    assert outcomes == [("as given", "stalled"), ("p2p-off", "progress")]
+    assert rep["winner"]["profiles"] == ["p2p-off"] and rep["winner"]["steps_per_s"] > 0
+    assert "--profile p2p-off" in rep["recommendation"] and "NCCL_P2P_DISABLE=1 torchrun" in rep["recommendation"]
+    # each smoke attempt was stopped: nothing of it is left running
+    for run in runs_dir.rglob("attempt*"):
+        if (run / "events.jsonl").exists():
+            assert (run / "exit.json").exists()
+            assert not any(alive(e["pid"]) for e in journal_events(run) if e["kind"] == "rank")
