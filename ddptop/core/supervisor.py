@@ -35,7 +35,7 @@ from ddptop.core.events import (
     StateEvent,
 )
 
-POLL = 0.2
+POLL = 0.5  # main loop: rank discovery and stop handling
 GRACE = float(os.environ.get("DDPTOP_STOP_GRACE", "10"))
 
 
