@@ -28,7 +28,11 @@ def normalise(dump: str) -> str:
 
 
 def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0) -> tuple[dict[int, str], list[StackGroup], str | None]:
-    """(raw dump per rank, groups of identical stacks, error message or None)."""
+    """(raw dump per rank, groups of identical stacks, error message or None).
+
+    ``--nonblocking``: py-spy reads the rank's memory without stopping it, so a
+    dump can never wedge or kill a rank, even if py-spy itself is killed.
+    """
     exe = shutil.which("py-spy")
     if exe is None:
         return {}, [], "py-spy is not installed: `pip install py-spy` (or `pip install ddptop[stacks]`) to get every rank's Python stack on a stall"
@@ -36,7 +40,7 @@ def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0) -> tuple[dict[
     errors = []
     for rank, pid in sorted(rank_pids.items()):
         try:
-            r = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=timeout)
+            r = subprocess.run([exe, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             errors.append(f"rank {rank}: py-spy timed out")
             continue

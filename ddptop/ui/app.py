@@ -26,19 +26,21 @@ from textual.markup import escape
 from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widget import Widget
+from textual.widgets.option_list import Option
 from textual.widgets import (
     Button,
     DataTable,
     Footer,
     Input,
     Label,
+    OptionList,
     RichLog,
     Static,
     TabbedContent,
     TabPane,
 )
 
-from ddptop.core.events import FINAL_STATES, AlarmEvent, LogEvent, NoteEvent, RankEvent, StateEvent
+from ddptop.core.events import FINAL_STATES, AlarmEvent, LaunchEvent, LogEvent, NoteEvent, RankEvent, StateEvent
 from ddptop.core.model import JobModel
 from ddptop.ui import logview
 from ddptop.ui.logview import Line, PaneBuffer
@@ -71,6 +73,9 @@ HELP_TEXT = """\
   [b]end[/b] / [b]home[/b]     follow the log / go to its top
   [b]w[/b]              wrap long lines on/off
   [b]g[/b]              show / hide the GPU pane
+  [b]r[/b]              relaunch with a profile (alarm suggestions first);
+                 the current profiles are kept, the chosen one is added
+  [b]e[/b]              show / hide the launch's profiles and env diff
   [b]ctrl+p[/b]         command palette (themes: "Change theme")
   [b]?[/b]              this help
   [b]q[/b] / [b]ctrl+c[/b]     quit: detach (job keeps running) or stop the job
@@ -82,6 +87,8 @@ GPU pane: utilisation and its history, memory, power and its history,
   SM clock, PCIe link, throttle reasons, ECC errors / retired pages.
 Alarms (stalls, crashes, error signatures, GPU faults) show in a box
   above the rank table and ring the terminal bell once each.
+A relaunch (r) stops every rank, then starts the job again; the header
+  shows "launch #N" and the profiles, the logs a "relaunch #N" line.
 
 The journal keeps every line; the panes keep the last 20,000 lines each.
 """
@@ -166,6 +173,95 @@ class HelpScreen(ModalScreen[None]):
             yield Label("[dim]esc / ? / q closes[/dim]")
 
 
+DEFAULT_CHOICE = "\x00default"  # option id of "default (no profile)"
+
+
+def picker_choices(model: JobModel, profiles: dict) -> list[tuple[str, str, str]]:
+    """(option id, label, reason) for the profile picker: the profiles the alarms
+    suggest (latest alarm first, each once), then every other profile, then
+    "default (no profile)"."""
+    out: list[tuple[str, str, str]] = []
+    seen: set[str] = set()
+    active = set(model.profiles)
+    for a in reversed(model.alarms):
+        for name in a.suggested_profiles:
+            if name in seen:
+                continue
+            seen.add(name)
+            who = f" (culprit {','.join(f'r{r}' for r in a.culprits)})" if a.culprits else ""
+            why = f"suggested by {a.id or a.type}{who}"
+            mark = " [active]" if name in active else ""
+            out.append((name, f"{name} — {why}{mark}", why))
+    for name, p in profiles.items():
+        if name in seen or name == "default":
+            continue
+        seen.add(name)
+        mark = " [active]" if name in active else ""
+        out.append((name, f"{name} — {p.description}{mark}", "picked in ddptop"))
+    out.append((DEFAULT_CHOICE, "default (no profile) — relaunch exactly as first given", "picked in ddptop: no profile"))
+    return out
+
+
+class ProfilePicker(ModalScreen[tuple[str, str] | None]):
+    """Pick one profile; dismisses with (option id, reason) or None."""
+
+    DEFAULT_CSS = """
+    ProfilePicker { align: center middle; }
+    ProfilePicker > Vertical {
+        width: 90%; max-width: 120; height: auto; max-height: 90%; padding: 1 2;
+        background: $panel; border: thick $primary;
+    }
+    ProfilePicker Label { width: 100%; margin-bottom: 1; }
+    ProfilePicker OptionList { height: auto; max-height: 24; }
+    """
+    BINDINGS = [Binding("escape", "dismiss(None)", "Cancel", show=False)]
+
+    def __init__(self, choices: list[tuple[str, str, str]], title: str) -> None:
+        super().__init__()
+        self.choices = choices
+        self.title_text = title
+        self._reasons = {cid: reason for cid, _label, reason in choices}
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(self.title_text)
+            options: list = []
+            for cid, label, _reason in self.choices:
+                if cid == DEFAULT_CHOICE and options:
+                    options.append(None)
+                options.append(Option(Text(label), id=cid))
+            yield OptionList(*options, id="profile-options")
+            yield Label("[dim]enter relaunches with the current profiles + this one · esc cancels[/dim]")
+
+    def on_mount(self) -> None:
+        ol = self.query_one(OptionList)
+        ol.highlighted = 0
+        ol.focus()
+
+    @on(OptionList.OptionSelected)
+    def _selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        cid = event.option.id or ""
+        self.dismiss((cid, self._reasons.get(cid, "picked in ddptop")))
+
+
+def env_markup(model: JobModel) -> str:
+    """The env-diff panel: the launch, its profiles, env vs the first launch."""
+    profs = ", ".join(model.profiles) or "none"
+    lines = [f"[b]launch #{model.generation}[/b]   profiles: [b]{escape(profs)}[/b]"]
+    if not model.env_diff:
+        lines.append("[dim]environment: the same as the first launch[/dim]")
+    else:
+        lines.append("environment vs the first launch:")
+        for k, v in sorted(model.env_diff.items()):
+            if v is None:
+                lines.append(f"  [b]{escape(k)}[/b] [$warning]unset[/]")
+            else:
+                lines.append(f"  [b]{escape(k)}[/b]={escape(str(v))}")
+    lines.append("[dim]e hides this · r relaunches with a profile[/dim]")
+    return "\n".join(lines)
+
+
 class HeaderBar(Widget):
     """One line of status; repaints without asking for a new layout."""
 
@@ -210,6 +306,11 @@ class DdptopApp(App[str]):
         background: $surface; color: $text-muted; padding: 0 0 0 0;
     }
     .logview .live.-on { display: block; }
+    #envpanel {
+        height: auto; max-height: 12; display: none; padding: 0 1;
+        background: $panel; border-bottom: solid $accent;
+    }
+    #envpanel.-on { display: block; }
     #filter { dock: bottom; display: none; height: 3; border: tall $accent; }
     #filter.-on { display: block; }
     """
@@ -225,11 +326,14 @@ class DdptopApp(App[str]):
         Binding("shift+tab", "cycle(-1)", "Prev pane", show=False, priority=True),
         Binding("w", "toggle_wrap", "Wrap", show=False),
         Binding("g", "toggle_gpus", "GPUs"),
+        Binding("r", "relaunch", "Relaunch"),
+        Binding("e", "toggle_env", "Env"),
         Binding("end", "follow", "Follow", show=False),
         Binding("home", "top", "Top", show=False),
     ] + [Binding(str(n), f"rank({n})", f"Rank {n}", show=False) for n in range(10)]
 
-    MAIN_ACTIONS = {"request_quit", "help", "open_filter", "pane", "cycle", "rank", "follow", "top", "clear_filter", "toggle_wrap", "toggle_gpus"}
+    MAIN_ACTIONS = {"request_quit", "help", "open_filter", "pane", "cycle", "rank", "follow", "top", "clear_filter", "toggle_wrap", "toggle_gpus",
+                    "relaunch", "toggle_env"}
 
     def __init__(self, session: Any, *, theme: str | None = None, poll_interval: float = 0.1) -> None:
         super().__init__()
@@ -256,6 +360,8 @@ class DdptopApp(App[str]):
         self._alarm_list: list | None = None
         self._alarms_seen = 0
         self._gpus_hidden = False
+        self._generation = 0  # the launch whose separator the panes have shown
+        self._relaunching: str | None = None  # profiles asked for, until the new launch shows
         meta = getattr(session, "meta", None)
         self.run_id = getattr(meta, "run_id", None) or str(getattr(session, "run_dir", "run"))
         self.sub_title = self.run_id
@@ -264,6 +370,7 @@ class DdptopApp(App[str]):
 
     def compose(self) -> ComposeResult:
         yield HeaderBar(id="header")
+        yield Static("", id="envpanel")
         yield AlarmBox(id="alarms")
         table: DataTable = DataTable(id="ranks", cursor_type="row", zebra_stripes=True)
         yield table
@@ -407,6 +514,10 @@ class DdptopApp(App[str]):
                     if ev.message:
                         msg += f": {ev.message}"
                     self._add_line(Line(-1, "note", msg, "bold"))
+                    if ev.state in FINAL_STATES:
+                        self._relaunching = None
+                elif isinstance(ev, LaunchEvent):
+                    self._on_launch(ev)
                 elif isinstance(ev, AlarmEvent):
                     who = f" culprit: {','.join(f'r{r}' for r in ev.culprits)}" if ev.culprits else ""
                     self._add_line(Line(-1, "note", f"ALARM {ev.type} {ev.id}{who}: {ev.message}", "bold"))
@@ -417,11 +528,29 @@ class DdptopApp(App[str]):
                 self._add_line(Line(-1, "note", f"could not show an event: {e}", "dim"))
         if any(isinstance(ev, LogEvent) and ev.rank is None for ev in events):
             self._ensure_pane("torchrun")
-        if any(isinstance(ev, (AlarmEvent, NoteEvent)) for ev in events):
+        if any(isinstance(ev, (AlarmEvent, NoteEvent, LaunchEvent)) for ev in events):  # a relaunch clears them
             self._refresh_alarms()
         self._schedule_flush()
         if new_ranks:
             self.refresh_bindings()
+
+    def _on_launch(self, ev: LaunchEvent) -> None:
+        """A new launch: a separator line in every pane, so the new attempt stands out."""
+        if ev.generation > self._generation:
+            self._generation = ev.generation
+            self._relaunching = None
+            profs = ", ".join(ev.profiles) or "no profile"
+            text = f"──── relaunch #{ev.generation} with profiles {profs} ────"
+            if ev.reason:
+                reason = ev.reason if len(ev.reason) <= 60 else ev.reason[:59] + "…"
+                text += f"  ({reason})"
+            sep = Line(-1, "sep", text, "bold")
+            for key, pane in self._panes.items():
+                if key == "merged" or key.startswith("r"):
+                    pane.add(sep)
+            self.notify(f"relaunch #{ev.generation} started with profiles: {profs}", timeout=4)
+        self._refresh_env()
+        self._refresh_header()
 
     def _pane_key(self, rank: int | None) -> str:
         return "torchrun" if rank is None else f"r{rank}"
@@ -595,6 +724,11 @@ class DdptopApp(App[str]):
                 f"ranks {len(self.model.ranks)}",
                 f"restarts {m.attempt}",
             ]
+            if m.generation > 0 or m.profiles:
+                parts.append(f"[b $accent]launch #{m.generation}[/]")
+                parts.append(f"profiles: [b]{escape(', '.join(m.profiles) or 'none')}[/b]")
+            if self._relaunching is not None:
+                parts.append(f"[$warning]relaunching ({escape(self._relaunching)})…[/]")
             if m.state in FINAL_STATES:
                 code = "-" if m.exit_code is None else str(m.exit_code)
                 cvar = "$success" if m.exit_code == 0 else "$error"
@@ -737,6 +871,99 @@ class DdptopApp(App[str]):
         if not self._gpus_hidden:
             self._refresh_gpus()
         self.notify("GPU pane hidden (g shows it)" if self._gpus_hidden else "GPU pane shown", timeout=2)
+
+    def _refresh_env(self) -> None:
+        try:
+            panel = self.query_one("#envpanel", Static)
+            if panel.has_class("-on"):
+                panel.update(Content.from_markup(env_markup(self.model)))
+        except Exception:
+            pass
+
+    def action_toggle_env(self) -> None:
+        panel = self.query_one("#envpanel", Static)
+        on_ = not panel.has_class("-on")
+        panel.set_class(on_, "-on")
+        self._refresh_env()
+
+    def _job_ended(self) -> bool:
+        return self.model.finished or bool(getattr(self.session, "finished", False))
+
+    def action_relaunch(self) -> None:
+        if self._relaunching is not None:
+            self.notify(f"a relaunch ({self._relaunching}) is on its way", timeout=3)
+            return
+        try:
+            from ddptop.core.profiles import load_all
+
+            profiles = load_all()
+        except Exception as e:
+            self.notify(f"could not read the profiles: {e}", severity="error")
+            return
+        choices = picker_choices(self.model, profiles)
+        cur = ", ".join(self.model.profiles) or "none"
+        if self._job_ended():
+            title = "[b]The job has ended[/b]: pick a profile to see the command that re-runs it with it"
+        else:
+            title = f"[b]Relaunch with a profile[/b] (launch #{self.model.generation}, current profiles: {escape(cur)})"
+        self.push_screen(ProfilePicker(choices, title), self._relaunch_chosen)
+
+    def _relaunch_names(self, choice: str) -> list[str]:
+        if choice == DEFAULT_CHOICE:
+            return []
+        names = list(self.model.profiles)
+        if choice not in names:
+            names.append(choice)
+        return names
+
+    def _rerun_hint(self, names: list[str]) -> str:
+        meta = getattr(self.session, "meta", None)
+        cmd = list(getattr(meta, "user_command", None) or ["torchrun", "..."])
+        try:
+            import shlex
+
+            cmd_s = shlex.join(cmd)
+        except Exception:
+            cmd_s = " ".join(map(str, cmd))
+        flags = "".join(f"--profile {n} " for n in names)
+        return f"the job has ended: re-run `ddptop {flags}{cmd_s}`"
+
+    def _relaunch_chosen(self, result: tuple[str, str] | None) -> None:
+        if not result:
+            return
+        choice, reason = result
+        names = self._relaunch_names(choice)
+        if self._job_ended():
+            self.notify(self._rerun_hint(names), title="cannot relaunch", severity="warning", timeout=15)
+            return
+        self._relaunching = ", ".join(names) or "no profile"
+        self._refresh_header()
+        self._do_relaunch(names, reason)
+
+    @work(thread=True, exclusive=True, group="relaunch", exit_on_error=False)
+    def _do_relaunch(self, names: list[str], reason: str) -> None:
+        try:
+            ok = bool(self.session.relaunch(names, reason))
+            err = None
+        except Exception as e:
+            ok, err = False, f"{type(e).__name__}: {e}"
+        self.call_from_thread(self._relaunch_done, names, ok, err)
+
+    def _relaunch_done(self, names: list[str], ok: bool, err: str | None) -> None:
+        what = ", ".join(names) or "no profile"
+        if ok:
+            self.notify(f"relaunching with profiles: {what} (stopping every rank first)", timeout=4)
+            self._add_line(Line(-1, "note", f"relaunch requested with profiles: {what}", "bold"))
+            self._schedule_flush()
+        else:
+            self._relaunching = None
+            if err:
+                self.notify(f"relaunch failed: {err}", severity="error", timeout=10)
+            elif self._job_ended() or not getattr(self.session, "is_live", True):
+                self.notify(self._rerun_hint(names), title="cannot relaunch", severity="warning", timeout=15)
+            else:
+                self.notify("relaunch failed: the supervisor did not answer", severity="error", timeout=10)
+        self._refresh_header()
 
     def action_top(self) -> None:
         log = self._views.get(self._active_key(), (None, None))[0]

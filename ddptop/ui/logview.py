@@ -134,7 +134,9 @@ def render_lines(lines: list[Line], merged: bool, palette: list[str], hidden: in
             body = to_text(ln.text)
             if ln.style:
                 body.stylize(ln.style)
-            if merged or (ln.rank is not None and ln.rank < 0):
+            if ln.stream == "sep":  # a separator line (relaunch): no prefix
+                pass
+            elif merged or (ln.rank is not None and ln.rank < 0):
                 pre = prefix_of(ln.rank)
                 style = "bold"
                 if ln.rank is not None and ln.rank >= 0 and palette:

@@ -205,7 +205,7 @@ def alarm_markup(model: JobModel, max_alarms: int = 3, max_notes: int = 2) -> tu
         if a.node:
             head += f"  [dim]node {escape(a.node)}[/]"
         if a.suggested_profiles:
-            head += f"  [$accent]try: {escape(' '.join('--profile ' + p for p in a.suggested_profiles))}[/]"
+            head += f"  [$accent]try: {escape(' '.join('--profile ' + p for p in a.suggested_profiles))}[/] [dim](r relaunches)[/]"
         lines.append(head + f"  {escape(a.message)}")
     more = len(model.alarms) - len(alarms)
     if more > 0:
