@@ -20,7 +20,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-HOT_UTIL = 60.0  # % GPU utilisation that counts as "busy" (an NCCL spin reads ~100)
+HOT_UTIL = 40.0  # % GPU utilisation that counts as "busy" (an NCCL spin reads ~100, idle ~0)
 IDLE_UTIL = 15.0
 BUSY_CPU = 85.0
 
@@ -221,6 +221,6 @@ class StallDetector:
         profiles = {"hot": ("p2p-off", "nccl-debug", "flight-recorder", "gloo"),
                     "idle": ("nccl-debug", "flight-recorder", "fewer-workers"),
                     "cpu-bound": ("fewer-workers",),
-                    "unknown": ("nccl-debug", "flight-recorder")}[kind]
+                    "unknown": ("p2p-off", "nccl-debug", "flight-recorder")}[kind]
         return Stall(kind, tuple(st.rank for st in pool), tuple(sorted(set(culprits))), silent, expected,
                      tuple(evidence), msg, profiles)
