@@ -77,6 +77,36 @@ def only_run(runs_dir: Path) -> Path:
     return runs[0]
 
 
+def write_run(root: Path, *, run_id: str = "test-run", events: list[dict], logs: dict[int, str],
+              nproc: int = 2, env_set: dict | None = None, command: list[str] | None = None,
+              torchrun_log: str | None = None, exit: dict | None = None) -> Path:
+    """A run directory as the supervisor leaves it (meta, events, rank logs), without torchrun."""
+    run_dir = root / "run"
+    log_dir = run_dir / "logs"
+    run_dir.mkdir(parents=True)
+    command = command or ["torchrun", "--nproc-per-node", str(nproc), "train.py"]
+    meta = {"run_id": run_id, "command": command, "user_command": command, "env_set": env_set or {},
+            "cwd": str(root), "host": "h", "started": time.time(), "log_dir": str(log_dir),
+            "nproc_per_node": nproc, "node_rank": 0, "ddptop_version": "0.1.0"}
+    (run_dir / "meta.json").write_text(json.dumps(meta))
+    for r, body in logs.items():
+        d = log_dir / "x_abc" / "attempt_0" / str(r)
+        d.mkdir(parents=True)
+        (d / "stdout.log").write_text(body)
+        (d / "stderr.log").write_text("")
+    if torchrun_log is not None:
+        (run_dir / "torchrun.log").write_text(torchrun_log)
+    if exit is not None:
+        (run_dir / "exit.json").write_text(json.dumps(exit))
+    with open(run_dir / "events.jsonl", "w") as f:
+        f.write("".join(json.dumps(e) + "\n" for e in events))
+    return run_dir
+
+
+def rank_started(t: float, rank: int, pid: int) -> dict:
+    return {"t": t, "kind": "rank", "rank": rank, "local_rank": rank, "node": "h", "pid": pid, "attempt": 0, "alive": True}
+
+
 def alive(pid: int) -> bool:
     import psutil
 

@@ -19,6 +19,7 @@ from ddptop.core.session import Session  # noqa: E402
 from ddptop.ui import logview  # noqa: E402
 from ddptop.ui.app import QuitScreen, make_app  # noqa: E402
 from ddptop.ui.themes import load_themes  # noqa: E402
+from conftest import rank_started, write_run
 
 TEST_TIMEOUT = 30  # seconds per test
 SIZE = (120, 40)
@@ -30,47 +31,20 @@ def run_async(coro, timeout=TEST_TIMEOUT):
 
 def make_run(root: Path, *, finished: bool = False, lines: int = 3) -> Path:
     """A run directory as the supervisor would leave it: meta, events, rank logs."""
-    run_dir = root / "run"
-    log_dir = run_dir / "logs"
     now = time.time()
-    run_dir.mkdir(parents=True)
-    meta = {
-        "run_id": "test-run-1",
-        "command": ["torchrun", "--nproc-per-node", "2", "train.py"],
-        "user_command": ["torchrun", "--nproc-per-node", "2", "train.py"],
-        "env_set": {"PYTHONUNBUFFERED": "1"},
-        "cwd": str(root),
-        "host": "h",
-        "started": now,
-        "log_dir": str(log_dir),
-        "nproc_per_node": 2,
-        "node_rank": 0,
-        "ddptop_version": "0.1.0",
-    }
-    (run_dir / "meta.json").write_text(json.dumps(meta))
     events = [{"t": now, "kind": "state", "state": "running"}]
-    for r, pid in ((0, 4242), (1, 4343)):
-        events.append({"t": now, "kind": "rank", "rank": r, "local_rank": r, "node": "h",
-                       "pid": pid, "attempt": 0, "alive": True})
-    for r in (0, 1):
-        d = log_dir / "x_abc" / "attempt_0" / str(r)
-        d.mkdir(parents=True)
-        body = "".join(f"rank{r} step {i} loss 0.{i}\n" for i in range(lines))
-        if r == 1:
-            body += "\x1b[31mred warning from one\x1b[0m\n"
-        (d / "stdout.log").write_text(body)
-        (d / "stderr.log").write_text("")
-    (run_dir / "torchrun.log").write_text("torchrun says hello\n")
+    events += [rank_started(now, r, pid) for r, pid in ((0, 4242), (1, 4343))]
+    logs = {r: "".join(f"rank{r} step {i} loss 0.{i}\n" for i in range(lines)) for r in (0, 1)}
+    logs[1] += "\x1b[31mred warning from one\x1b[0m\n"
+    exit = None
     if finished:
         for r in (0, 1):
             events.append({"t": now + 1, "kind": "rank", "rank": r, "local_rank": r, "node": "h",
                            "pid": 4242 + 101 * r, "attempt": 0, "alive": False, "exit_code": 0})
         events.append({"t": now + 2, "kind": "state", "state": "succeeded", "exit_code": 0})
-        (run_dir / "exit.json").write_text(json.dumps({"state": "succeeded", "exit_code": 0, "t": now + 2}))
-    with open(run_dir / "events.jsonl", "w") as f:
-        for e in events:
-            f.write(json.dumps(e) + "\n")
-    return run_dir
+        exit = {"state": "succeeded", "exit_code": 0, "t": now + 2}
+    return write_run(root, run_id="test-run-1", events=events, logs=logs, env_set={"PYTHONUNBUFFERED": "1"},
+                     torchrun_log="torchrun says hello\n", exit=exit)
 
 
 class SpySession:

@@ -17,6 +17,7 @@ from textual.widgets import OptionList, RichLog, Static  # noqa: E402
 from ddptop.core.events import LaunchEvent  # noqa: E402
 from ddptop.core.session import Session  # noqa: E402
 from ddptop.ui.app import HeaderBar, ProfilePicker, make_app  # noqa: E402
+from conftest import rank_started, write_run
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = (140, 45)
@@ -52,36 +53,19 @@ def option_labels(app) -> list[str]:
 
 
 def make_run(root: Path, *, finished: bool = False) -> Path:
-    run_dir = root / "run"
-    log_dir = run_dir / "logs"
     now = time.time()
-    run_dir.mkdir(parents=True)
-    meta = {"run_id": "rl-run", "command": ["torchrun", "--nproc-per-node", "2", "train.py"],
-            "user_command": ["torchrun", "--nproc-per-node", "2", "train.py"], "env_set": {}, "cwd": str(root),
-            "host": "h", "started": now, "log_dir": str(log_dir), "nproc_per_node": 2, "node_rank": 0,
-            "ddptop_version": "0.1.0"}
-    (run_dir / "meta.json").write_text(json.dumps(meta))
     events = [{"t": now, "kind": "state", "state": "running"},
-              {"t": now, "kind": "launch", "generation": 0, "profiles": [], "command": meta["command"],
-               "env_diff": {}, "reason": ""}]
-    for r, pid in ((0, 4242), (1, 4343)):
-        events.append({"t": now, "kind": "rank", "rank": r, "local_rank": r, "node": "h", "pid": pid,
-                       "attempt": 0, "alive": True})
+              {"t": now, "kind": "launch", "generation": 0, "profiles": [],
+               "command": ["torchrun", "--nproc-per-node", "2", "train.py"], "env_diff": {}, "reason": ""}]
+    events += [rank_started(now, r, pid) for r, pid in ((0, 4242), (1, 4343))]
     events.append({"t": now, "kind": "alarm", "type": "stall", "id": "stall-hot", "ranks": [0, 1], "culprits": [1],
                    "message": "no progress for 20 s at 100% GPU", "suggested_profiles": ["p2p-off", "nccl-debug"],
                    "node": "h"})
-    for r in (0, 1):
-        d = log_dir / "x_abc" / "attempt_0" / str(r)
-        d.mkdir(parents=True)
-        (d / "stdout.log").write_text(f"rank{r} step 1\n")
-        (d / "stderr.log").write_text("")
+    exit = None
     if finished:
         events.append({"t": now + 2, "kind": "state", "state": "failed", "exit_code": 1})
-        (run_dir / "exit.json").write_text(json.dumps({"state": "failed", "exit_code": 1, "t": now + 2}))
-    with open(run_dir / "events.jsonl", "w") as f:
-        for e in events:
-            f.write(json.dumps(e) + "\n")
-    return run_dir
+        exit = {"state": "failed", "exit_code": 1, "t": now + 2}
+    return write_run(root, run_id="rl-run", events=events, logs={r: f"rank{r} step 1\n" for r in (0, 1)}, exit=exit)
 
 
 class SpySession:

@@ -16,6 +16,7 @@ from textual.widgets import DataTable  # noqa: E402
 from ddptop.core.session import Session  # noqa: E402
 from ddptop.ui.app import make_app  # noqa: E402
 from ddptop.ui.telemetry_view import AlarmBox, GpuPane, sparkline  # noqa: E402
+from conftest import rank_started, write_run
 
 TEST_TIMEOUT = 30
 SIZE = (160, 45)
@@ -51,27 +52,12 @@ def gpu(t, index, util, **kw):
 
 
 def make_run(root: Path, telemetry: list[dict]) -> Path:
-    run_dir = root / "run"
-    log_dir = run_dir / "logs"
     now = time.time()
-    run_dir.mkdir(parents=True)
-    meta = {"run_id": "tel-run", "command": ["torchrun", "train.py"], "user_command": ["torchrun", "train.py"],
-            "env_set": {}, "cwd": str(root), "host": "h", "started": now, "log_dir": str(log_dir),
-            "nproc_per_node": 2, "node_rank": 0, "ddptop_version": "0.1.0"}
-    (run_dir / "meta.json").write_text(json.dumps(meta))
     events = [{"t": now, "kind": "state", "state": "running"}]
-    for r, pid in ((0, 4242), (1, 4343)):
-        events.append({"t": now, "kind": "rank", "rank": r, "local_rank": r, "node": "h",
-                       "pid": pid, "attempt": 0, "alive": True})
-        d = log_dir / "x_abc" / "attempt_0" / str(r)
-        d.mkdir(parents=True)
-        (d / "stdout.log").write_text(f"rank{r} step 1\n")
-        (d / "stderr.log").write_text("")
+    events += [rank_started(now, r, pid) for r, pid in ((0, 4242), (1, 4343))]
     events += [dict(e, t=now + e.get("t", 0)) for e in telemetry]
-    with open(run_dir / "events.jsonl", "w") as f:
-        for e in events:
-            f.write(json.dumps(e) + "\n")
-    return run_dir
+    return write_run(root, run_id="tel-run", events=events, logs={r: f"rank{r} step 1\n" for r in (0, 1)},
+                     command=["torchrun", "train.py"])
 
 
 def sim_telemetry() -> list[dict]:

@@ -250,30 +250,24 @@ class Supervisor:
             self.ranks[c.pid] = (proc, info)
             self.emit(RankEvent(time.time(), pid=c.pid, alive=True, **info))
         for pid, (proc, info) in list(self.ranks.items()):
-            if info.get("ended"):
-                continue
-            if not proc.is_ours() or proc.p.status() == psutil.STATUS_ZOMBIE:
-                info["ended"] = True
-                self.emit(RankEvent(time.time(), pid=pid, alive=False, **{k: v for k, v in info.items() if k != "ended"}))
+            if not info.get("ended") and (not proc.is_ours() or proc.p.status() == psutil.STATUS_ZOMBIE):
+                self._ended(pid, info)
 
-    def remember_family(self, torchrun: psutil.Process) -> None:
-        try:
-            for p in torchrun.children(recursive=True):
-                if p.pid not in self.family:
-                    try:
+    def _ended(self, pid: int, info: dict) -> None:
+        info["ended"] = True
+        self.emit(RankEvent(time.time(), pid=pid, alive=False, **{k: v for k, v in info.items() if k != "ended"}))
+
+    def remember_family(self, torchrun: psutil.Process | None = None) -> None:
+        """Pin every descendant of torchrun and of each rank, for the final SIGKILL sweep."""
+        roots = [torchrun] if torchrun is not None else []
+        roots += [proc.p for proc, _ in self.ranks.values() if proc.is_ours()]
+        for root in roots:
+            try:
+                for p in root.children(recursive=True):
+                    if p.pid not in self.family:
                         self.family[p.pid] = _Proc(p)
-                    except psutil.Error:
-                        pass
-        except psutil.Error:
-            pass
-        for proc, _ in self.ranks.values():
-            if proc.is_ours():
-                try:
-                    for p in proc.p.children(recursive=True):
-                        if p.pid not in self.family:
-                            self.family[p.pid] = _Proc(p)
-                except psutil.Error:
-                    pass
+            except psutil.Error:
+                pass
 
     def signal_all(self, torchrun: _Proc | None, sig: int) -> None:
         if torchrun is not None and torchrun.is_ours():
@@ -428,31 +422,30 @@ class Supervisor:
             self.discover(tr)
         leftovers = [p for p, _ in self.ranks.values() if p.is_ours()]
         if leftovers:
-            self.remember_family_from_ranks()
+            self.remember_family()
             self.emit(NoteEvent(time.time(), "warning", "torchrun exited leaving ranks " + ", ".join(str(p.pid) for p in leftovers) + ": stopping them"))
             self.signal_all(None, signal.SIGTERM)
             deadline = time.monotonic() + min(GRACE, 5)
-            while time.monotonic() < deadline and any(p.is_ours() and p.p.status() != psutil.STATUS_ZOMBIE for p, _ in self.ranks.values()):
+            while time.monotonic() < deadline and self._ranks_running():
                 time.sleep(0.1)
             self.signal_all(None, signal.SIGKILL)
-            while any(p.is_ours() and p.p.status() != psutil.STATUS_ZOMBIE for p, _ in self.ranks.values()):
+            while self._ranks_running():
                 time.sleep(0.05)
         self.discover_end()
         return rc
 
-    def remember_family_from_ranks(self) -> None:
-        for proc, _ in self.ranks.values():
+    def _ranks_running(self) -> bool:
+        def running(p: _Proc) -> bool:
             try:
-                for p in proc.p.children(recursive=True):
-                    self.family.setdefault(p.pid, _Proc(p))
+                return p.is_ours() and p.p.status() != psutil.STATUS_ZOMBIE
             except psutil.Error:
-                pass
+                return False
+        return any(running(p) for p, _ in self.ranks.values())
 
     def discover_end(self) -> None:
         for pid, (proc, info) in self.ranks.items():
             if not info.get("ended"):
-                info["ended"] = True
-                self.emit(RankEvent(time.time(), pid=pid, alive=False, **{k: v for k, v in info.items() if k != "ended"}))
+                self._ended(pid, info)
 
     def finish(self, state: str, code: int, message: str) -> int:
         now = time.time()
