@@ -13,7 +13,7 @@ import sys
 
 USAGE = """\
 ddptop [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [SCRIPT ARGS]
-       ddptop [OPTIONS] attach RUN
+       ddptop [OPTIONS] attach [RUN | HOST[:RUN]...] [--hosts-file F] [--slurm JOBID]
        ddptop diagnose PATH... [--json]
        ddptop profiles [--json]
        ddptop [OPTIONS] fix torchrun [TORCHRUN OPTIONS] SCRIPT [SCRIPT ARGS]
@@ -25,6 +25,8 @@ examples:
   ddptop --headless torchrun --nproc-per-node 2 train.py   # CI / SLURM
   ddptop --json torchrun --standalone --nproc-per-node 8 train.py --lr 3e-4
   ddptop attach latest                                      # re-open a run
+  ddptop attach gpu-node-3                                  # over your own ssh
+  ddptop --headless attach node1 node2 --run RUN            # a multi-node job
   ddptop diagnose ~/.local/state/ddptop/runs/RUN            # post-mortem
 
 Everything after the word `torchrun` goes to torchrun unchanged; ddptop adds
@@ -77,10 +79,24 @@ def _err(msg: str) -> int:
 
 
 def _watch(session, args) -> int:
+    try:
+        return _watch_inner(session, args)
+    finally:
+        close = getattr(session, "close", None)
+        if close is not None:
+            close()  # an attachment's ssh links; the job itself is untouched
+
+
+def _watch_inner(session, args) -> int:
+    hint = getattr(session, "attach_hint", None) or f"ddptop attach {session.run_dir}"
     if args.headless or args.json:
         from ddptop.core.headless import run_headless
 
-        return run_headless(session, json_mode=args.json)
+        code = run_headless(session, json_mode=args.json)
+        if getattr(session, "error", None):
+            print(f"ddptop: error: {session.error}", file=sys.stderr)
+            return 2
+        return code
     if not sys.stdout.isatty():
         return _err("no terminal for the UI: use --headless or --json")
     from ddptop.ui.app import make_app
@@ -88,7 +104,7 @@ def _watch(session, args) -> int:
     app = make_app(session, theme=args.theme)
     result = app.run()
     if result == "detach":
-        print(f"ddptop: detached; the job keeps running. Re-attach with: ddptop attach {session.run_dir}")
+        print(f"ddptop: detached; the job keeps running. Re-attach with: {hint}")
         return 0
     if result == "stop":
         from ddptop.core.headless import run_headless
@@ -100,10 +116,98 @@ def _watch(session, args) -> int:
         code = run_headless(session, json_mode=False, out=io.StringIO())
         print(f"ddptop: job stopped (exit code {code}); journal: {session.run_dir}")
         return code
+    if getattr(session, "error", None):
+        print(f"ddptop: error: {session.error}", file=sys.stderr)
+        return 2
     code = session.exit_code
     print(f"ddptop: job {session.final_state.state if session.final_state else 'ended'}"
           f" (exit code {code}); journal: {session.run_dir}")
     return 1 if code is None else code
+
+
+def _slurm_hosts(jobid: str) -> list[str]:
+    import subprocess
+
+    def run(*argv):
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        except FileNotFoundError:
+            raise ValueError(f"--slurm needs `{argv[0]}` (SLURM's tools) on the PATH")
+        except subprocess.TimeoutExpired:
+            raise ValueError(f"`{' '.join(argv)}` did not answer in 30 s")
+        if r.returncode != 0:
+            raise ValueError(f"`{' '.join(argv)}` failed: {r.stderr.strip() or r.returncode}")
+        return r.stdout
+
+    nodelist = run("squeue", "-h", "-j", jobid, "-o", "%N").strip()
+    if not nodelist:
+        raise ValueError(f"SLURM job {jobid} has no nodes (not running?)")
+    hosts = run("scontrol", "show", "hostnames", nodelist).split()
+    if not hosts:
+        raise ValueError(f"scontrol gave no host names for {nodelist!r}")
+    return hosts
+
+
+def cmd_attach(rest: list[str], args) -> int:
+    from ddptop.core import journal
+    from ddptop.core.session import Session
+
+    ap = argparse.ArgumentParser(prog="ddptop attach", description=(
+        "Watch a running (or finished) job: a local run (id, directory or `latest`), or the ddptop runs on "
+        "remote nodes over your own ssh (HOST or HOST:RUN; several hosts make one view)."))
+    ap.add_argument("targets", nargs="*", metavar="RUN|HOST[:RUN]")
+    ap.add_argument("--run", help="run id on every host (default: each host's newest run)")
+    ap.add_argument("--hosts-file", metavar="F", help="hosts, one per line (# comments)")
+    ap.add_argument("--slurm", metavar="JOBID", help="the nodes of this SLURM job (squeue + scontrol)")
+    ap.add_argument("--ssh", metavar="CMD", help="ssh command line (default: ssh, or $DDPTOP_SSH)")
+    ap.add_argument("--remote-ddptop", metavar="CMD",
+                    help="ddptop on the remote nodes (default: ddptop, or $DDPTOP_REMOTE)")
+    ap.add_argument("--headless", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args(rest)
+    args.headless = args.headless or a.headless
+    args.json = args.json or a.json
+    hosts: list[str] = list(a.targets)
+    try:
+        if a.hosts_file:
+            try:
+                with open(a.hosts_file) as f:
+                    hosts += [l.split("#")[0].strip() for l in f if l.split("#")[0].strip()]
+            except OSError as e:
+                return _err(f"--hosts-file: {e}")
+        if a.slurm:
+            hosts += _slurm_hosts(a.slurm)
+    except ValueError as e:
+        return _err(str(e))
+    if len(hosts) <= 1 and not a.hosts_file and not a.slurm:
+        ref = hosts[0] if hosts else (a.run or "latest")
+        try:
+            run_dir = journal.resolve_run(ref)
+        except journal.JournalError as e:
+            if not hosts or ref == "latest" or os.sep in ref:
+                return _err(str(e))
+            run_dir = None  # not a local run: a host
+        if run_dir is not None:
+            try:
+                return _watch(Session.open(run_dir), args)
+            except journal.JournalError as e:
+                return _err(str(e))
+    from ddptop.core.remote import MultiSession, RemoteSession, parse_target
+
+    ssh = shlex.split(a.ssh) if a.ssh else None
+    sessions = []
+    for t in hosts:
+        try:
+            host, run = parse_target(t)
+        except ValueError as e:
+            return _err(str(e))
+        if a.run and run == "latest":
+            run = a.run
+        sessions.append(RemoteSession(host, run, ssh=ssh, remote_cmd=a.remote_ddptop))
+    session = sessions[0] if len(sessions) == 1 else MultiSession(sessions, stall_after=args.stall_after)
+    if not (args.headless or args.json):
+        print(f"ddptop: attaching to {', '.join(hosts)} over ssh", file=sys.stderr)
+    return _watch(session, args)
 
 
 def cmd_runs() -> int:
@@ -135,16 +239,13 @@ def main(argv: list[str] | None = None) -> int:
     from ddptop.core.session import Session
 
     if cmd[0] == "attach":
-        from ddptop.core import journal
+        return cmd_attach(cmd[1:], args)
+    if cmd[0] == "agent":
+        from ddptop.core.agent import main as agent
 
-        if len(cmd) != 2:
-            return _err("usage: ddptop attach RUN   (a run id, a run directory, or `latest`)")
-        try:
-            run_dir = journal.resolve_run(cmd[1])
-            session = Session.open(run_dir)
-        except journal.JournalError as e:
-            return _err(str(e))
-        return _watch(session, args)
+        code = agent(cmd[1:])
+        sys.stdout.flush()
+        os._exit(code)  # no waiting on the stdin reader thread
     if cmd[0] == "runs":
         return cmd_runs()
     if cmd[0] == "fix":
@@ -207,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.headless or args.json):
             print(f"ddptop: run {session.run_dir}", file=sys.stderr)
         return _watch(session, args)
-    return _err(f"unknown command {cmd[0]!r}: expected `torchrun ...`, `attach RUN`, `diagnose PATH` or `runs`")
+    return _err(f"unknown command {cmd[0]!r}: expected `torchrun ...`, `attach RUN|HOST`, `diagnose PATH`, "
+                f"`profiles`, `fix torchrun ...`, `agent` or `runs`")
 
 
 if __name__ == "__main__":

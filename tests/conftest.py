@@ -114,3 +114,13 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    """A real sshd on 127.0.0.1 (see tests/sshd.py), stopped by pid afterwards."""
+    from sshd import start_sshd, stop_sshd
+
+    s = start_sshd(tmp_path_factory.mktemp("sshd"))
+    yield s
+    stop_sshd(s)

@@ -48,6 +48,7 @@ class StateEvent(Event):
     state: str = STARTING
     exit_code: int | None = None
     message: str = ""
+    node: str = ""
 
 
 @dataclass(frozen=True)
@@ -84,14 +85,15 @@ class LogEvent(Event):
     offset: int = 0
     partial: bool = False
     transient: bool = False
+    node: str = ""  # host it came from, when attached to several (or a remote) node
 
     @classmethod
-    def fast(cls, t, rank, stream, text, attempt, path, offset, partial=False, transient=False) -> "LogEvent":
+    def fast(cls, t, rank, stream, text, attempt, path, offset, partial=False, transient=False, node="") -> "LogEvent":
         """Same as the constructor, several times cheaper (hot path: every line)."""
         ev = _new(cls)
         _setattr(ev, "__dict__", {
             "t": t, "rank": rank, "stream": stream, "text": text, "attempt": attempt,
-            "path": path, "offset": offset, "partial": partial, "transient": transient,
+            "path": path, "offset": offset, "partial": partial, "transient": transient, "node": node,
         })
         return ev
 
@@ -102,7 +104,7 @@ class LogEvent(Event):
             f'"stream":{_enc(self.stream)},"text":{_enc(self.text)},"attempt":{self.attempt},'
             f'"path":{_enc(self.path)},"offset":{self.offset},'
             f'"partial":{"true" if self.partial else "false"},'
-            f'"transient":{"true" if self.transient else "false"}}}'
+            f'"transient":{"true" if self.transient else "false"},"node":{_enc(self.node)}}}'
         )
 
 
@@ -113,6 +115,7 @@ class NoteEvent(Event):
     kind: ClassVar[str] = "note"
     level: str = "info"
     message: str = ""
+    node: str = ""
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,7 @@ class LaunchEvent(Event):
     command: tuple[str, ...] = ()
     env_diff: dict = field(default_factory=dict)
     reason: str = ""
+    node: str = ""
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,7 @@ class ProgressEvent(Event):
     rank: int = 0
     step: int = 0
     source: str = "hook"
+    node: str = ""
 
 
 @dataclass(frozen=True)
@@ -223,9 +228,26 @@ class AlarmEvent(Event):
     node: str = ""
 
 
+@dataclass(frozen=True)
+class LinkEvent(Event):
+    """The state of the link to an attached node (``ddptop attach HOST``).
+
+    ``state``: connecting, up, down (reconnecting after ``retry_in`` seconds),
+    failed (gave up: ``message`` says why and what to do), closed (the job ended).
+    """
+
+    kind: ClassVar[str] = "link"
+    node: str = ""
+    state: str = "connecting"
+    message: str = ""
+    retry_in: float | None = None
+    connects: int = 0  # successful connections so far
+
+
 _KINDS: dict[str, type[Event]] = {
     cls.kind: cls
-    for cls in (StateEvent, RankEvent, LogEvent, NoteEvent, LaunchEvent, ProgressEvent, GpuStatusEvent, GpuEvent, ProcEvent, AlarmEvent)
+    for cls in (StateEvent, RankEvent, LogEvent, NoteEvent, LaunchEvent, ProgressEvent, GpuStatusEvent, GpuEvent,
+                ProcEvent, AlarmEvent, LinkEvent)
 }
 _TUPLES = {
     cls: {f.name for f in dataclasses.fields(cls) if str(f.type).startswith("tuple")}

@@ -46,12 +46,16 @@ def _pid_matches(pid: int, create_time: float | None) -> bool:
 
 
 class Session:
-    def __init__(self, run_dir: Path, clock=time.time):
+    def __init__(self, run_dir: Path, clock=time.time, resume: dict[str, int] | None = None):
+        """``resume``: a ``cursor()`` from an earlier session on this run; reading
+        starts exactly after what that session had returned."""
         self.run_dir = Path(run_dir)
         self.meta = journal.load_meta(self.run_dir)
         self.clock = clock
-        self._events = Tailer(self.run_dir / journal.EVENTS)
-        self._torchrun = Tailer(self.run_dir / journal.TORCHRUN_LOG)
+        self._resume = dict(resume or {})
+        self._events = self._tailer(self.run_dir / journal.EVENTS)
+        self._torchrun = self._tailer(self.run_dir / journal.TORCHRUN_LOG)
+        self._final_offset: int | None = None
         self._logs: dict[Path, tuple[Tailer, int, int, str]] = {}
         self._rank_of: dict[tuple[int, int], int] = {}  # (attempt, local_rank) -> rank
         self._last_scan = 0.0
@@ -63,8 +67,25 @@ class Session:
         self.stop_requested = False
 
     @classmethod
-    def open(cls, run_dir: Path | str) -> "Session":
-        return cls(Path(run_dir))
+    def open(cls, run_dir: Path | str, resume: dict[str, int] | None = None) -> "Session":
+        return cls(Path(run_dir), resume=resume)
+
+    def _tailer(self, path: Path) -> Tailer:
+        return Tailer(path, self._resume.get(os.path.relpath(path, self.run_dir), 0))
+
+    def cursor(self) -> dict[str, int]:
+        """Byte offsets (by path relative to the run directory) just after
+        everything ``poll()`` has returned so far: ``Session.open(run,
+        resume=cursor)`` continues with no line lost and none repeated."""
+        run_dir = self.run_dir
+        out = {journal.EVENTS: self._events.cursor, journal.TORCHRUN_LOG: self._torchrun.cursor}
+        if self._final_offset is not None and not self.finished:
+            out[journal.EVENTS] = self._final_offset  # the final state is read but not yet returned
+        for path, (tailer, *_rest) in self._logs.items():
+            out[os.path.relpath(path, run_dir)] = tailer.cursor
+        for name, tailer in self._notes.items():
+            out[f"{journal.BEATS}/{name}"] = tailer.cursor
+        return out
 
     @classmethod
     def launch(cls, user_command: list[str], run_dir: Path | None = None, **options) -> "Session":
@@ -133,7 +154,7 @@ class Session:
     def _scan_logs(self) -> None:
         for attempt, local_rank, stream, path in journal.rank_log_files(Path(self.meta.log_dir)):
             if path not in self._logs:
-                self._logs[path] = (Tailer(path), attempt, local_rank, stream)
+                self._logs[path] = (self._tailer(path), attempt, local_rank, stream)
 
     def poll(self, max_bytes: int = 4 * 1024 * 1024) -> list[Event]:
         """Everything new since the last call.  Never blocks on the job."""
@@ -152,6 +173,7 @@ class Session:
                 self._rank_of[(ev.attempt, ev.local_rank)] = ev.rank
             if isinstance(ev, StateEvent) and ev.state in FINAL_STATES:
                 self._final = ev
+                self._final_offset = line.offset
                 continue
             out.append(ev)
         if self._final is not None and not final_seen:
@@ -201,7 +223,7 @@ class Session:
             if source == "note":
                 t = self._notes.get(name)
                 if t is None:
-                    t = self._notes[name] = Tailer(path)
+                    t = self._notes[name] = self._tailer(Path(path))
                 out += [NoteEvent(now, "info", f"rank {rank}: {l.text}") for l in t.read()]
                 continue
             if source not in ("hook", "beat"):

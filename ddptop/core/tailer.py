@@ -61,6 +61,22 @@ class Tailer:
         self._last_transient = b""
         self._f = None
         self._ino = None
+        if offset > 0:
+            # resuming at a byte offset (a reconnecting ``ddptop attach``): an
+            # offset inside a line (an over-long line's skipped rest) continues
+            # skipping to its end; after a newline or at a \r it is a line start
+            try:
+                with open(self.path, "rb") as f:
+                    f.seek(offset - 1)
+                    around = f.read(2)
+                self._skipping = not (around[:1] == b"\n" or around[1:2] == b"\r")
+            except OSError:
+                pass
+
+    @property
+    def cursor(self) -> int:
+        """Resume here (``Tailer(path, cursor)``) to get exactly the lines not yet returned."""
+        return self.line_start
 
     def close(self) -> None:
         if self._f is not None:

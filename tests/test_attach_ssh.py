@@ -1,0 +1,272 @@
+"""`ddptop attach HOST` over a real sshd on 127.0.0.1, to real torchrun jobs."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import EXAMPLE, ROOT, TIMEOUT, alive, ddptop_cmd, json_events, journal_events, wait_for
+from ddptop.core.remote import MultiSession, RemoteSession
+from ddptop.core.session import Session
+from sshd import remote_ddptop
+
+P2P_HANG = ["--nproc-per-node", "2", EXAMPLE, "--steps", "40", "--step-time", "0.05", "--fault", "p2p-hang",
+            "--fault-step", "10"]
+
+
+def launch(runs_dir, *torchrun_args, extra=()):
+    env = dict(os.environ, DDPTOP_RUNS_DIR=str(runs_dir))
+    p = subprocess.Popen(ddptop_cmd("--json", "--gpu", "sim", *extra, "torchrun", *torchrun_args), cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    run = wait_for(lambda: next((d for d in runs_dir.glob("*") if (d / "meta.json").exists()), None)
+                   if runs_dir.exists() else None, what="the run directory")
+    return p, run
+
+
+def finish(p, timeout=TIMEOUT):
+    try:
+        out, err = p.communicate(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    return out.decode(), err.decode()
+
+
+def drain(session, until, timeout=TIMEOUT, what="condition"):
+    """Poll a session, keeping every event, until until(events) is true."""
+    events = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events += session.poll()
+        if until(events):
+            return events
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last events: {events[-5:]}")
+
+
+def test_attach_over_ssh_shows_the_job_and_relaunches_it(runs_dir, sshd):
+    job, run = launch(runs_dir, *P2P_HANG)
+    remote = remote_ddptop(runs_dir)
+    # a person watching from the CLI, headless, over ssh...
+    watcher = subprocess.Popen(ddptop_cmd("--json", "attach", "node-a", "--ssh", " ".join(sshd.ssh),
+                                          "--remote-ddptop", remote),
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    # ...and another one who relaunches through the attachment
+    rs = RemoteSession("node-a", ssh=sshd.ssh, remote_cmd=remote)
+    try:
+        evs = drain(rs, lambda es: any(e.kind == "alarm" and e.type == "stall" for e in es), what="the stall alarm")
+        assert rs.link == "up" and rs.meta is not None and rs.meta.run_id == run.name
+        assert rs.relaunch(["p2p-off"], "test: through ssh")
+        evs += drain(rs, lambda es: rs.finished, what="the relaunched job to finish")
+    finally:
+        rs.close()
+    out, err = finish(job)
+    w_out, w_err = finish(watcher)
+    assert json_events(out)[-1]["state"] == "succeeded"
+    assert rs.exit_code == 0 and rs.final_state.state == "succeeded"
+    kinds = {e.kind for e in evs}
+    assert {"link", "launch", "rank", "log", "gpu", "proc", "progress", "alarm", "state"} <= kinds
+    # every line of both ranks, tagged with the node
+    logs = [e for e in evs if e.kind == "log" and e.rank is not None]
+    assert all(e.node == "node-a" for e in logs)
+    assert any(e.rank == 0 and e.text.startswith("step 40 ") for e in logs)
+    assert any(e.rank == 1 and e.text.startswith("step 40 ") for e in logs)
+    gpus = [e for e in evs if e.kind == "gpu"]
+    assert gpus and all(e.simulated and e.node == "node-a" for e in gpus)
+    assert [(e.generation, e.profiles) for e in evs if e.kind == "launch"] == [(0, ()), (1, ("p2p-off",))]
+    assert any(e.kind == "note" and "relaunching with p2p-off" in e.message for e in evs)
+    # the CLI watcher saw the same job to its end, and exits with its code
+    assert watcher.returncode == 0, w_err[-2000:]
+    w = json_events(w_out)
+    assert w[0]["kind"] == "link" and w[0]["state"] == "connecting"
+    assert any(e["kind"] == "link" and e["state"] == "up" for e in w)
+    assert sum(1 for e in w if e["kind"] == "log" and e["text"].startswith("step 40 ")) == 2
+    assert w[-1]["kind"] == "state" and w[-1]["state"] == "succeeded"
+
+
+def local_lines(run: Path):
+    """Every line of the run as a fresh local reader sees it: (path, offset, text)."""
+    s = Session.open(run)
+    evs = []
+    while not s.finished:
+        evs += s.poll()
+    return [(e.path, e.offset, e.text) for e in evs if e.kind == "log" and not e.transient]
+
+
+def test_dropped_links_lose_and_duplicate_no_line(runs_dir, sshd):
+    job, run = launch(runs_dir, "--nproc-per-node", "2", EXAMPLE, "--steps", "1500", "--step-time", "0.004")
+    rs = RemoteSession("node-a", ssh=sshd.ssh, remote_cmd=remote_ddptop(runs_dir), backoff=(0.2,))
+    drops = 0
+    evs = []
+    try:
+        evs += drain(rs, lambda es: rs.link == "up" and any(e.kind == "log" and e.rank is not None for e in es),
+                     what="the first rank line")
+        while not rs.finished:
+            time.sleep(0.6)
+            evs += rs.poll()
+            if not rs.finished and rs.link == "up":
+                drops += sshd.drop_links()
+        evs += drain(rs, lambda es: rs.finished, what="the end")
+    finally:
+        rs.close()
+    finish(job)
+    assert drops >= 3 and rs.connects >= 3, (drops, rs.connects)
+    downs = [e for e in evs if e.kind == "link" and e.state == "down"]
+    assert len(downs) >= 3
+    got = [(e.path, e.offset, e.text) for e in evs if e.kind == "log" and not e.transient]
+    assert len(got) == len(set(got)), "a line arrived twice"
+    want = local_lines(run)
+    assert sorted(got) == sorted(want)
+    # in order, per file
+    for path in {p for p, _, _ in want}:
+        assert [x for x in got if x[0] == path] == [x for x in want if x[0] == path]
+    assert sum(1 for p, _, t in got if t.startswith("step ")) == 2 * 1500
+
+
+def test_two_nodes_one_view_names_the_odd_rank_out(tmp_path, sshd):
+    """A real 2-node torchrun job (one rank per node), one ddptop per node; the
+    attach merges both and its stall detector names the hung rank on node-b."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    jobs, runs = [], []
+    for node_rank, name in enumerate(("a", "b")):
+        d = tmp_path / f"runs-{name}"
+        jobs.append(launch(d, "--nnodes", "2", "--node-rank", str(node_rank), "--nproc-per-node", "1",
+                           "--master-addr", "127.0.0.1", "--master-port", str(port), EXAMPLE, "--steps", "1000",
+                           "--step-time", "0.05", "--fault", "hang", "--fault-rank", "1", "--fault-step", "20"))
+    try:
+        remote = remote_ddptop(tmp_path / "unused")
+        w = subprocess.Popen(ddptop_cmd("--json", "attach", f"node-a:{jobs[0][1]}", f"node-b:{jobs[1][1]}",
+                                        "--ssh", " ".join(sshd.ssh), "--remote-ddptop", remote),
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        seen = []
+
+        def merged_stall():
+            line = w.stdout.readline()
+            if not line:
+                return True
+            e = json.loads(line)
+            seen.append(e)
+            return e["kind"] == "alarm" and e["type"] == "stall" and e["node"] == "all nodes"
+
+        wait_for(merged_stall, timeout=TIMEOUT, interval=0, what="the merged stall alarm")
+        alarm = seen[-1]
+        assert alarm["kind"] == "alarm", seen[-5:]
+        assert alarm["culprits"] == [1] and sorted(alarm["ranks"]) == [0, 1], alarm
+        nodes = {(e["rank"], e["node"]) for e in seen if e["kind"] == "log" and e["rank"] is not None}
+        assert nodes == {(0, "node-a"), (1, "node-b")}
+        assert {e["node"] for e in seen if e["kind"] == "link" and e["state"] == "up"} == {"node-a", "node-b"}
+        # stopping through the attachment stops both nodes' jobs
+        os.killpg(w.pid, signal.SIGINT)
+        w_out, w_err = finish(w)
+    finally:
+        for p, run in jobs:
+            if p.poll() is None:
+                Session.open(run).stop()
+    outs = [finish(p) for p, _ in jobs]
+    for (p, run), (out, err) in zip(jobs, outs):
+        assert json_events(out)[-1]["state"] == "stopped", err[-2000:]
+        assert not any(alive(e["pid"]) for e in journal_events(run) if e["kind"] == "rank")
+    tail = json_events(w_out)
+    assert tail[-1]["kind"] == "state" and tail[-1]["state"] == "stopped"
+
+
+def fake_agent(tmp_path, body: str) -> str:
+    """A scripted remote `ddptop` (to test what the client does with bad protocol lines)."""
+    script = tmp_path / "fake_ddptop.py"
+    script.write_text("import json, sys, time\n" + body)
+    return f"{sys.executable} {script}"
+
+
+HELLO = ('{"kind":"hello","proto":"ddptop-agent","version":1,"host":"h","ddptop":"0.1.0","run":"r","run_dir":"/r",'
+         '"meta":null}')
+LOG = '{"t":1.0,"kind":"log","rank":0,"stream":"stdout","text":"step %d","attempt":0,"path":"logs/0","offset":%d}'
+
+
+def test_malformed_and_truncated_protocol_lines_are_errors_with_context(tmp_path, sshd):
+    body = f"""
+print({HELLO!r})
+print({(LOG % (1, 0))!r})
+print("this is not json")
+print('{{"kind":"log","rank":0,"text":"cut')
+print('{{"kind":"gpu","index":"zero","ranks":5}}')
+print('{{"no_kind":1}}')
+print({(LOG % (2, 7))!r})
+print('{{"kind":"cursor","files":{{"logs/0":14}}}}')
+print('{{"t":2.0,"kind":"state","state":"succeeded","exit_code":0}}')
+print('{{"kind":"cursor","files":{{}}}}')
+print('{{"kind":"bye","exit_code":0}}')
+"""
+    r = subprocess.run(ddptop_cmd("--json", "attach", "node-a", "--ssh", " ".join(sshd.ssh), "--remote-ddptop",
+                                  fake_agent(tmp_path, body)), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    evs = json_events(r.stdout)
+    assert [e["text"] for e in evs if e["kind"] == "log"] == ["step 1", "step 2"]
+    warnings = [e["message"] for e in evs if e["kind"] == "note" and e["level"] == "warning"]
+    assert any("agent line 3 unreadable" in m and "this is not json" in m for m in warnings), warnings
+    assert any("agent line 4 unreadable" in m and '"cut' in m for m in warnings), warnings
+    assert any("agent line 6 unreadable" in m and "no_kind" in m for m in warnings), warnings
+    assert evs[-1]["kind"] == "state" and evs[-1]["state"] == "succeeded"
+
+
+def test_link_cut_mid_line_resumes_from_the_last_cursor(tmp_path, sshd):
+    """The first connection dies in the middle of a batch and of a line: nothing
+    of that batch is shown, and the second connection resumes at its cursor."""
+    mark = tmp_path / "first-done"
+    body = f"""
+import os, pathlib, base64
+mark = pathlib.Path({str(mark)!r})
+args = sys.argv[1:]
+resume = json.loads(base64.urlsafe_b64decode(args[args.index("--resume") + 1])) if "--resume" in args else {{}}
+print({HELLO!r}, flush=True)
+if not mark.exists():
+    mark.write_text("x")
+    print({(LOG % (1, 0))!r})
+    print('{{"kind":"cursor","files":{{"logs/0":7}}}}')
+    print({(LOG % (2, 7))!r})
+    sys.stdout.write('{{"kind":"log","rank":0,"text":"step 3 cut in the mid')
+    sys.stdout.flush()
+    os._exit(1)
+assert resume == {{"logs/0": 7}}, resume
+print({(LOG % (2, 7))!r})
+print({(LOG % (3, 14))!r})
+print('{{"kind":"cursor","files":{{"logs/0":21}}}}')
+print('{{"t":2.0,"kind":"state","state":"succeeded","exit_code":0}}')
+print('{{"kind":"bye","exit_code":0}}')
+"""
+    rs = RemoteSession("node-a", ssh=sshd.ssh, remote_cmd=fake_agent(tmp_path, body), backoff=(0.1,))
+    try:
+        evs = drain(rs, lambda es: rs.finished, timeout=60, what="the end")
+    finally:
+        rs.close()
+    assert rs.error is None, rs.error
+    assert [e.text for e in evs if e.kind == "log"] == ["step 1", "step 2", "step 3"]
+    assert [e.state for e in evs if e.kind == "link"] == ["connecting", "up", "down", "connecting", "up", "closed"]
+    assert rs.exit_code == 0
+
+
+def test_remote_without_ddptop_or_with_another_protocol_says_what_to_install(tmp_path, sshd):
+    r = subprocess.run(ddptop_cmd("--headless", "attach", "node-a", "--ssh", " ".join(sshd.ssh),
+                                  "--remote-ddptop", "/nonexistent/bin/ddptop"),
+                       cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 2
+    assert "ddptop is not installed on node-a" in r.stderr and "pip install 'ddptop==" in r.stderr
+    other = HELLO.replace('"version":1', '"version":99').replace('"0.1.0"', '"9.9"')
+    r = subprocess.run(ddptop_cmd("--headless", "attach", "node-a", "--ssh", " ".join(sshd.ssh), "--remote-ddptop",
+                                  fake_agent(tmp_path, f"print({other!r})")),
+                       cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 2
+    assert "node-a runs ddptop 9.9 (agent protocol 99)" in r.stderr and "pip install 'ddptop==" in r.stderr
+
+
+def test_agent_on_a_missing_run_is_a_clear_error(runs_dir, sshd):
+    r = subprocess.run(ddptop_cmd("--headless", "attach", "node-a:no-such-run", "--ssh", " ".join(sshd.ssh),
+                                  "--remote-ddptop", remote_ddptop(runs_dir)),
+                       cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 2 and "no ddptop run called 'no-such-run'" in r.stderr, r.stderr
