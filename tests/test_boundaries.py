@@ -40,4 +40,4 @@ def test_help_lists_the_launch_form():
     r = subprocess.run([sys.executable, "-m", "ddptop", "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 0
     assert "torchrun [TORCHRUN OPTIONS] SCRIPT" in r.stdout
-    assert "attach RUN" in r.stdout
+    assert "attach [RUN | HOST" in r.stdout

@@ -14,6 +14,7 @@ from ddptop.core.events import (
     GpuEvent,
     GpuStatusEvent,
     LaunchEvent,
+    LinkEvent,
     LogEvent,
     NoteEvent,
     ProcEvent,
@@ -62,6 +63,12 @@ class JobModel:
     env_diff: dict = field(default_factory=dict)  # current launch vs the first
     alarms: list[AlarmEvent] = field(default_factory=list)
     notes: list[NoteEvent] = field(default_factory=list)
+    links: dict[str, LinkEvent] = field(default_factory=dict)  # attached node -> its link's latest state
+
+    @property
+    def nodes(self) -> list[str]:
+        """The nodes of an attachment to several (or remote) hosts, in order seen; [] for a local job."""
+        return list(self.links)
 
     @property
     def finished(self) -> bool:
@@ -79,6 +86,8 @@ class JobModel:
                 if ev.rank is None:
                     self.torchrun_lines += 1
                     continue
+                elif ev.node and ev.rank not in self.ranks:
+                    self.rank(ev.rank).node = ev.node
                 info = self.rank(ev.rank)
                 info.last_output_t = ev.t
                 if ev.attempt > info.attempt:
@@ -122,6 +131,8 @@ class JobModel:
                 self.alarms.append(ev)
             elif isinstance(ev, NoteEvent):
                 self.notes.append(ev)
+            elif isinstance(ev, LinkEvent):
+                self.links[ev.node] = ev
             elif isinstance(ev, RankEvent):
                 info = self.rank(ev.rank)
                 if ev.attempt > info.attempt or info.pid is None or ev.pid == info.pid:
