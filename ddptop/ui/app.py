@@ -40,7 +40,8 @@ from textual.widgets import (
     TabPane,
 )
 
-from ddptop.core.events import FINAL_STATES, AlarmEvent, LaunchEvent, LogEvent, NoteEvent, RankEvent, StateEvent
+from ddptop.core.events import (FINAL_STATES, AlarmEvent, LaunchEvent, LinkEvent, LogEvent, NoteEvent, RankEvent,
+                                StateEvent)
 from ddptop.core.model import JobModel
 from ddptop.ui import logview
 from ddptop.ui.logview import Line, PaneBuffer
@@ -107,6 +108,43 @@ def _fmt_age(s: float) -> str:
     if s < 3600:
         return f"{int(s)}s"
     return _fmt_duration(s)
+
+
+LINK_LIST_MAX = 4  # attached nodes listed one by one in the header; more are counted
+
+
+def _link_one(node: str, ev: LinkEvent, now: float) -> str:
+    n = escape(node)
+    if ev.state == "up":
+        return f"{n} [$success]● up[/]"
+    if ev.state == "down":
+        retry = ""
+        if ev.retry_in is not None:
+            left = ev.t + ev.retry_in - now
+            retry = f", retry in {max(1, int(left + 0.999))}s" if left > 0 else ", retrying…"
+        return f"{n} [b $warning]○ down{retry}[/]"
+    if ev.state == "failed":
+        return f"{n} [b $error]✗ failed[/]"
+    if ev.state == "closed":
+        return f"{n} [dim]■ closed[/]"
+    return f"{n} [$accent]◌ {escape(ev.state)}[/]"
+
+
+def link_markup(links: dict[str, LinkEvent], now: float) -> str:
+    """The header's line about the attached nodes' links ("" for a local job)."""
+    if not links:
+        return ""
+    if len(links) <= LINK_LIST_MAX:
+        return "attached  " + "   ".join(_link_one(n, ev, now) for n, ev in links.items())
+    counts: dict[str, int] = {}
+    for ev in links.values():
+        counts[ev.state] = counts.get(ev.state, 0) + 1
+    parts = [f"attached  {len(links)} nodes: " + ", ".join(f"{c} {escape(st)}" for st, c in counts.items())]
+    odd = [(n, ev) for n, ev in links.items() if ev.state not in ("up", "closed")]
+    parts += [_link_one(n, ev, now) for n, ev in odd[:LINK_LIST_MAX]]
+    if len(odd) > LINK_LIST_MAX:
+        parts.append(f"[dim]+{len(odd) - LINK_LIST_MAX} more[/]")
+    return "   ".join(parts)
 
 
 class EventsReady(Message):
@@ -288,12 +326,15 @@ class FilterInput(Input):
 
 class DdptopApp(App[str]):
     TITLE = "ddptop"
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]  # applied to the screen as the terminal resizes
     DEFAULT_CSS = """
     Screen { layout: vertical; }
     #header {
         height: 1; width: 100%; padding: 0 1;
         background: $panel; color: $foreground;
+        text-wrap: nowrap; text-overflow: ellipsis;
     }
+    #header.-links { height: 2; }
     #ranks {
         height: auto; max-height: 12;
         border-bottom: solid $primary 40%;
@@ -312,6 +353,8 @@ class DdptopApp(App[str]):
     }
     #envpanel.-on { display: block; }
     #filter { dock: bottom; display: none; height: 3; border: tall $accent; }
+    /* short terminals: keep room for the logs (the merged log has every alarm in full) */
+    Screen.-short #alarms { max-height: 5; }
     #filter.-on { display: block; }
     """
 
@@ -362,9 +405,13 @@ class DdptopApp(App[str]):
         self._gpus_hidden = False
         self._generation = 0  # the launch whose separator the panes have shown
         self._relaunching: str | None = None  # profiles asked for, until the new launch shows
+        self._multi_node = False  # the job spans several nodes: torchrun lines name theirs
+        self._link_logged: dict[str, str] = {}  # node -> link state last written to the log
         meta = getattr(session, "meta", None)
         self.run_id = getattr(meta, "run_id", None) or str(getattr(session, "run_dir", "run"))
-        self.sub_title = self.run_id
+        self.attach_hint = getattr(session, "attach_hint", None) or ""  # a remote attachment's target
+        self._remote_run_id = ""
+        self.sub_title = self.attach_hint or self.run_id
 
     # -- layout ---------------------------------------------------------------
 
@@ -399,16 +446,8 @@ class DdptopApp(App[str]):
         ):
             table.add_column(label, key=key)
         self._refresh_header()
-        self.on_resize(None)
         self.set_interval(1.0, self._tick)
         self._poll_loop()
-
-    def on_resize(self, event) -> None:
-        # short terminals: keep room for the logs (the merged log has every alarm in full)
-        try:
-            self.query_one("#alarms", AlarmBox).styles.max_height = 5 if self.size.height < 36 else 8
-        except Exception:
-            pass
 
     def _setup_themes(self) -> None:
         try:
@@ -503,7 +542,7 @@ class DdptopApp(App[str]):
                     if ev.transient:
                         self._set_live(ev.rank, ev.stream, ev.text)
                     else:
-                        self._add_line(Line(ev.rank, ev.stream, ev.text))
+                        self._add_line(Line(ev.rank, ev.stream, ev.text, node=ev.node))
                 elif isinstance(ev, RankEvent):
                     if self._ensure_rank(ev.rank):
                         new_ranks = True
@@ -520,7 +559,10 @@ class DdptopApp(App[str]):
                     self._on_launch(ev)
                 elif isinstance(ev, AlarmEvent):
                     who = f" culprit: {','.join(f'r{r}' for r in ev.culprits)}" if ev.culprits else ""
-                    self._add_line(Line(-1, "note", f"ALARM {ev.type} {ev.id}{who}: {ev.message}", "bold"))
+                    where = f" ({ev.node})" if ev.node and self.model.links else ""
+                    self._add_line(Line(-1, "note", f"ALARM {ev.type} {ev.id}{where}{who}: {ev.message}", "bold"))
+                elif isinstance(ev, LinkEvent):
+                    self._on_link(ev)
                 elif isinstance(ev, NoteEvent):
                     style = "bold" if ev.level in ("warning", "error") else "dim"
                     self._add_line(Line(-1, "note", f"{ev.level}: {ev.message}", style))
@@ -528,11 +570,48 @@ class DdptopApp(App[str]):
                 self._add_line(Line(-1, "note", f"could not show an event: {e}", "dim"))
         if any(isinstance(ev, LogEvent) and ev.rank is None for ev in events):
             self._ensure_pane("torchrun")
-        if any(isinstance(ev, (AlarmEvent, NoteEvent, LaunchEvent)) for ev in events):  # a relaunch clears them
+        self._check_multi_node()
+        links = any(isinstance(ev, LinkEvent) for ev in events)
+        if links or any(isinstance(ev, (AlarmEvent, NoteEvent, LaunchEvent)) for ev in events):  # a relaunch clears them
             self._refresh_alarms()
+        if links:
+            self._refresh_header()
         self._schedule_flush()
         if new_ranks:
             self.refresh_bindings()
+
+    def _on_link(self, ev: LinkEvent) -> None:
+        """A line in the merged log when a node's link comes up, drops or fails
+        (once per change: a node that stays unreachable does not repeat it)."""
+        if ev.state not in ("up", "down", "failed") or self._link_logged.get(ev.node) == ev.state:
+            return
+        self._link_logged[ev.node] = ev.state
+        if ev.state == "up":
+            text, style = f"{ev.node}: link up" + (f" ({ev.message})" if ev.message else ""), "dim"
+        elif ev.state == "down":
+            text, style = f"{ev.node}: link down" + (f" ({ev.message})" if ev.message else "") + ", reconnecting", "bold"
+        else:
+            text, style = f"{ev.node}: link failed: {ev.message}", "bold"
+        self._add_line(Line(-1, "note", text, style, node=ev.node))
+
+    def _check_multi_node(self) -> None:
+        """Several nodes (attached, or ranks on several hosts): torchrun's lines
+        then name their node; the panes re-render once when that changes."""
+        m = self.model
+        multi = len(m.nodes) > 1
+        if not multi and len(m.ranks) > 1:
+            first = None
+            for info in m.ranks.values():
+                if info.node:
+                    if first is None:
+                        first = info.node
+                    elif info.node != first:
+                        multi = True
+                        break
+        if multi != self._multi_node:
+            self._multi_node = multi
+            for pane in self._panes.values():
+                pane.dirty = True
 
     def _on_launch(self, ev: LaunchEvent) -> None:
         """A new launch: a separator line in every pane, so the new attempt stands out."""
@@ -655,7 +734,7 @@ class DdptopApp(App[str]):
             full, lines, hidden = pane.take_render(self._filter)
             if full:
                 log.clear()
-            text = logview.render_lines(lines, pane.merged, self._palette, hidden, full)
+            text = logview.render_lines(lines, pane.merged, self._palette, hidden, full, self._multi_node)
             if text is not None:
                 log.write(text, scroll_end=None)
             if pane.live_changed or full:
@@ -674,7 +753,7 @@ class DdptopApp(App[str]):
             if needle and needle not in logview.plain(raw).lower():
                 continue
             parts.append(Line(rank, _stream, raw))
-        text = logview.render_lines(parts, pane.merged, self._palette, 0, False) if parts else None
+        text = logview.render_lines(parts, pane.merged, self._palette, 0, False, self._multi_node) if parts else None
         live.update(text if text is not None else "")
         live.set_class(text is not None, "-on")
 
@@ -718,7 +797,7 @@ class DdptopApp(App[str]):
             elapsed = _fmt_duration(end - started) if started else "--:--"
             var = STATE_VAR.get(m.state, "$foreground")
             parts = [
-                f"[b]ddptop[/b] {escape(self.run_id)}",
+                f"[b]ddptop[/b] {escape(self._run_label())}",
                 f"[b {var}]{escape(m.state.upper())}[/]",
                 f"⏱ {elapsed}",
                 f"ranks {len(self.model.ranks)}",
@@ -740,9 +819,25 @@ class DdptopApp(App[str]):
                 parts.append(f"[b $error]⚠ {n} alarm{'s' if n != 1 else ''}[/]")
             if self._filter:
                 parts.append(f"filter [b $accent]{escape(self._filter)}[/]")
-            self.query_one("#header", HeaderBar).set_markup("  │  ".join(parts))
+            markup = "  │  ".join(parts)
+            links = link_markup(m.links, now)
+            header = self.query_one("#header", HeaderBar)
+            header.set_class(bool(links), "-links")
+            header.set_markup(markup + "\n" + links if links else markup)
         except Exception:
             pass
+
+    def _run_label(self) -> str:
+        """The run id; for a remote attachment, before its run is known, the target."""
+        if not self.attach_hint:
+            return self.run_id
+        run_id = getattr(getattr(self.session, "meta", None), "run_id", None)
+        if run_id:
+            self._remote_run_id = run_id  # kept: a failed reconnect may forget it
+        hint = getattr(self.session, "attach_hint", None) or self.attach_hint
+        if hint != self.sub_title:
+            self.sub_title = hint  # pinned to the run once the link is up
+        return self._remote_run_id or hint.removeprefix("ddptop attach ")
 
     def _refresh_table(self) -> None:
         try:

@@ -59,6 +59,7 @@ class Line:
     stream: str
     text: str
     style: str = ""  # extra style for ddptop's own lines
+    node: str = ""  # the attached node it came from ("" for a local run)
     _low: str | None = None
 
     def low(self) -> str:
@@ -115,16 +116,20 @@ class PaneBuffer:
         return False, lines[-TICK_LINES:], hidden
 
 
-def prefix_of(rank: int | None) -> str:
+def prefix_of(rank: int | None, node: str = "") -> str:
+    """The merged pane's prefix; ``node`` names the node of a torchrun line
+    when the job spans several (rank numbers are global: no node needed)."""
     if rank is None:
-        return "[torchrun]"
+        return f"[{node} torchrun]" if node else "[torchrun]"
     if rank < 0:
         return "[ddptop]"
     return f"[r{rank}]"
 
 
-def render_lines(lines: list[Line], merged: bool, palette: list[str], hidden: int, full: bool) -> Text | None:
-    """Many lines -> one Text (one RichLog.write call)."""
+def render_lines(lines: list[Line], merged: bool, palette: list[str], hidden: int, full: bool,
+                 nodes: bool = False) -> Text | None:
+    """Many lines -> one Text (one RichLog.write call).  ``nodes``: the job spans
+    several nodes, so torchrun's lines say which node they come from."""
     parts: list[Text] = []
     if hidden:
         what = "earlier matching lines" if full else "lines"
@@ -136,8 +141,10 @@ def render_lines(lines: list[Line], merged: bool, palette: list[str], hidden: in
                 body.stylize(ln.style)
             if ln.stream == "sep":  # a separator line (relaunch): no prefix
                 pass
-            elif merged or (ln.rank is not None and ln.rank < 0):
-                pre = prefix_of(ln.rank)
+            elif merged or (ln.rank is not None and ln.rank < 0) or (nodes and ln.rank is None and ln.node):
+                pre = prefix_of(ln.rank, ln.node if nodes else "")
+                if not merged and ln.rank is None:
+                    pre = f"[{ln.node}]"  # the torchrun pane: the node is all it needs
                 style = "bold"
                 if ln.rank is not None and ln.rank >= 0 and palette:
                     style = f"bold {palette[ln.rank % len(palette)]}"

@@ -117,7 +117,7 @@ def fmt_ranks(g) -> str:
 
 
 def gpu_label(node: str, index: int, multi_node: bool) -> str:
-    return f"{node}:{index}" if multi_node else str(index)
+    return f"{node}/{index}" if multi_node else str(index)
 
 
 def gpu_rows(model: JobModel, theme) -> dict[str, dict[str, object]]:
@@ -127,7 +127,7 @@ def gpu_rows(model: JobModel, theme) -> dict[str, dict[str, object]]:
     prim = getattr(theme, "primary", None) or ""
     acc = getattr(theme, "accent", None) or prim
     nodes = {node for node, _ in model.gpus}
-    multi = len(nodes) > 1
+    multi = len(nodes) > 1 or len(model.nodes) > 1  # rows sort by (node, index): grouped by node
     rows: dict[str, dict[str, object]] = {}
     for (node, index), g in sorted(model.gpus.items()):
         hist = model.gpu_history.get((node, index), ())
@@ -194,6 +194,11 @@ def rank_cells(info, finished: bool, theme) -> dict[str, object]:
 def alarm_markup(model: JobModel, max_alarms: int = 3, max_notes: int = 2) -> tuple[str, str]:
     """(markup, level) for the alarm box; level is "" (hide), "error" or "warning"."""
     lines = []
+    failed = [(node, ln) for node, ln in model.links.items() if ln.state == "failed"]
+    for node, ln in failed[:2]:
+        lines.append(f"[b $error]✗ LINK {escape(node)} failed[/]  {escape(ln.message or 'gave up reconnecting')}")
+    if len(failed) > 2:
+        lines.append(f"[dim]… {len(failed) - 2} more failed links (all are in the merged log)[/]")
     alarms = model.alarms[-max_alarms:][::-1]
     for a in alarms:
         var = "$error" if a.type in ("crash", "gpu", "stall", "signature") else "$warning"
@@ -203,19 +208,21 @@ def alarm_markup(model: JobModel, max_alarms: int = 3, max_notes: int = 2) -> tu
         elif a.ranks:
             head += f"  ranks: {escape(','.join(f'r{r}' for r in a.ranks))}"
         if a.node:
-            head += f"  [dim]node {escape(a.node)}[/]"
+            head += f"  [dim]{'' if a.node == 'all nodes' else 'node '}{escape(a.node)}[/]"
         if a.suggested_profiles:
             head += f"  [$accent]try: {escape(' '.join('--profile ' + p for p in a.suggested_profiles))}[/] [dim](r relaunches)[/]"
         lines.append(head + f"  {escape(a.message)}")
     more = len(model.alarms) - len(alarms)
     if more > 0:
         lines.append(f"[dim]… {more} earlier alarm{'s' if more != 1 else ''} (all are in the merged log)[/]")
-    notes = [n for n in model.notes if n.level in ("warning", "error")][-max_notes:][::-1]
+    said = [ln.message for _node, ln in failed if ln.message]
+    notes = [n for n in model.notes if n.level in ("warning", "error")
+             and not any(m in n.message for m in said)][-max_notes:][::-1]
     for n in notes:
         lines.append(f"[dim $warning]{escape(n.level)}:[/] [dim]{escape(n.message)}[/]")
     if not lines:
         return "", ""
-    return "\n".join(lines), ("error" if alarms else "warning")
+    return "\n".join(lines), ("error" if alarms or failed else "warning")
 
 
 # -- widgets -------------------------------------------------------------------
@@ -245,7 +252,11 @@ class AlarmBox(Static):
         self._markup = (markup, level)
         self.update(Content.from_markup(markup) if markup else "")
         n = len(model.alarms)
-        self.border_title = f"{n} alarm{'s' if n != 1 else ''}" if n else "warnings"
+        k = sum(1 for ln in model.links.values() if ln.state == "failed")
+        title = [f"{n} alarm{'s' if n != 1 else ''}"] if n else []
+        if k:
+            title.append(f"{k} link{'s' if k != 1 else ''} failed")
+        self.border_title = ", ".join(title) or "warnings"
         self.set_class(bool(markup), "-on")
         self.set_class(level == "warning", "-warning")
 

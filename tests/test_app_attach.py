@@ -1,0 +1,239 @@
+"""The TUI attached to two nodes over ssh (a real sshd on 127.0.0.1, real
+`ddptop agent`s on hand-made run directories), and a local run for contrast."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("textual")
+
+from textual.content import Content  # noqa: E402
+from textual.widgets import DataTable, RichLog  # noqa: E402
+
+from ddptop.core.events import LinkEvent  # noqa: E402
+from ddptop.core.remote import MultiSession, RemoteSession  # noqa: E402
+from ddptop.core.session import Session  # noqa: E402
+from ddptop.ui.app import HeaderBar, link_markup, make_app  # noqa: E402
+from ddptop.ui.telemetry_view import AlarmBox  # noqa: E402
+from conftest import rank_started, write_run
+from sshd import remote_ddptop
+
+WAIT = 60.0  # seconds for any one thing to show up
+SIZE = (140, 45)
+
+
+def run_async(coro, timeout=240):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+async def wait_until(pilot, pred, timeout=WAIT, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        await pilot.pause(0.05)
+        try:
+            if pred():
+                return
+        except Exception:
+            pass
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def header_text(app) -> str:
+    return app.query_one("#header", HeaderBar)._content.plain
+
+
+def log_text(app, key: str) -> str:
+    return "\n".join(strip.text for strip in app.query_one(f"#log-{key}", RichLog).lines)
+
+
+def column(table: DataTable, label: str) -> list[str]:
+    labels = [str(c.label) for c in table.columns.values()]
+    i = labels.index(label)
+    return [str(table.get_row(k)[i]) for k in sorted(table.rows, key=lambda k: int(k.value))]
+
+
+def node_run(root: Path, node: str, rank: int, supervisor_pid: int | None) -> Path:
+    """One node's run (one rank, global number ``rank``), as its supervisor leaves
+    it; live while ``supervisor_pid`` runs, or finished when it is None."""
+    now = time.time()
+    events = [{"t": now, "kind": "state", "state": "running"},
+              {**rank_started(now, rank, 5000 + rank), "local_rank": 0},
+              {"t": now, "kind": "gpu", "index": 0, "name": "NVIDIA H100", "util": 40.0 + rank, "mem_used": 2 << 30,
+               "mem_total": 80 << 30, "ranks": [rank], "mapping": "nvml", "node": "h"}]
+    exit = None
+    if supervisor_pid is None:
+        events += finish_events(now, rank)
+        exit = {"state": "succeeded", "exit_code": 0, "t": now + 1}
+    run = write_run(root, run_id=f"job-on-{node}", events=events, nproc=1, exit=exit,
+                    logs={0: "".join(f"rank{rank} step {i} loss 0.{i}\n" for i in range(3))},
+                    torchrun_log=f"torchrun on {node}: rendezvous done\n")
+    meta = json.loads((run / "meta.json").read_text())
+    (run / "meta.json").write_text(json.dumps({**meta, "node_rank": rank}))  # as `torchrun --node-rank N` records it
+    if supervisor_pid is not None:
+        (run / "supervisor.json").write_text(json.dumps({"pid": supervisor_pid}))
+    return run
+
+
+def finish_events(t: float, rank: int) -> list[dict]:
+    return [{"t": t + 1, "kind": "rank", "rank": rank, "local_rank": 0, "node": "h", "pid": 5000 + rank,
+             "attempt": 0, "alive": False, "exit_code": 0},
+            {"t": t + 1, "kind": "state", "state": "succeeded", "exit_code": 0}]
+
+
+def finish_run(run: Path, rank: int) -> None:
+    now = time.time()
+    with open(run / "events.jsonl", "a") as f:
+        f.write("".join(json.dumps(e) + "\n" for e in finish_events(now, rank)))
+    (run / "exit.json").write_text(json.dumps({"state": "succeeded", "exit_code": 0, "t": now + 1}))
+
+
+def test_two_attached_nodes_one_view(tmp_path, sshd):
+    """Both links in the header, a node column, GPUs and torchrun lines named by
+    node, every line once across a dropped link, then the end of both runs."""
+    supervisors = [subprocess.Popen(["sleep", "300"]) for _ in range(2)]  # stand-ins: the runs are live while they run
+    roots = [tmp_path / "node-a", tmp_path / "node-b"]
+    runs = [node_run(root, node, rank, sup.pid)
+            for rank, (root, node, sup) in enumerate(zip(roots, ("node-a", "node-b"), supervisors))]
+    # each node's agent finds its run by name under its own runs directory (as on real nodes)
+    session = MultiSession([RemoteSession(node, run="run", ssh=sshd.ssh, remote_cmd=remote_ddptop(root), backoff=(1.0,))
+                            for node, root in zip(("node-a", "node-b"), roots)])
+
+    async def go():
+        app = make_app(session, poll_interval=0.05)
+        async with app.run_test(size=SIZE) as pilot:
+            table = app.query_one("#ranks", DataTable)
+            await wait_until(pilot, lambda: "node-a ● up" in header_text(app) and "node-b ● up" in header_text(app)
+                             and table.row_count == 2 and "rank1 step 2" in log_text(app, "merged")
+                             and "node-b torchrun" in log_text(app, "merged"),
+                             what="both links up, both ranks and their lines")
+            head = header_text(app)
+            first, second = head.split("\n")
+            assert "job-on-node-a" in first and "RUNNING" in first and str(tmp_path) not in first
+            assert second.startswith("attached")
+            assert app.sub_title == "ddptop attach node-a:run node-b:run"
+            assert column(table, "node") == ["node-a", "node-b"]
+            assert column(table, "rank") == ["0", "1"]
+            merged = log_text(app, "merged")
+            assert "[r0] rank0 step 0 loss 0.0" in merged and "[r1] rank1 step 2 loss 0.2" in merged
+            assert "[node-a torchrun] torchrun on node-a: rendezvous done" in merged
+            assert "[node-b torchrun] torchrun on node-b: rendezvous done" in merged
+            assert "node-a: link up" in merged
+            # GPUs: one row per node's GPU 0, labelled by node, grouped by node
+            gpus = app.query_one("#gpus", DataTable)
+            await wait_until(pilot, lambda: gpus.row_count == 2, what="both nodes' GPUs")
+            labels = [str(gpus.get_row(k)[0]) for k in ("node-a:0", "node-b:0")]
+            assert labels == ["node-a/0", "node-b/0"]
+            assert "r1" in [str(c) for c in gpus.get_row("node-b:0")]
+            # the torchrun pane names the node of each line
+            await pilot.press("t")
+            await wait_until(pilot, lambda: "[node-b] torchrun on node-b" in log_text(app, "torchrun"),
+                             what="the torchrun pane")
+            assert "[node-a] torchrun on node-a: rendezvous done" in log_text(app, "torchrun")
+            await pilot.press("m")
+
+            # the links drop: the log says so, both come back, nothing is shown twice
+            assert sshd.drop_links() >= 2
+            await wait_until(pilot, lambda: "node-a: link down" in log_text(app, "merged")
+                             and "node-b: link down" in log_text(app, "merged"), what="the links to drop")
+            await wait_until(pilot, lambda: "node-a ● up" in header_text(app) and "node-b ● up" in header_text(app),
+                             what="both links to come back")
+            with open(runs[1] / "logs" / "x_abc" / "attempt_0" / "0" / "stdout.log", "a") as f:
+                f.write("rank1 after the reconnect\n")
+            await wait_until(pilot, lambda: "[r1] rank1 after the reconnect" in log_text(app, "merged"),
+                             what="a line written after the reconnect")
+
+            # both runs end: the job's final state, both links closed
+            for rank, run in enumerate(runs):
+                finish_run(run, rank)
+            await wait_until(pilot, lambda: "SUCCEEDED" in header_text(app) and header_text(app).count("■ closed") == 2,
+                             what="the end of both runs")
+            assert "exit 0" in header_text(app)
+            await wait_until(pilot, lambda: column(table, "state") == ["exited 0", "exited 0"], what="ranks exited")
+            merged = log_text(app, "merged")
+            for line in ("[r0] rank0 step 2 loss 0.2", "[r1] rank1 step 0 loss 0.0",
+                         "[node-a torchrun] torchrun on node-a: rendezvous done"):
+                assert merged.count(line) == 1, line
+            assert not app.query_one("#alarms", AlarmBox).has_class("-on")
+
+    try:
+        run_async(go())
+    finally:
+        session.close()
+        for p in supervisors:
+            p.kill()
+            p.wait()
+
+
+def test_a_node_that_cannot_be_attached_says_why(tmp_path, sshd):
+    run_a = node_run(tmp_path / "node-a", "node-a", 0, None)  # a finished run, named by its path
+    session = MultiSession([RemoteSession("node-a", run=str(run_a), ssh=sshd.ssh, remote_cmd=remote_ddptop(tmp_path)),
+                            RemoteSession("node-b", run="run", ssh=sshd.ssh, remote_cmd="/nonexistent/bin/ddptop")])
+
+    async def go():
+        app = make_app(session, poll_interval=0.05)
+        async with app.run_test(size=SIZE) as pilot:
+            box = app.query_one("#alarms", AlarmBox)
+            await wait_until(pilot, lambda: "node-b ✗ failed" in header_text(app) and box.has_class("-on")
+                             and app.model.finished, what="node-b's failure and the end")
+            assert "node-a ■ closed" in header_text(app)
+            text = str(box.render())
+            assert "LINK node-b failed" in text and "ddptop is not installed on node-b" in text
+            assert box.border_title == "1 link failed"
+            assert "node-b: link failed: ddptop is not installed on node-b" in log_text(app, "merged")
+            assert "[r0] rank0 step 2 loss 0.2" in log_text(app, "merged")
+
+    try:
+        run_async(go())
+    finally:
+        session.close()
+
+
+def test_a_local_run_keeps_its_layout(tmp_path):
+    """No link line, no node names on GPUs or torchrun lines; the node column
+    holds the host as before."""
+    now = time.time()
+    events = [{"t": now, "kind": "state", "state": "running"}, rank_started(now, 0, 4242), rank_started(now, 1, 4343),
+              {"t": now, "kind": "gpu", "index": 0, "util": 10.0, "ranks": [0], "node": "h"}]
+    run = write_run(tmp_path, run_id="local-run", events=events, logs={r: f"rank{r} step 1\n" for r in (0, 1)},
+                    torchrun_log="torchrun says hello\n")
+
+    async def go():
+        app = make_app(Session.open(run), poll_interval=0.02)
+        async with app.run_test(size=SIZE) as pilot:
+            table = app.query_one("#ranks", DataTable)
+            gpus = app.query_one("#gpus", DataTable)
+            await wait_until(pilot, lambda: table.row_count == 2 and gpus.row_count == 1
+                             and "torchrun says hello" in log_text(app, "merged"), what="the run")
+            head = header_text(app)
+            assert "\n" not in head and "attached" not in head and "local-run" in head
+            assert not app.query_one("#header", HeaderBar).has_class("-links")
+            assert column(table, "node") == ["h", "h"]
+            assert str(gpus.get_row("h:0")[0]) == "0"
+            assert "[torchrun] torchrun says hello" in log_text(app, "merged")
+            assert app.sub_title == "local-run"
+
+    run_async(go())
+
+
+def test_link_states_in_the_header():
+    t = 1000.0
+
+    def plain(links, now=t):
+        return Content.from_markup(link_markup(links, now)).plain
+
+    assert link_markup({}, t) == ""
+    links = {"node-a": LinkEvent(t, node="node-a", state="up"),
+             "node-b": LinkEvent(t, node="node-b", state="down", message="reset", retry_in=2.0)}
+    assert plain(links, t + 0.2) == "attached  node-a ● up   node-b ○ down, retry in 2s"
+    assert plain(links, t + 1.5).endswith("retry in 1s")
+    assert plain(links, t + 3).endswith("○ down, retrying…")
+    many = {f"n{i}": LinkEvent(t, node=f"n{i}", state="up") for i in range(7)}
+    many["n3"] = LinkEvent(t, node="n3", state="failed", message="no ddptop")
+    many["n5"] = LinkEvent(t, node="n5", state="connecting")
+    assert plain(many) == "attached  7 nodes: 5 up, 1 failed, 1 connecting   n3 ✗ failed   n5 ◌ connecting"
