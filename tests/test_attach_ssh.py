@@ -59,7 +59,9 @@ def test_attach_over_ssh_shows_the_job_and_relaunches_it(runs_dir, sshd):
     # ...and another one who relaunches through the attachment
     rs = RemoteSession("node-a", ssh=sshd.ssh, remote_cmd=remote)
     try:
-        evs = drain(rs, lambda es: any(e.kind == "alarm" and e.type == "stall" for e in es), what="the stall alarm")
+        evs = drain(rs, lambda es: any(e.kind == "log" and e.rank == 1 for e in es), what="rank 1's first line")
+        assert rs.dump_stacks()  # the p key: every rank's stack, now, through the attachment
+        evs += drain(rs, lambda es: any(e.kind == "alarm" and e.type == "stall" for e in es), what="the stall alarm")
         assert rs.link == "up" and rs.meta is not None and rs.meta.run_id == run.name
         assert rs.relaunch(["p2p-off"], "test: through ssh")
         evs += drain(rs, lambda es: rs.finished, what="the relaunched job to finish")
@@ -80,6 +82,13 @@ def test_attach_over_ssh_shows_the_job_and_relaunches_it(runs_dir, sshd):
     assert gpus and all(e.simulated and e.node == "node-a" for e in gpus)
     assert [(e.generation, e.profiles) for e in evs if e.kind == "launch"] == [(0, ()), (1, ("p2p-off",))]
     assert any(e.kind == "note" and "relaunching with p2p-off" in e.message for e in evs)
+    # the stacks asked for came back before the stall's own capture
+    notes = [e.message for e in evs if e.kind == "note"]
+    asked = notes.index("capturing every rank's Python stack (asked for)")
+    assert "stacks captured in" in " ".join(notes[asked:])
+    stall_at = next(i for i, e in enumerate(evs) if e.kind == "alarm" and e.type == "stall")
+    captured_at = next(i for i, e in enumerate(evs) if e.kind == "note" and "stacks captured in" in e.message)
+    assert captured_at < stall_at, "the asked-for stacks should arrive before the stall alarm"
     # the CLI watcher saw the same job to its end, and exits with its code
     assert watcher.returncode == 0, w_err[-2000:]
     w = json_events(w_out)

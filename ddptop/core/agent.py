@@ -16,7 +16,7 @@ line:
   finished run's stream.
 
 Commands arrive on stdin, one JSON object a line: ``{"cmd": "stop"}``,
-``{"cmd": "relaunch", "profiles": [...], "reason": "..."}``.  End of stdin
+``{"cmd": "relaunch", "profiles": [...], "reason": "..."}``, ``{"cmd": "stacks"}``.  End of stdin
 (the client went away) ends the agent; the job is never touched by that.
 """
 
@@ -140,6 +140,10 @@ def _command(session, raw: bytes) -> dict:
             ok = session.stop()
             return {"kind": "reply", "cmd": name, "ok": ok,
                     "message": "stopping the job" if ok else "the job is not running"}
+        if name == "stacks":
+            ok = session.dump_stacks()
+            return {"kind": "reply", "cmd": name, "ok": ok,
+                    "message": "capturing every rank's stack" if ok else "the job is not running"}
         if name == "relaunch":
             profiles = [str(x) for x in c.get("profiles", [])]
             ok = session.relaunch(profiles, str(c.get("reason", "asked for through ddptop attach")))

@@ -137,6 +137,9 @@ class RemoteSession:
     def relaunch(self, profiles: list[str], reason: str = "asked for") -> bool:
         return self._command({"cmd": "relaunch", "profiles": list(profiles), "reason": reason})
 
+    def dump_stacks(self) -> bool:
+        return self._command({"cmd": "stacks"})
+
     def close(self) -> None:
         """Detach: end the link (the remote job is not touched)."""
         self._closed.set()
@@ -461,6 +464,9 @@ class MultiSession:
 
     def relaunch(self, profiles: list[str], reason: str = "asked for") -> bool:
         return all([s.relaunch(profiles, reason) for s in self.sessions])
+
+    def dump_stacks(self) -> bool:
+        return any([s.dump_stacks() for s in self.sessions])
 
     def close(self) -> None:
         for s in self.sessions:

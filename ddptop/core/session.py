@@ -125,6 +125,18 @@ class Session:
             return False
         return True
 
+    def dump_stacks(self) -> bool:
+        """Ask the supervisor for every rank's Python stack now (py-spy); the
+        result arrives as a note.  False if the job is not running."""
+        sup = self._supervisor()
+        if sup is None or not _pid_matches(sup["pid"], sup.get("create_time")):
+            return False
+        try:
+            os.kill(sup["pid"], signal.SIGUSR2)
+        except ProcessLookupError:
+            return False
+        return True
+
     def relaunch(self, profiles: list[str], reason: str = "asked for") -> bool:
         """Stop the job completely and start it again with these profiles."""
         from ddptop.core.profiles import resolve

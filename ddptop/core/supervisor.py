@@ -80,6 +80,10 @@ class Watcher(threading.Thread):
             self.sup.emit(NoteEvent(time.time(), "warning", f"detection disabled: {e!r}"))
             return
         while not self.done.is_set():
+            if self.sup.stacks_request:  # asked for (the TUI's p key, or through an attachment)
+                self.sup.stacks_request = False
+                self.sup.emit(NoteEvent(time.time(), "info", "capturing every rank's Python stack (asked for)"))
+                self.sup.capture_stacks()
             try:
                 evs = [e for e in session.poll() if not isinstance(e, AlarmEvent)]
                 for i, e in enumerate(evs):
@@ -190,6 +194,7 @@ class Supervisor:
         self.stall_kill = False
         self.stopping_since: float | None = None
         self.relaunch_request: list[str] | None = None
+        self.stacks_request = False  # SIGUSR2: capture every rank's stack now
         self.relaunch_reason = ""
         self.generation = 0
         self.profiles: list[str] = list(self.meta.profiles or [])
@@ -201,6 +206,9 @@ class Supervisor:
 
     def _on_signal(self, signum, frame) -> None:
         self.stop_requested = True
+
+    def _on_stacks(self, signum, frame) -> None:
+        self.stacks_request = True
 
     def _on_relaunch(self, signum, frame) -> None:
         """SIGUSR1: relaunch with the profiles named in RUN/relaunch.json."""
@@ -289,6 +297,7 @@ class Supervisor:
         for s in (signal.SIGTERM, signal.SIGINT):
             signal.signal(s, self._on_signal)
         signal.signal(signal.SIGUSR1, self._on_relaunch)
+        signal.signal(signal.SIGUSR2, self._on_stacks)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         me = psutil.Process()
         journal.write_json(
