@@ -41,3 +41,26 @@ def test_help_lists_the_launch_form():
     assert r.returncode == 0
     assert "torchrun [TORCHRUN OPTIONS] SCRIPT" in r.stdout
     assert "attach [RUN | HOST" in r.stdout
+
+
+def test_the_agent_streams_a_run_without_the_ui_stack(tmp_path):
+    """`ddptop agent` runs on every node of a job: core only, whatever it streams."""
+    from conftest import rank_started, write_run
+
+    run = write_run(tmp_path, events=[rank_started(1.0, 0, 11), {"t": 2.0, "kind": "state", "state": "succeeded",
+                                                                  "exit_code": 0}],
+                    logs={0: "step 1 loss 0.5\n"}, exit={"state": "succeeded", "exit_code": 0})
+    # stdin stays open, as ssh keeps it (end of stdin = the client has gone)
+    p = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "ddptop", "agent", "--run", str(run)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        p.wait(timeout=60)
+        out, err = p.stdout.read(), p.stderr.read()
+    finally:
+        p.kill()
+        p.stdin.close()
+    assert p.returncode == 0, err[-2000:]
+    assert '"text":"step 1 loss 0.5"' in out and '"kind":"bye"' in out
+    imported = {l.split("|")[-1].strip().split(".")[0] for l in err.splitlines() if l.startswith("import time:")}
+    assert "ddptop" in imported
+    assert not imported & {"textual", "rich", "torch"}, imported & {"textual", "rich", "torch"}
