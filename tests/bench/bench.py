@@ -5,7 +5,8 @@
 
 Figures: `ddptop --help` wall time; time to the TUI's first frame; headless
 ingest throughput (lines/s) for a synthetic multi-rank burst; ddptop's CPU use
-(viewer and supervisor) while supervising a quiet 2-rank job.
+(viewer and supervisor) while supervising a quiet 2-rank job; `ddptop attach`
+over a loopback sshd: agent CPU use and line latency.
 """
 
 from __future__ import annotations
@@ -202,8 +203,72 @@ def bench_alarm_latency() -> None:
                   f"should have come ({lat / interval:.0f}x the step interval); culprits {alarm['culprits']}")
 
 
+def bench_attach(lines: int = 200, every: float = 0.1, quiet_s: float = 20) -> None:
+    """ddptop attach over a real sshd on 127.0.0.1: the agent's CPU use while
+    streaming a quiet job, and the latency from a rank's line being written to
+    the client having it."""
+    import psutil
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import rank_started, write_run
+    from sshd import remote_ddptop, start_sshd, stop_sshd
+    from ddptop.core.remote import RemoteSession
+
+    with tempfile.TemporaryDirectory() as d:
+        sshd = start_sshd(Path(d) / "sshd")
+        try:
+            runs = Path(d) / "runs"
+            runs.mkdir()
+            run = write_run(runs, events=[rank_started(time.time(), 0, os.getpid())], logs={0: ""}, nproc=1)
+            me = psutil.Process()
+            (run / "supervisor.json").write_text(json.dumps({"pid": me.pid, "create_time": me.create_time()}))
+            log = next(run.glob("logs/*/attempt_0/0/stdout.log"))
+            rs = RemoteSession("node-a", run=str(run), ssh=sshd.ssh, remote_cmd=remote_ddptop(runs))
+            deadline = time.time() + 60
+            while rs.link != "up" and time.time() < deadline:
+                rs.poll()
+                time.sleep(0.05)
+            agent = next(p for p in psutil.process_iter(["cmdline"])
+                         if "agent" in (p.info["cmdline"] or []) and "ddptop" in " ".join(p.info["cmdline"] or []))
+            # a quiet job: one line a second
+            c0, t0 = sum(agent.cpu_times()[:2]), time.perf_counter()
+            with open(log, "a") as f:
+                for i in range(int(quiet_s)):
+                    f.write(f"step {i} loss 0.5\n")
+                    f.flush()
+                    end = time.time() + 1
+                    while time.time() < end:
+                        rs.poll()
+                        time.sleep(0.05)
+            c1, t1 = sum(agent.cpu_times()[:2]), time.perf_counter()
+            # latency: lines written at a known time, received by polling the client every 5 ms
+            lat = []
+            with open(log, "a") as f:
+                for i in range(lines):
+                    f.write(f"lat {time.time():.6f}\n")
+                    f.flush()
+                    end = time.time() + every
+                    while time.time() < end:
+                        now = time.time()
+                        lat += [now - float(e.text.split()[1]) for e in rs.poll()
+                                if e.kind == "log" and e.text.startswith("lat ")]
+                        time.sleep(0.005)
+            end = time.time() + 5
+            while len(lat) < lines and time.time() < end:
+                now = time.time()
+                lat += [now - float(e.text.split()[1]) for e in rs.poll() if e.kind == "log" and e.text.startswith("lat ")]
+                time.sleep(0.005)
+            rs.close()
+        finally:
+            stop_sshd(sshd)
+    lat.sort()
+    print(f"attach over loopback sshd: agent {100 * (c1 - c0) / (t1 - t0):.2f}% of a core streaming a quiet job "
+          f"(1 line/s, {t1 - t0:.0f} s); line written -> client has it: median {1000 * lat[len(lat) // 2]:.0f} ms, "
+          f"p95 {1000 * lat[int(len(lat) * 0.95)]:.0f} ms, max {1000 * lat[-1]:.0f} ms ({len(lat)}/{lines} lines)")
+
+
 BENCHES = {"help": bench_help, "ingest": bench_ingest, "frame": bench_first_frame, "supervise": bench_supervise,
-           "telemetry": bench_telemetry, "hook": bench_hook, "alarm": bench_alarm_latency}
+           "telemetry": bench_telemetry, "hook": bench_hook, "alarm": bench_alarm_latency, "attach": bench_attach}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(BENCHES)
