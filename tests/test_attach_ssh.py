@@ -279,3 +279,22 @@ def test_agent_on_a_missing_run_is_a_clear_error(runs_dir, sshd):
                                   "--remote-ddptop", remote_ddptop(runs_dir)),
                        cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == 2 and "no ddptop run called 'no-such-run'" in r.stderr, r.stderr
+
+
+def test_two_separate_jobs_with_the_same_ranks_are_called_out(tmp_path, sshd):
+    """Attaching to two unrelated jobs (both with rank 0) says so instead of silently mixing them."""
+    from conftest import rank_started, write_run
+
+    runs = [write_run(tmp_path / n, events=[rank_started(1.0, 0, 11), {"t": 2.0, "kind": "state", "state": "succeeded",
+                                                                        "exit_code": 0}],
+                      logs={0: f"hello from {n}\n"}, nproc=1, exit={"state": "succeeded", "exit_code": 0})
+            for n in ("node-a", "node-b")]
+    ms = MultiSession([RemoteSession(n, run=str(r), ssh=sshd.ssh, remote_cmd=remote_ddptop(tmp_path))
+                       for n, r in zip(("node-a", "node-b"), runs)])
+    try:
+        evs = drain(ms, lambda es: ms.finished, what="both runs to end")
+    finally:
+        ms.close()
+    warnings = [e.message for e in evs if e.kind == "note" and "is reported by both" in e.message]
+    assert len(warnings) == 1 and "rank 0" in warnings[0] and "separate jobs" in warnings[0], warnings
+    assert {e.text for e in evs if e.kind == "log"} == {"hello from node-a", "hello from node-b"}

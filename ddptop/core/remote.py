@@ -389,6 +389,8 @@ class MultiSession:
         self.stop_requested = False
         self._final: StateEvent | None = None
         self.finished = False
+        self._rank_node: dict[tuple, str] = {}  # (launch, attempt, rank) -> the node that first reported it
+        self._clashes: set[int] = set()
 
     def _new_analyzer(self):
         from ddptop.core.analyzer import Analyzer
@@ -430,7 +432,16 @@ class MultiSession:
                                          + (f" ({ev.message})" if ev.message else ""), node=ev.node))
                 else:
                     out.append(ev)
-        for ev in out:
+        for ev in list(out):
+            if ev.kind == "rank" and ev.alive:
+                # torchrun may give ranks to other nodes on a restart: compare within one attempt
+                first = self._rank_node.setdefault((self._generation, ev.attempt, ev.rank), ev.node)
+                if first != ev.node and ev.rank not in self._clashes:
+                    self._clashes.add(ev.rank)
+                    out.append(NoteEvent(ev.t, "warning", (
+                        f"rank {ev.rank} is reported by both {first} and {ev.node}: these nodes run separate jobs "
+                        "(or torchrun's --node-rank is the same on both); ranks are shown by number, so their "
+                        "lines and the stall detector mix them. Attach to one node at a time.")))
             if ev.kind == "launch" and ev.generation > self._generation:
                 self._generation = ev.generation  # a relaunch: judge the new attempt afresh
                 self.analyzer = self._new_analyzer()
