@@ -13,7 +13,7 @@ import sys
 
 USAGE = """\
 ddptop [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [SCRIPT ARGS]
-       ddptop [OPTIONS] attach [RUN | HOST[:RUN]...] [--hosts-file F] [--slurm JOBID]
+       ddptop [OPTIONS] attach [RUN | HOST[:RUN]... | --pid PID] [--hosts-file F] [--slurm JOBID]
        ddptop diagnose PATH... [--json]
        ddptop profiles [--json]
        ddptop [OPTIONS] fix torchrun [TORCHRUN OPTIONS] SCRIPT [SCRIPT ARGS]
@@ -148,14 +148,43 @@ def _slurm_hosts(jobid: str) -> list[str]:
     return hosts
 
 
+ATTACH_EPILOG = """\
+with no RUN, HOST or --pid:
+  the newest ddptop run if it is still running (it has no exit.json yet);
+  otherwise, if exactly one torchrun that ddptop did not launch is running for
+  you on this machine, that one (ddptop says so on stderr); if several are, they
+  are listed and ddptop exits 2: pick one with --pid; if none is, the newest
+  ddptop run (finished), to read it again.
+
+a job ddptop did not launch (--pid PID, or found as above):
+  PID is torchrun (python -m torch.distributed.run) or any process under it (a
+  rank, a data-loader worker); a process with RANK in its environment and no
+  torchrun above it is watched as a one-rank job.  A torchrun that ddptop did
+  launch opens its run journal instead.  ddptop reads each rank's log files when
+  torchrun has --log-dir and --redirects or --tee, and else the file a rank's (or
+  torchrun's) stdout/stderr goes to, from its last 64 KiB; a terminal, a pipe or
+  a socket cannot be read from outside, and ddptop says so, with the remedy.
+  ddptop never stops or relaunches such a job: in the UI, stop and relaunch are
+  refused; with --headless/--json, Ctrl-C (SIGINT/SIGTERM) only detaches (exit
+  130), the job keeps running.  Its exit code cannot be known (only torchrun's
+  parent can wait for it): once the job has ended, ddptop exits 1 if it saw a
+  rank crash or torchrun's failure report in the output, else 3 (ended, exit
+  status unknown); never 0.
+"""
+
+
 def cmd_attach(rest: list[str], args) -> int:
     from ddptop.core import journal
     from ddptop.core.session import Session
 
-    ap = argparse.ArgumentParser(prog="ddptop attach", description=(
-        "Watch a running (or finished) job: a local run (id, directory or `latest`), or the ddptop runs on "
-        "remote nodes over your own ssh (HOST or HOST:RUN; several hosts make one view)."))
+    ap = argparse.ArgumentParser(prog="ddptop attach", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=ATTACH_EPILOG, description=(
+        "Watch a running (or finished) job: a local ddptop run (id, directory or `latest`), the ddptop runs on\n"
+        "remote nodes over your own ssh (HOST or HOST:RUN; several hosts make one view), or a torchrun job on\n"
+        "this machine that ddptop did not launch (--pid)."))
     ap.add_argument("targets", nargs="*", metavar="RUN|HOST[:RUN]")
+    ap.add_argument("--pid", type=int, metavar="PID",
+                    help="a torchrun job ddptop did not launch, on this machine: torchrun's pid or any rank's")
     ap.add_argument("--run", help="run id on every host (default: each host's newest run)")
     ap.add_argument("--hosts-file", metavar="F", help="hosts, one per line (# comments)")
     ap.add_argument("--slurm", metavar="JOBID", help="the nodes of this SLURM job (squeue + scontrol)")
@@ -167,6 +196,56 @@ def cmd_attach(rest: list[str], args) -> int:
     a = ap.parse_args(rest)
     args.headless = args.headless or a.headless
     args.json = args.json or a.json
+
+    def watch_foreign(target) -> int:
+        """A torchrun job found by pid: its journal if ddptop launched it, else a ForeignSession."""
+        from ddptop.core.foreign import ForeignError, ForeignSession, launched_by_ddptop
+
+        if target.torchrun is not None:
+            run = launched_by_ddptop(target.torchrun)
+            if run is not None:
+                print(f"ddptop: torchrun pid {target.pid} was launched by ddptop: attaching to its run {run}",
+                      file=sys.stderr)
+                return _watch(Session.open(run), args)
+        try:
+            session = ForeignSession(target, gpu=args.gpu, stall_after=args.stall_after,
+                                     sample_interval=args.sample_interval)
+        except ForeignError as e:
+            return _err(str(e))
+        code = _watch(session, args)
+        if session.finished and session.exit_code is None and code == 1:
+            code = session.attach_exit_code  # 1: a crash was seen; 3: ended, exit status unknown
+        return code
+
+    if a.pid is not None:
+        if a.targets or a.run or a.hosts_file or a.slurm:
+            return _err("--pid cannot be combined with a RUN or HOST, --run, --hosts-file or --slurm")
+        from ddptop.core.foreign import ForeignError, resolve_pid
+
+        try:
+            target = resolve_pid(a.pid)
+        except ForeignError as e:
+            return _err(f"--pid {a.pid}: {e}")
+        return watch_foreign(target)
+    if not a.targets and not a.run and not a.hosts_file and not a.slurm:
+        # no target: the newest ddptop run while it runs, else a lone torchrun ddptop did not launch
+        try:
+            newest = journal.resolve_run("latest")
+        except journal.JournalError:
+            newest = None
+        if newest is None or (newest / journal.EXIT).exists():
+            from ddptop.core.foreign import Target, describe, find_torchruns
+
+            found = find_torchruns()
+            if len(found) == 1:
+                print(f"ddptop: attaching to torchrun pid {found[0].pid} (not launched by ddptop)", file=sys.stderr)
+                return watch_foreign(Target(found[0], asked=found[0].pid))
+            if len(found) > 1:
+                print(f"ddptop: {len(found)} torchrun jobs that ddptop did not launch are running:", file=sys.stderr)
+                print(f"{'PID':>8}  {'STARTED':19}  COMMAND", file=sys.stderr)
+                for p in found:
+                    print(describe(p), file=sys.stderr)
+                return _err("pick one with `ddptop attach --pid PID`")
     hosts: list[str] = list(a.targets)
     try:
         if a.hosts_file:

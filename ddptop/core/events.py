@@ -25,7 +25,8 @@ SUCCEEDED = "succeeded"
 FAILED = "failed"
 STOPPED = "stopped"
 LOST = "lost"  # the supervisor vanished without recording an exit
-FINAL_STATES = frozenset({SUCCEEDED, FAILED, STOPPED, LOST})
+ENDED = "ended"  # a job ddptop did not start has ended: its exit code cannot be known
+FINAL_STATES = frozenset({SUCCEEDED, FAILED, STOPPED, LOST, ENDED})
 
 
 @dataclass(frozen=True)

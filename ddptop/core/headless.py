@@ -53,7 +53,9 @@ def run_headless(session: Session, *, json_mode: bool, out: TextIO | None = None
     """Print the session's events until the job ends; return its exit code.
 
     SIGINT/SIGTERM stop the whole job (as they would stop torchrun), and
-    ddptop keeps printing until the job has really ended.
+    ddptop keeps printing until the job has really ended.  A session that
+    refuses to stop its job (``control_refused``: a job ddptop did not start)
+    is detached from instead: the job keeps running, the return value is 130.
     """
     out = out or sys.stdout
     stops = 0
@@ -62,7 +64,10 @@ def run_headless(session: Session, *, json_mode: bool, out: TextIO | None = None
         nonlocal stops
         stops += 1
         if stops == 1:
-            session.stop()
+            refused = getattr(session, "control_refused", None)
+            if not session.stop() and refused:
+                print(f"== ddptop: {refused}. Detaching: the job keeps running ==", file=sys.stderr, flush=True)
+                raise KeyboardInterrupt
             line = ("== ddptop: stopping the job (signal %d); again to stop waiting ==" % signum)
             if not json_mode:
                 print(line, file=sys.stderr, flush=True)

@@ -60,6 +60,7 @@ STATE_VAR = {
     "failed": "$error",
     "stopped": "$warning",
     "lost": "$error",
+    "ended": "$warning",  # a job ddptop did not start: exit code unknown
 }
 
 HELP_TEXT = """\
@@ -77,6 +78,8 @@ HELP_TEXT = """\
   [b]r[/b]              relaunch with a profile (alarm suggestions first);
                  the current profiles are kept, the chosen one is added
   [b]e[/b]              show / hide the launch's profiles and env diff
+  [b]p[/b]              capture every rank's Python stack now (py-spy);
+                 also done by itself at a stall
   [b]ctrl+p[/b]         command palette (themes: "Change theme")
   [b]?[/b]              this help
   [b]q[/b] / [b]ctrl+c[/b]     quit: detach (job keeps running) or stop the job
@@ -371,6 +374,7 @@ class DdptopApp(App[str]):
         Binding("g", "toggle_gpus", "GPUs"),
         Binding("r", "relaunch", "Relaunch"),
         Binding("e", "toggle_env", "Env"),
+        Binding("p", "stacks", "Stacks", show=False),
         Binding("end", "follow", "Follow", show=False),
         Binding("home", "top", "Top", show=False),
     ] + [Binding(str(n), f"rank({n})", f"Rank {n}", show=False) for n in range(10)]
@@ -985,6 +989,12 @@ class DdptopApp(App[str]):
         return self.model.finished or bool(getattr(self.session, "finished", False))
 
     def action_relaunch(self) -> None:
+        refused = getattr(self.session, "control_refused", None)  # a job ddptop did not start
+        if refused:
+            self.notify(refused, title="cannot relaunch", severity="warning", timeout=15)
+            self._add_line(Line(-1, "note", f"relaunch refused: {refused}", "bold"))
+            self._schedule_flush()
+            return
         if self._relaunching is not None:
             self.notify(f"a relaunch ({self._relaunching}) is on its way", timeout=3)
             return
@@ -1034,6 +1044,31 @@ class DdptopApp(App[str]):
         self._relaunching = ", ".join(names) or "no profile"
         self._refresh_header()
         self._do_relaunch(names, reason)
+
+    def action_stacks(self) -> None:
+        if self._job_ended():
+            self.notify("the job has ended: no stacks to capture", timeout=4)
+            return
+        self._do_stacks()
+
+    @work(thread=True, exclusive=True, group="stacks", exit_on_error=False)
+    def _do_stacks(self) -> None:
+        ask = getattr(self.session, "dump_stacks", None)
+        try:
+            ok, err = bool(ask and ask()), None
+        except Exception as e:
+            ok, err = False, f"{type(e).__name__}: {e}"
+        self.call_from_thread(self._stacks_done, ok, err, ask is not None)
+
+    def _stacks_done(self, ok: bool, err: str | None, supported: bool) -> None:
+        if ok:
+            self.notify("capturing every rank's Python stack (py-spy); the result shows in the merged log", timeout=5)
+        elif err:
+            self.notify(f"stack capture failed: {err}", severity="error", timeout=10)
+        elif not supported:
+            self.notify("stack capture is not available for this job", severity="warning", timeout=6)
+        else:
+            self.notify("stack capture: the job's supervisor did not answer", severity="warning", timeout=6)
 
     @work(thread=True, exclusive=True, group="relaunch", exit_on_error=False)
     def _do_relaunch(self, names: list[str], reason: str) -> None:
@@ -1130,10 +1165,21 @@ class DdptopApp(App[str]):
 
     @work(thread=True, exclusive=True, group="stop", exit_on_error=False)
     def _stop_job(self) -> None:
+        refused = None
         try:
-            self.session.stop()
+            if not self.session.stop():
+                refused = getattr(self.session, "control_refused", None)  # a job ddptop did not start
         finally:
-            self.call_from_thread(self._quit, "stop")
+            if refused:
+                self.call_from_thread(self._stop_refused, refused)
+            else:
+                self.call_from_thread(self._quit, "stop")
+
+    def _stop_refused(self, why: str) -> None:
+        """The session will not stop this job: say why and keep watching."""
+        self._stopping = False
+        self.notify(why, title="cannot stop", severity="warning", timeout=15)
+        self._refresh_header()
 
     def _quit(self, result: str) -> None:
         self.workers.cancel_group(self, "poll")

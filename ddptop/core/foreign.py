@@ -1,0 +1,807 @@
+"""Attach to a torchrun job that ddptop did not launch, on this machine.
+
+``ForeignSession(pid)`` offers what the front ends use from ``Session``
+(``poll``, ``finished``, ``exit_code``, ``final_state``, ``meta``, ``stop``,
+``relaunch``, ...), built only from what can be seen from outside the job:
+
+* torchrun's command line (``--log-dir``, ``--redirects``, ``--tee``,
+  ``--nproc-per-node``, ``--nnodes``, ``--node-rank``, or their ``PET_*``
+  environment variables);
+* its workers, the ranks: its children with ``RANK`` in their environment,
+  which also gives ``LOCAL_RANK``, ``WORLD_SIZE``, ``GROUP_RANK`` and
+  ``CUDA_VISIBLE_DEVICES``;
+* the files their stdout and stderr go to: torchrun's per-rank log files
+  (``LOG_DIR/<run id>_<random>/attempt_N/<local rank>/{stdout,stderr}.log``)
+  read from their start, or any other regular file a rank or torchrun writes
+  to, read from its last 64 KiB.  A terminal, a pipe or a socket cannot be
+  read from outside: ddptop says so once per rank and stream, with the remedy.
+
+Telemetry and the Analyzer (stall and log-signature alarms) run inside
+``poll()``, as the supervisor runs them for a launched job.
+
+Two things it never does, by design: stop or relaunch the job (ddptop did
+not start it, so it sends it no signal at all), and report an exit code
+(only torchrun's parent can know it).  The job's final state is ``ended``.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import stat
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import psutil
+
+from ddptop import __version__
+from ddptop.core import journal
+from ddptop.core.events import (ENDED, RUNNING, AlarmEvent, Event, GpuEvent, LogEvent, NoteEvent, ProcEvent,
+                                RankEvent, StateEvent)
+from ddptop.core.tailer import Tailer
+
+SCAN_EVERY = 0.5  # seconds between looks for new ranks, ended ranks and new log files
+CHECK_EVERY = 0.5  # seconds between stall checks
+HISTORY = 64 * 1024  # bytes of history read from a file that is not a torchrun log file
+LOG_HISTORY = 8 * 1024 * 1024  # at most this much of each torchrun per-rank log file
+END_GRACE = 5.0  # seconds to wait for ranks that outlive torchrun
+EXIT_UNKNOWN = 3  # `ddptop attach` exit code: the job ended, its exit status is unknown
+EXIT_CRASH_SEEN = 1  # ... the job ended and ddptop saw a rank crash in its output
+
+_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+_SCRIPTS = ("/torch/distributed/run.py", "/torch/distributed/launch.py")
+_ATTEMPT = re.compile(r"attempt_(\d+)$")
+# torchrun options read here (normalised: no dashes, "_" for "-"), and the PET_* variable of each
+_OPTIONS = ("log_dir", "redirects", "tee", "nproc_per_node", "nnodes", "node_rank", "rdzv_id")
+_SHORT = {"-r": "redirects", "-t": "tee"}
+_RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "CUDA_VISIBLE_DEVICES",
+              "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID")
+RANK_REMEDY = "Relaunch under ddptop, or give torchrun --log-dir DIR --redirects 3 (or --tee 3)"
+TORCHRUN_REMEDY = "Redirect torchrun's output to a file (torchrun ... > torchrun.log 2>&1), or launch under ddptop"
+
+
+class ForeignError(Exception):
+    """The pid names no process, or one that is not part of a torchrun job; the message says which."""
+
+
+# -- recognising torchrun -------------------------------------------------------
+
+
+def torchrun_args(cmdline: list[str]) -> list[str] | None:
+    """The arguments given to torchrun if ``cmdline`` is a torchrun (elastic
+    agent) process: ``torchrun ...``, ``python .../bin/torchrun ...``,
+    ``python -m torch.distributed.run ...`` (or ``.launch``).  None otherwise."""
+    if not cmdline:
+        return None
+    if os.path.basename(cmdline[0]) == "torchrun":
+        return list(cmdline[1:])
+    if not os.path.basename(cmdline[0]).startswith("python"):
+        return None  # a wrapper (timeout, nohup -> exec'd, srun...) is not torchrun itself
+    if len(cmdline) > 1 and os.path.basename(cmdline[1]) == "torchrun":
+        return list(cmdline[2:])
+    i = 1
+    while i < len(cmdline):
+        a = cmdline[i]
+        if a == "-m":
+            return list(cmdline[i + 2:]) if i + 1 < len(cmdline) and cmdline[i + 1] in _MODULES else None
+        if a.startswith("-m"):
+            return list(cmdline[i + 1:]) if a[2:] in _MODULES else None
+        if a == "-c":
+            return None  # python -c CODE
+        if not a.startswith("-"):
+            return list(cmdline[i + 1:]) if a.endswith(_SCRIPTS) else None  # python SCRIPT
+        i += 2 if a in ("-X", "-W", "--check-hash-based-pycs") else 1
+    return None
+
+
+def is_torchrun(proc: psutil.Process) -> bool:
+    try:
+        return torchrun_args(proc.cmdline()) is not None
+    except psutil.Error:
+        return False
+
+
+def launched_by_ddptop(proc: psutil.Process) -> Path | None:
+    """The run directory of a torchrun that ddptop launched, else None."""
+    try:
+        beats = proc.environ().get("DDPTOP_BEAT_DIR")
+    except (psutil.Error, OSError):
+        beats = None
+    if beats:
+        run = Path(beats).parent
+        if (run / journal.META).is_file():
+            return run
+    try:
+        parent = proc.parent()
+        pcmd = parent.cmdline() if parent is not None else []
+    except psutil.Error:
+        pcmd = []
+    if any("ddptop.core.supervisor" in a for a in pcmd) and pcmd and (Path(pcmd[-1]) / journal.META).is_file():
+        return Path(pcmd[-1])
+    return None
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def find_torchruns() -> list[psutil.Process]:
+    """This user's running torchrun processes that ddptop did not launch, oldest first."""
+    me = os.getuid()
+    out = []
+    for p in psutil.process_iter(["cmdline", "uids", "create_time"]):
+        try:
+            uids = p.info.get("uids")
+            if uids is None or uids.real != me or p.pid == os.getpid():
+                continue
+            if torchrun_args(p.info.get("cmdline") or []) is None or not _alive(p):
+                continue
+            if launched_by_ddptop(p) is not None:
+                continue
+            out.append(p)
+        except psutil.Error:
+            continue
+    out.sort(key=lambda p: (p.info.get("create_time") or 0, p.pid))
+    return out
+
+
+def describe(proc: psutil.Process, width: int = 100) -> str:
+    """``PID  STARTED  COMMAND`` for a listing."""
+    try:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(proc.create_time()))
+        cmd = " ".join(proc.cmdline())
+    except psutil.Error:
+        started, cmd = "?", "(gone)"
+    if len(cmd) > width:
+        cmd = cmd[: width - 3] + "..."
+    return f"{proc.pid:>8}  {started}  {cmd}"
+
+
+def _rank_env(proc: psutil.Process) -> dict[str, str] | None:
+    try:
+        env = proc.environ()
+    except (psutil.Error, OSError):
+        return None
+    if "RANK" not in env:
+        return None
+    return {k: env[k] for k in _RANK_VARS if k in env}
+
+
+@dataclass
+class Target:
+    """What ``--pid`` found: a torchrun, or a lone rank (a one-rank job)."""
+
+    torchrun: psutil.Process | None
+    lone_rank: psutil.Process | None = None
+    asked: int = 0  # the pid given
+
+    @property
+    def pid(self) -> int:
+        return (self.torchrun or self.lone_rank).pid
+
+
+def resolve_pid(pid: int) -> Target:
+    """The torchrun job that ``pid`` belongs to.
+
+    ``pid`` may be torchrun itself, or any process under it (a rank, a rank's
+    data-loader worker): the parents are walked up to torchrun.  A process
+    with RANK in its environment and no torchrun above it (started by srun,
+    mpirun, a script...) is a one-rank job.
+    """
+    try:
+        proc = psutil.Process(pid)
+        cmd = proc.cmdline()
+    except psutil.NoSuchProcess:
+        raise ForeignError(f"no process with pid {pid}") from None
+    except psutil.AccessDenied:
+        raise ForeignError(f"pid {pid} belongs to another user: ddptop cannot look at it") from None
+    if not _alive(proc):
+        raise ForeignError(f"pid {pid} has ended (it is a zombie)")
+    if torchrun_args(cmd) is not None:
+        return Target(proc, asked=pid)
+    try:
+        parents = proc.parents()
+    except psutil.Error:
+        parents = []
+    for anc in parents:
+        if is_torchrun(anc):
+            return Target(anc, asked=pid)
+    what = " ".join(cmd)[:120] or "?"
+    try:
+        env = proc.environ()
+    except psutil.AccessDenied:
+        raise ForeignError(f"pid {pid} ({what}) is not a torchrun process, and its environment cannot be "
+                           f"read (permission denied) to tell whether it is a rank") from None
+    except psutil.Error as e:
+        raise ForeignError(f"pid {pid}: {e}") from None
+    if "RANK" in env:
+        # the topmost process of that rank (not one of its data-loader workers)
+        top = proc
+        for anc in parents:
+            if _rank_env(anc) is None or _rank_env(anc).get("RANK") != env["RANK"]:
+                break
+            top = anc
+        return Target(None, top, asked=pid)
+    raise ForeignError(f"pid {pid} ({what}) is neither a torchrun process nor a rank of one "
+                       f"(no torchrun among its parents, no RANK in its environment)")
+
+
+# -- torchrun's options ---------------------------------------------------------
+
+
+@dataclass
+class TorchrunOptions:
+    log_dir: str | None = None
+    redirects: str | None = None
+    tee: str | None = None
+    nproc_per_node: str | None = None
+    nnodes: str | None = None
+    node_rank: str | None = None
+    rdzv_id: str | None = None
+    script: list[str] = field(default_factory=list)  # the training script and its arguments
+
+
+def parse_torchrun_options(args: list[str], env: dict[str, str] | None = None) -> TorchrunOptions:
+    """The options ddptop needs, from torchrun's arguments (``--x v``, ``--x=v``,
+    ``--x_y`` spellings) or else from torchrun's ``PET_*`` variables."""
+    from ddptop.core.launcher import TORCHRUN_FLAGS
+
+    got: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            i += 1
+            break
+        if not a.startswith("-") or a == "-":
+            break
+        name, eq, val = a.partition("=")
+        if name in TORCHRUN_FLAGS:
+            i += 1
+            continue
+        if not eq:
+            if i + 1 >= len(args):
+                break
+            val = args[i + 1]
+            i += 2
+        else:
+            i += 1
+        key = _SHORT.get(name) or name.lstrip("-").replace("-", "_")
+        if key in _OPTIONS:
+            got[key] = val
+    env = env or {}
+    for key in _OPTIONS:
+        if key not in got and env.get("PET_" + key.upper()):
+            got[key] = env["PET_" + key.upper()]
+    return TorchrunOptions(**got, script=list(args[i:]))
+
+
+def _int(v) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+# -- the session ----------------------------------------------------------------
+
+
+def _fd_target(pid: int, fd: int) -> tuple[str, os.stat_result | None, str | None]:
+    """(where /proc/PID/fd/FD points, the target's stat, why it could not be looked at)."""
+    link = f"/proc/{pid}/fd/{fd}"
+    try:
+        target = os.readlink(link)
+    except FileNotFoundError:
+        return "", None, "closed"
+    except PermissionError:
+        return "", None, "permission denied"
+    except OSError as e:
+        return "", None, e.strerror or str(e)
+    try:
+        st = os.stat(link)
+    except OSError:
+        st = None
+    return target, st, None
+
+
+def _start_offset(path: str, history: int) -> int:
+    """Where to start reading a file: ``history`` bytes before its end, at a line start."""
+    try:
+        size = os.path.getsize(path)
+        if size <= history:
+            return 0
+        with open(path, "rb") as f:
+            f.seek(size - history)
+            chunk = f.read(history)
+    except OSError:
+        return 0
+    nl = chunk.find(b"\n")
+    return size - history + nl + 1 if nl >= 0 else size
+
+
+def _log_file_key(path: str) -> tuple[Path, int, int, str] | None:
+    """(run subdirectory, attempt, local rank, stream) of a torchrun per-rank log file."""
+    p = Path(path)
+    m = _ATTEMPT.match(p.parent.parent.name)
+    if m is None or not p.parent.name.isdigit() or p.name not in ("stdout.log", "stderr.log"):
+        return None
+    return p.parent.parent.parent, int(m.group(1)), int(p.parent.name), p.name[:-4]
+
+
+@dataclass
+class _Rank:
+    proc: psutil.Process
+    rank: int
+    local_rank: int
+    attempt: int
+    env: dict
+    ended: bool = False
+
+
+@dataclass
+class _Source:
+    tailer: Tailer
+    writers: set = field(default_factory=set)  # {(rank or None for torchrun, stream)}
+    attempt: int = 0
+    mixed_noted: bool = False
+
+    def label(self) -> tuple[int | None, str]:
+        ranks = {r for r, _ in self.writers}
+        if len(ranks) == 1 and None not in ranks:
+            streams = {s for _, s in self.writers}
+            return next(iter(ranks)), (next(iter(streams)) if len(streams) == 1 else "stdout")
+        return None, "torchrun"
+
+
+class ForeignSession:
+    """A torchrun job ddptop did not launch, watched from outside: the ``Session`` interface."""
+
+    def __init__(self, target: int | Target, *, gpu: str = "auto", stall_after: float | None = None,
+                 sample_interval: float = 1.0, clock=time.time):
+        self.target = target if isinstance(target, Target) else resolve_pid(int(target))
+        self.clock = clock
+        self.gpu = gpu
+        self.sample_interval = sample_interval
+        self.torchrun = self.target.torchrun
+        root = self.torchrun or self.target.lone_rank
+        self.pid = root.pid
+        self.host = journal.hostname()
+        try:
+            cmdline = root.cmdline()
+            self.started = root.create_time()
+        except psutil.NoSuchProcess:
+            raise ForeignError(f"pid {self.pid} has ended") from None
+        except psutil.AccessDenied:
+            raise ForeignError(f"pid {self.pid} belongs to another user: ddptop cannot look at it") from None
+        try:
+            cwd = root.cwd()
+        except psutil.Error:
+            cwd = ""
+        try:
+            root_env = root.environ() if self.torchrun is not None else {}
+        except (psutil.Error, OSError):
+            root_env = {}
+        args = torchrun_args(cmdline) if self.torchrun is not None else None
+        self.options = parse_torchrun_options(args or [], root_env)
+        o = self.options
+        self.log_dir = o.log_dir
+        self.run_log_dir: Path | None = None  # LOG_DIR/<run id>_<random> of this job, once known
+        self.meta = journal.Meta(
+            run_id=f"pid-{self.pid}",
+            command=list(cmdline),
+            user_command=["torchrun", *(args or [])] if self.torchrun is not None else list(cmdline),
+            env_set={}, cwd=cwd, host=self.host, started=self.started, log_dir=o.log_dir or "",
+            nproc_per_node=_int(o.nproc_per_node), node_rank=_int(o.node_rank), ddptop_version=__version__,
+            gpu=gpu, sample_interval=sample_interval, stall_after=stall_after, inject=False)
+        self.control_refused = (f"ddptop did not start this job and will not stop or relaunch it; "
+                                f"use kill -INT {self.pid} yourself to stop it")
+        self.error: str | None = None
+        self.finished = False
+        self.stop_requested = False
+        self._final: StateEvent | None = None
+        self._pending: list[Event] = []
+        self._async: queue.SimpleQueue = queue.SimpleQueue()  # notes from the stack-capture thread
+        self._stacks_busy = threading.Event()
+        self._ranks: dict[int, _Rank] = {}  # pid -> rank
+        self._rank_of: dict[tuple[int, int], int] = {}  # (attempt, local rank) -> rank
+        self._sources: dict[tuple[int, int], _Source] = {}  # (st_dev, st_ino) -> source
+        self._warned: set = set()  # warnings given once
+        self._last_scan = -1e18
+        self._last_tick = -1e18
+        self._last_check = -1e18
+        self._gone_since: float | None = None
+        self._started_sent = False
+        self._torchrun_fds_seen = False
+        self._crash_seen = False
+        self._group_rank: int | None = _int(o.node_rank)
+        self._local_world: int | None = _int(o.nproc_per_node)
+        self._telemetry = None
+        self._telemetry_failed = False
+        from ddptop.core.analyzer import Analyzer
+
+        self.analyzer = Analyzer(clock, stall_after=stall_after, node=self.host)
+
+    # -- the Session interface -------------------------------------------------
+
+    @property
+    def run_dir(self) -> str:
+        """No journal: say where the job's logs are, or that there is none."""
+        if self.run_log_dir is not None:
+            return f"none (ddptop did not launch this job; its rank logs are in {self.run_log_dir})"
+        return "none (ddptop did not launch this job)"
+
+    @property
+    def attach_hint(self) -> str:
+        return f"ddptop attach --pid {self.pid}"
+
+    @property
+    def is_live(self) -> bool:
+        return not self.finished and self._final is None and _alive(self.torchrun or self.target.lone_rank)
+
+    @property
+    def exit_code(self) -> int | None:
+        return None  # never known: only torchrun's parent can wait for it
+
+    @property
+    def final_state(self) -> StateEvent | None:
+        return self._final
+
+    @property
+    def crash_seen(self) -> bool:
+        """A rank crash (or torchrun's failure report) was seen in the job's output."""
+        return self._crash_seen
+
+    @property
+    def attach_exit_code(self) -> int:
+        """What ``ddptop attach`` exits with once this job has ended: 1 when a
+        crash was seen in its output, else 3 (ended, exit status unknown)."""
+        return EXIT_CRASH_SEEN if self._crash_seen else EXIT_UNKNOWN
+
+    def stop(self) -> bool:
+        """Refused: ddptop never signals a job it did not start."""
+        self._pending.append(NoteEvent(self.clock(), "warning", self.control_refused))
+        return False
+
+    def relaunch(self, profiles: list[str], reason: str = "asked for") -> bool:
+        """Refused, as ``stop``: relaunching means stopping first."""
+        self._pending.append(NoteEvent(self.clock(), "warning", self.control_refused))
+        return False
+
+    def dump_stacks(self) -> bool:
+        """Every rank's Python stack, now (py-spy reads the ranks without
+        stopping them); the result arrives as a note.  False if no rank is alive."""
+        pids = {r.rank: pid for pid, r in list(self._ranks.items()) if not r.ended}
+        if not pids or self.finished or self._stacks_busy.is_set():
+            return bool(pids) and not self.finished
+        self._stacks_busy.set()
+        threading.Thread(target=self._capture_stacks, args=(pids,), daemon=True, name="ddptop-stacks").start()
+        return True
+
+    def _capture_stacks(self, pids: dict[int, int]) -> None:
+        from ddptop.core.stacks import dump_stacks, summarise
+
+        try:
+            raw, groups, err = dump_stacks(pids)
+            if raw:
+                d = journal.runs_home() / "attached" / f"pid-{self.pid}" / "stacks" / time.strftime("%Y%m%d-%H%M%S")
+                d.mkdir(parents=True, exist_ok=True)
+                for rank, text in raw.items():
+                    (d / f"rank{rank}.txt").write_text(text)
+                self._async.put(NoteEvent(self.clock(), "info", f"stacks captured in {d}: {summarise(groups)}"))
+            if err:
+                self._async.put(NoteEvent(self.clock(), "warning", f"stack capture: {err}"))
+        except Exception as e:
+            self._async.put(NoteEvent(self.clock(), "warning", f"stack capture failed: {e!r}"))
+        finally:
+            self._stacks_busy.clear()
+
+    def close(self) -> None:
+        for src in self._sources.values():
+            src.tailer.close()
+        tel = self._telemetry
+        if tel is not None:
+            try:
+                tel.backend.shutdown()
+            except Exception:
+                pass
+            self._telemetry = None
+
+    def follow(self, interval: float = 0.1):
+        while not self.finished:
+            batch = self.poll()
+            if batch:
+                yield batch
+            else:
+                time.sleep(interval)
+
+    # -- reading -----------------------------------------------------------------
+
+    def poll(self, max_bytes: int = 4 * 1024 * 1024) -> list[Event]:
+        """Everything new since the last call.  Never blocks on the job."""
+        if self.finished:
+            return []
+        now = self.clock()
+        out: list[Event] = []
+        if not self._started_sent:
+            self._started_sent = True
+            out.append(StateEvent(self.started, RUNNING, message=self._intro()))
+        out += self._pending
+        self._pending = []
+        while not self._async.empty():
+            out.append(self._async.get_nowait())
+        ending = False
+        if now - self._last_scan >= SCAN_EVERY:
+            self._last_scan = now
+            ending = self._scan(now, out)
+        out += self._read(now, max_bytes, drain=ending)
+        if not ending and now - self._last_tick >= self.sample_interval:
+            self._last_tick = now
+            out += self._tick(now)
+        alarms = self.analyzer.feed(self._for_analyzer(out))
+        if now - self._last_check >= CHECK_EVERY or ending:
+            self._last_check = now
+            alarms += self.analyzer.check(now)
+        if not self._crash_seen and (any(a.type == "crash" for a in alarms) or any(
+                f.signature in ("child-failed", "rank-exit", "rank-signal") for f in self.analyzer.findings)):
+            self._crash_seen = True
+        out += alarms
+        if any(a.type == "stall" for a in alarms):
+            self.dump_stacks()  # as the supervisor does for the jobs it launched
+        if ending:
+            self._final = StateEvent(now, ENDED, None, "exit code unknown: ddptop did not start this job")
+            self.analyzer.feed([self._final])
+            out.append(self._final)
+            self.finished = True
+            self.close()
+        return out
+
+    def _intro(self) -> str:
+        o = self.options
+        if self.torchrun is None:
+            return (f"attached to pid {self.pid}, a lone rank not started by torchrun nor by ddptop "
+                    f"(watched as a one-rank job; ddptop will not stop it)")
+        bits = [f"attached to torchrun pid {self.pid} (not launched by ddptop; it will not be stopped by ddptop)"]
+        opts = []
+        for name, v in (("--nnodes", o.nnodes), ("--nproc-per-node", o.nproc_per_node), ("--node-rank", o.node_rank),
+                        ("--log-dir", o.log_dir), ("--redirects", o.redirects), ("--tee", o.tee)):
+            if v is not None:
+                opts.append(f"{name} {v}")
+        if opts:
+            bits.append("torchrun " + " ".join(opts))
+        return "; ".join(bits)
+
+    def _scan(self, now: float, out: list[Event]) -> bool:
+        """Find new and ended ranks and new output files.  True once the job has ended."""
+        root = self.torchrun or self.target.lone_rank
+        root_alive = _alive(root)
+        if self.torchrun is not None and not self._torchrun_fds_seen:
+            self._torchrun_fds_seen = True
+            for fd, stream in ((1, "stdout"), (2, "stderr")):
+                self._watch_fd(out, self.torchrun.pid, fd, None, stream, 0)
+        # ranks
+        if self.torchrun is not None and root_alive:
+            try:
+                children = self.torchrun.children()
+            except psutil.Error:
+                children = []
+            for c in children:
+                if c.pid not in self._ranks:
+                    self._new_rank(out, c, now)
+        elif self.torchrun is None and self.target.lone_rank.pid not in self._ranks and root_alive:
+            self._new_rank(out, self.target.lone_rank, now)
+        for pid, r in self._ranks.items():
+            if not r.ended and not _alive(r.proc):
+                self._rank_ended(out, pid, r, now)
+        self._scan_log_dir(out)
+        if self._ranks and not self._readable() and not self._warned_about("nothing-readable"):
+            out.append(NoteEvent(now, "warning", "no rank's own output can be read (see above): ddptop shows the "
+                                                 "ranks' processes and telemetry, and raises no stall alarm for "
+                                                 "this job"))
+        if root_alive:
+            return False
+        # the job is over once torchrun has gone and its ranks with it (or after a grace period)
+        if self._gone_since is None:
+            self._gone_since = now
+        left = [(pid, r) for pid, r in self._ranks.items() if not r.ended]
+        if left and now - self._gone_since < END_GRACE:
+            return False
+        for pid, r in left:
+            out.append(NoteEvent(now, "warning", f"rank {r.rank} (pid {pid}) is still running after torchrun "
+                                                 f"ended; ddptop stops watching it"))
+            self._rank_ended(out, pid, r, now)
+        return True
+
+    def _warned_about(self, key) -> bool:
+        if key in self._warned:
+            return True
+        self._warned.add(key)
+        return False
+
+    def _new_rank(self, out: list[Event], proc: psutil.Process, now: float) -> None:
+        env = _rank_env(proc)
+        if env is None:
+            return  # not a worker (or its environment cannot be read)
+        rank = _int(env.get("RANK"))
+        if rank is None:
+            return
+        local = _int(env.get("LOCAL_RANK"))
+        local = rank if local is None else local
+        attempt = _int(env.get("TORCHELASTIC_RESTART_COUNT")) or 0
+        r = self._ranks[proc.pid] = _Rank(proc, rank, local, attempt, env)
+        self._rank_of[(attempt, local)] = rank
+        if _int(env.get("GROUP_RANK")) is not None:
+            self._group_rank = _int(env.get("GROUP_RANK"))
+        if _int(env.get("LOCAL_WORLD_SIZE")) is not None:
+            self._local_world = _int(env.get("LOCAL_WORLD_SIZE"))
+        if self.meta.nproc_per_node is None and self._local_world is not None:
+            self.meta = replace(self.meta, nproc_per_node=self._local_world)
+        if self.meta.node_rank is None and self._group_rank is not None:
+            self.meta = replace(self.meta, node_rank=self._group_rank)
+        for fd, stream in ((1, "stdout"), (2, "stderr")):
+            self._watch_fd(out, proc.pid, fd, rank, stream, attempt)
+        out.append(RankEvent(now, rank=rank, local_rank=local, node=self.host, pid=proc.pid, attempt=attempt,
+                             alive=True))
+        if not self._warned_about(("env", attempt)):
+            facts = [f"{k}={env[k]}" for k in ("WORLD_SIZE", "GROUP_RANK", "CUDA_VISIBLE_DEVICES") if k in env]
+            if facts:
+                out.append(NoteEvent(now, "info", f"attempt {attempt}: ranks see " + ", ".join(facts)))
+
+    def _rank_ended(self, out: list[Event], pid: int, r: _Rank, now: float) -> None:
+        r.ended = True
+        # exit code unknown: torchrun, not ddptop, waits for its workers
+        out.append(RankEvent(now, rank=r.rank, local_rank=r.local_rank, node=self.host, pid=pid,
+                             attempt=r.attempt, alive=False, exit_code=None))
+
+    def _watch_fd(self, out: list[Event], pid: int, fd: int, rank: int | None, stream: str, attempt: int) -> None:
+        """Read what ``pid`` writes to ``fd`` if it is a regular file; else say why not (once)."""
+        now = self.clock()
+        who = "torchrun" if rank is None else f"rank {rank}"
+        target, st, err = _fd_target(pid, fd)
+        remedy = TORCHRUN_REMEDY if rank is None else RANK_REMEDY
+        if err is not None:
+            if err != "closed" and not self._warned_about((rank, stream, "err")):
+                out.append(NoteEvent(now, "warning", f"{who} {stream}: cannot look at it ({err}): "
+                                                     f"ddptop cannot read it. {remedy}"))
+            return
+        if st is not None and stat.S_ISREG(st.st_mode) and not target.endswith(" (deleted)"):
+            self._add_file(out, target, st, rank, stream, attempt, history=True)
+            return
+        if target == os.devnull:
+            what = f"is discarded ({target})"
+        elif target.startswith("pipe:"):
+            what = f"is a pipe ({target})"
+        elif target.startswith("socket:"):
+            what = f"is a socket ({target})"
+        elif target.endswith(" (deleted)"):
+            what = f"goes to a deleted file ({target})"
+        elif st is not None and stat.S_ISCHR(st.st_mode) and (target.startswith(("/dev/pts/", "/dev/tty"))
+                                                                or target == "/dev/console"):
+            what = f"is a terminal ({target})"
+        else:
+            what = f"is not a regular file ({target})"
+        if not self._warned_about((rank, stream)):
+            out.append(NoteEvent(now, "warning", f"{who} {stream} {what}: ddptop cannot read it. {remedy}"))
+
+    def _add_file(self, out: list[Event], path: str, st: os.stat_result, rank: int | None, stream: str,
+                  attempt: int, history: bool) -> None:
+        key = (st.st_dev, st.st_ino)
+        src = self._sources.get(key)
+        who = "torchrun" if rank is None else f"rank {rank}"
+        if src is None:
+            log = _log_file_key(path)
+            if log is not None:
+                if self.run_log_dir is None:
+                    self.run_log_dir = log[0]
+                offset = _start_offset(path, LOG_HISTORY)
+                note = None if offset == 0 else (
+                    f"{who} {stream}: {path} is large; reading its last {LOG_HISTORY // 1024 // 1024} MiB")
+            else:
+                offset = _start_offset(path, HISTORY) if history else 0
+                note = (f"{who} {stream} goes to {path}: reading it from "
+                        + ("its start" if offset == 0 else f"its last {HISTORY // 1024} KiB (earlier output is in the file)"))
+            src = self._sources[key] = _Source(Tailer(path, offset), attempt=attempt)
+            if note:
+                out.append(NoteEvent(self.clock(), "info", note))
+        src.writers.add((rank, stream))
+        if len({r for r, _ in src.writers}) > 1 and not src.mixed_noted:
+            src.mixed_noted = True
+            who = "torchrun and its ranks" if None in {r for r, _ in src.writers} else "several ranks"
+            out.append(NoteEvent(self.clock(), "warning",
+                                 f"{who} write to the same file {path}: its lines are shown as torchrun's "
+                                 f"output, since ddptop cannot tell whose they are. {RANK_REMEDY}"))
+
+    def _rank_for(self, attempt: int, local_rank: int) -> int:
+        r = self._rank_of.get((attempt, local_rank))
+        if r is not None:
+            return r
+        if self._group_rank is not None and self._local_world is not None:
+            return self._group_rank * self._local_world + local_rank
+        return local_rank
+
+    def _scan_log_dir(self, out: list[Event]) -> None:
+        """Per-rank log files of this job, also those of ranks that have ended (a crash's traceback)."""
+        d = self.run_log_dir
+        if d is None and self.log_dir and self.torchrun is not None:
+            d = self._guess_run_log_dir()
+            if d is not None:
+                self.run_log_dir = d
+        if d is None:
+            return
+        for path in d.glob("attempt_*/*/std*.log"):
+            key = _log_file_key(str(path))
+            if key is None:
+                continue
+            _, attempt, local_rank, stream = key
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) not in self._sources:
+                self._add_file(out, str(path), st, self._rank_for(attempt, local_rank), stream, attempt, history=False)
+
+    def _guess_run_log_dir(self) -> Path | None:
+        """The newest ``LOG_DIR/<run id>_*`` made since torchrun started (when no live rank says which)."""
+        try:
+            cands = [p for p in Path(self.log_dir).iterdir() if p.is_dir()
+                     and p.stat().st_mtime >= self.started - 1 and any(p.glob("attempt_*"))]
+        except OSError:
+            return None
+        rid = next((r.env.get("TORCHELASTIC_RUN_ID") for r in self._ranks.values()), None) or self.options.rdzv_id
+        named = [p for p in cands if rid and p.name.startswith(rid + "_")]
+        cands = named or cands
+        return max(cands, key=lambda p: p.stat().st_mtime) if cands else None
+
+    def _read(self, now: float, max_bytes: int, drain: bool) -> list[Event]:
+        out: list[Event] = []
+        fast = LogEvent.fast
+        for src in self._sources.values():
+            rank, stream = src.label()
+            t = src.tailer
+            while True:
+                lines = t.read(max_bytes)
+                out.extend(fast(now, rank, stream, text, src.attempt, t.path, off, part, trans)
+                           for off, text, part, trans in lines)
+                if not drain or not lines or t.at_eof():
+                    break
+            if drain:
+                out.extend(fast(now, rank, stream, tl.text, src.attempt, t.path, tl.offset, tl.partial)
+                           for tl in t.flush())
+        return out
+
+    def _tick(self, now: float) -> list[Event]:
+        if self._telemetry_failed:
+            return []
+        from ddptop.core.telemetry import RankProc, Telemetry, make_backend
+
+        try:
+            if self._telemetry is None:
+                self._telemetry = Telemetry(make_backend(self.gpu, self.host), self.host)
+            ranks = [RankProc(r.rank, r.local_rank, pid) for pid, r in self._ranks.items() if not r.ended]
+            return self._telemetry.tick(ranks, now)
+        except Exception as e:  # never let telemetry take the watching down
+            self._telemetry_failed = True
+            return [NoteEvent(now, "warning", f"telemetry disabled: {e!r}")]
+
+    def _readable(self) -> set[int]:
+        """Ranks whose own output ddptop reads (a file only they write to)."""
+        return {r for r, _ in (src.label() for src in self._sources.values()) if r is not None}
+
+    def _for_analyzer(self, events: list[Event]) -> list[Event]:
+        """Leave out the ranks whose output cannot be read: silence from them is not a stall."""
+        ok = self._readable()
+        out = []
+        for ev in events:
+            if isinstance(ev, AlarmEvent):
+                continue
+            if isinstance(ev, (RankEvent, ProcEvent)) and ev.rank not in ok:
+                continue
+            if isinstance(ev, GpuEvent) and ev.ranks and not set(ev.ranks) <= ok:
+                ev = replace(ev, ranks=tuple(r for r in ev.ranks if r in ok))
+            out.append(ev)
+        return out

@@ -1,0 +1,474 @@
+"""`ddptop attach --pid`: real torchrun jobs that ddptop did not launch.
+
+Every job here is a plain `python -m torch.distributed.run` started by the
+test in its own session; the test kills it (torchrun's group and each rank's:
+torchrun starts every rank in a session of its own) in a finally/teardown and
+checks that nothing it started is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import EXAMPLE, ROOT, TIMEOUT, alive, ddptop_cmd, json_events, wait_for
+from ddptop.core.events import ENDED, FINAL_STATES
+from ddptop.core.foreign import (EXIT_UNKNOWN, ForeignError, ForeignSession, _start_offset, parse_torchrun_options,
+                                 resolve_pid, torchrun_args)
+
+
+# -- helpers ------------------------------------------------------------------------
+
+
+class Procs:
+    """Every process a test starts, killed by process group at teardown."""
+
+    def __init__(self):
+        self.popens: list[subprocess.Popen] = []
+        self.pids: set[int] = set()  # ranks and other descendants seen (each leads its own group or not)
+
+    def popen(self, argv, **kw) -> subprocess.Popen:
+        kw.setdefault("cwd", ROOT)
+        kw.setdefault("stdin", subprocess.DEVNULL)
+        p = subprocess.Popen(argv, start_new_session=True, **kw)
+        self.popens.append(p)
+        return p
+
+    def remember_tree(self, p: subprocess.Popen) -> None:
+        try:
+            self.pids.update(c.pid for c in psutil.Process(p.pid).children(recursive=True))
+        except psutil.Error:
+            pass
+
+    def kill_all(self) -> list[int]:
+        for p in self.popens:
+            self.remember_tree(p)
+        for pid in [p.pid for p in self.popens] + sorted(self.pids):
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for p in self.popens:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(alive(pid) for pid in self.pids):
+            time.sleep(0.1)
+        return [pid for pid in self.pids if alive(pid)]
+
+
+@pytest.fixture
+def procs():
+    ps = Procs()
+    try:
+        yield ps
+    finally:
+        left = ps.kill_all()
+        assert not left, f"processes left behind: {left}"
+
+
+def start_job(procs: Procs, tmp_path: Path, *script_args, log_dir: bool = True, stdout=None):
+    """torchrun --standalone --nproc-per-node 2 [--log-dir D --redirects 3] train_ddp.py ARGS."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    if log_dir:
+        argv += ["--log-dir", str(tmp_path / "logs"), "--redirects", "3"]
+    argv += [EXAMPLE, *script_args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.pop("DDPTOP_BEAT_DIR", None)
+    if stdout is None:
+        out = open(tmp_path / "torchrun.out", "wb")
+        p = procs.popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        out.close()
+    else:
+        p = procs.popen(argv, env=env, stdout=stdout, stderr=subprocess.STDOUT)
+    return p
+
+
+def wait_ranks(procs: Procs, job: subprocess.Popen, n: int = 2) -> dict[int, int]:
+    """{rank: pid} of the job's workers, once all n have started."""
+
+    def ranks():
+        out = {}
+        try:
+            for c in psutil.Process(job.pid).children():
+                env = c.environ()
+                if "RANK" in env:
+                    out[int(env["RANK"])] = c.pid
+        except psutil.Error:
+            return None
+        return out if len(out) == n else None
+
+    found = wait_for(ranks, timeout=TIMEOUT, what="the ranks to start")
+    procs.pids.update(found.values())
+    return found
+
+
+class Reader:
+    """Collect a subprocess's stdout lines in a thread (never blocks the test)."""
+
+    def __init__(self, stream):
+        self.lines: list[str] = []
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._t = threading.Thread(target=self._run, args=(stream,), daemon=True)
+        self._t.start()
+
+    def _run(self, stream):
+        for raw in stream:
+            self.lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def events(self) -> list[dict]:
+        out = []
+        for l in list(self.lines):
+            try:
+                out.append(json.loads(l))
+            except ValueError:
+                pass
+        return out
+
+    def join(self, timeout=30):
+        self._t.join(timeout)
+
+
+def finish(p: subprocess.Popen, timeout=TIMEOUT) -> tuple[str, str]:
+    out, err = p.communicate(timeout=timeout)
+    return out.decode(), err.decode()
+
+
+def attach(procs, *args, env=None):
+    return procs.popen(ddptop_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       env=env or dict(os.environ))
+
+
+def file_has(path_glob: Path, pattern: str, text: str) -> bool:
+    return any(text in p.read_text(errors="replace") for p in path_glob.glob(pattern))
+
+
+# -- pure parts ---------------------------------------------------------------------
+
+
+def test_recognises_torchrun_command_lines():
+    assert torchrun_args(["torchrun", "--nproc-per-node", "2", "t.py"]) == ["--nproc-per-node", "2", "t.py"]
+    assert torchrun_args(["/usr/bin/python3", "/venv/bin/torchrun", "t.py"]) == ["t.py"]
+    assert torchrun_args(["python3.11", "-u", "-m", "torch.distributed.run", "t.py"]) == ["t.py"]
+    assert torchrun_args(["python", "-m", "torch.distributed.launch", "--nproc_per_node=2", "t.py"]) == [
+        "--nproc_per_node=2", "t.py"]
+    assert torchrun_args(["python", "/x/site-packages/torch/distributed/run.py", "t.py"]) == ["t.py"]
+    # not torchrun: a wrapper around it, a rank, code that mentions it, ddptop itself
+    assert torchrun_args(["timeout", "60", "python", "-m", "torch.distributed.run", "t.py"]) is None
+    assert torchrun_args(["python", "-u", "t.py", "-m", "torch.distributed.run"]) is None
+    assert torchrun_args(["python", "-c", "import torch.distributed.run"]) is None
+    assert torchrun_args(["python", "-m", "ddptop", "attach", "--pid", "1"]) is None
+    assert torchrun_args([]) is None
+
+
+def test_parses_torchrun_options_in_every_spelling():
+    o = parse_torchrun_options(["--nnodes=1", "--nproc_per_node", "4", "--standalone", "--log-dir=/l", "-r", "0:3,1:1",
+                                "--tee", "3", "--node_rank=0", "train.py", "--log-dir", "not-torchrun's"])
+    assert (o.nnodes, o.nproc_per_node, o.log_dir, o.redirects, o.tee, o.node_rank) == ("1", "4", "/l", "0:3,1:1", "3", "0")
+    assert o.script == ["train.py", "--log-dir", "not-torchrun's"]
+    # torchrun also takes every option from a PET_* variable
+    o = parse_torchrun_options(["t.py"], {"PET_LOG_DIR": "/env-logs", "PET_NPROC_PER_NODE": "2"})
+    assert (o.log_dir, o.nproc_per_node, o.redirects) == ("/env-logs", "2", None)
+
+
+def test_history_starts_at_a_line_boundary(tmp_path):
+    f = tmp_path / "out.log"
+    f.write_bytes(b"".join(b"line %05d\n" % i for i in range(20000)))  # 200 000 bytes
+    off = _start_offset(str(f), 64 * 1024)
+    data = f.read_bytes()
+    assert 0 < len(data) - off <= 64 * 1024 and data[off - 1:off] == b"\n" and data[off:off + 5] == b"line "
+    small = tmp_path / "small.log"
+    small.write_bytes(b"a\nb\n")
+    assert _start_offset(str(small), 64 * 1024) == 0
+
+
+# -- a one-rank job (no torch): the session object and the UI -----------------------
+
+LONE = textwrap.dedent("""
+    import sys, time
+    for i in range(1, 100000):
+        print(f"step {i} loss 0.5", flush=True)
+        time.sleep(0.1)
+""")
+
+
+def start_lone_rank(procs, tmp_path) -> tuple[subprocess.Popen, Path]:
+    out = tmp_path / "lone.out"
+    with open(out, "wb") as f:
+        f.write(b"".join(b"old line %d\n" % i for i in range(10000)))  # ~130 KiB of history
+        p = procs.popen([sys.executable, "-c", LONE], stdout=f, stderr=subprocess.STDOUT,
+                        env=dict(os.environ, RANK="3", LOCAL_RANK="0", WORLD_SIZE="4"))
+    wait_for(lambda: b"step 2 " in out.read_bytes(), timeout=60, what="the lone rank's output")
+    return p, out
+
+
+def test_a_lone_rank_is_a_one_rank_job(procs, tmp_path):
+    p, out = start_lone_rank(procs, tmp_path)
+    s = ForeignSession(p.pid, gpu="sim")
+    try:
+        assert s.target.torchrun is None and s.meta.run_id == f"pid-{p.pid}"
+        assert s.attach_hint == f"ddptop attach --pid {p.pid}"
+        evs = []
+        wait_for(lambda: evs.extend(s.poll()) or any(e.kind == "proc" for e in evs), timeout=30, what="telemetry")
+        logs = [e for e in evs if e.kind == "log"]
+        assert logs and all(e.rank == 3 for e in logs)
+        # the history is the last 64 KiB, from a line start
+        assert logs[0].text.startswith("old line ") and int(logs[0].text.split()[-1]) > 4000
+        notes = [e.message for e in evs if e.kind == "note"]
+        assert any(f"rank 3 stdout goes to {out}" in n and "last 64 KiB" in n for n in notes), notes
+        ranks = [e for e in evs if e.kind == "rank"]
+        assert [(e.rank, e.pid, e.alive) for e in ranks] == [(3, p.pid, True)]
+        # stop and relaunch are refused, and say why
+        assert s.stop() is False and s.relaunch(["p2p-off"]) is False
+        assert alive(p.pid)
+        notes = [e.message for e in s.poll() if e.kind == "note"]
+        assert any("will not stop" in n and f"kill -INT {p.pid}" in n for n in notes), notes
+        p.kill()
+        p.wait(timeout=10)
+        evs = []
+        wait_for(lambda: evs.extend(s.poll()) or s.finished, timeout=30, what="the end")
+        assert [(e.rank, e.alive, e.exit_code) for e in evs if e.kind == "rank"] == [(3, False, None)]
+        final = evs[-1]
+        assert final.kind == "state" and final.state == ENDED and final.state in FINAL_STATES
+        assert final.exit_code is None and "exit code unknown" in final.message
+        assert s.exit_code is None and s.attach_exit_code == EXIT_UNKNOWN and not s.is_live
+    finally:
+        s.close()
+
+
+def test_ui_refuses_to_stop_or_relaunch_a_foreign_job(procs, tmp_path):
+    pytest.importorskip("textual")
+    import asyncio
+
+    from ddptop.ui.app import QuitScreen, make_app
+
+    p, _ = start_lone_rank(procs, tmp_path)
+    s = ForeignSession(p.pid, gpu="none")
+
+    def merged(app) -> str:
+        from textual.widgets import RichLog
+
+        return "\n".join(strip.text for strip in app.query_one("#log-merged", RichLog).lines)
+
+    async def until(pilot, pred, what, timeout=20.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            await pilot.pause(0.05)
+            if pred():
+                return
+        raise AssertionError(f"timed out waiting for {what}")
+
+    async def go():
+        app = make_app(s, poll_interval=0.02)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: "step " in merged(app), "lines")
+            await pilot.press("q")
+            await pilot.pause()
+            assert isinstance(app.screen, QuitScreen)
+            await pilot.press("s")  # stop: refused, the app keeps watching
+            await until(pilot, lambda: "will not stop" in merged(app), "the refusal in the log")
+            assert app.return_value is None and not app._stopping
+            await pilot.press("r")
+            await until(pilot, lambda: "relaunch refused" in merged(app), "the relaunch refusal")
+            assert "ENDED" not in str(app.query_one("#header").render())
+            await pilot.press("q")
+            await pilot.pause()
+            await pilot.click("#detach")
+            await pilot.pause()
+        return app.return_value
+
+    try:
+        assert asyncio.run(asyncio.wait_for(go(), 60)) == "detach"
+        assert alive(p.pid)
+    finally:
+        s.close()
+
+
+# -- real torchrun jobs ---------------------------------------------------------------
+
+
+def test_attach_by_pid_follows_the_job_to_its_end(procs, tmp_path):
+    job = start_job(procs, tmp_path, "--steps", "40", "--step-time", "0.1")
+    ranks = wait_ranks(procs, job)
+    env = dict(os.environ, DDPTOP_RUNS_DIR=str(tmp_path / "no-runs"))
+    # (a) by torchrun's pid, (b) by a rank's pid, and with no target at all
+    by_torchrun = attach(procs, "--headless", "--gpu", "sim", "attach", "--pid", str(job.pid), env=env)
+    by_rank = attach(procs, "--json", "--gpu", "sim", "attach", "--pid", str(ranks[1]), env=env)
+    by_default = attach(procs, "--headless", "--gpu", "none", "attach", env=env)
+    t0 = time.monotonic()
+    assert job.wait(timeout=TIMEOUT) == 0
+    t_end = time.monotonic()
+    out, err = finish(by_torchrun)
+    j_out, j_err = finish(by_rank)
+    d_out, d_err = finish(by_default)
+    assert time.monotonic() - t_end < 20, "the attachments outlived the job"
+    # (a) every line of both ranks, with the right rank numbers, and the end
+    assert by_torchrun.returncode == EXIT_UNKNOWN, (out[-2000:], err)
+    assert "[r0] rank 0/2 up on cpu" in out and "[r1] rank 1/2 up on cpu" in out
+    for r in (0, 1):
+        assert f"[r{r}] step 1 loss" in out and f"[r{r}] step 40 loss" in out
+        assert f"== ddptop: rank {r} (local {r}, pid {ranks[r]}, attempt 0) started ==" in out
+        assert f"== ddptop: rank {r} (local {r}, pid {ranks[r]}, attempt 0) ended ==" in out
+    assert "[r0] training done" in out
+    assert f"attached to torchrun pid {job.pid}" in out
+    assert out.rstrip().splitlines()[-1] == "== ddptop: job ended (exit code unknown: ddptop did not start this job) =="
+    # (b) the same job, found from rank 1's pid
+    assert by_rank.returncode == EXIT_UNKNOWN, (j_out[-2000:], j_err)
+    evs = json_events(j_out)
+    assert evs[0]["kind"] == "state" and f"torchrun pid {job.pid}" in evs[0]["message"]
+    assert {(e["rank"], e["pid"]) for e in evs if e["kind"] == "rank" and e["alive"]} == {(0, ranks[0]), (1, ranks[1])}
+    logs = [e for e in evs if e["kind"] == "log" and e["rank"] is not None]
+    assert {e["rank"] for e in logs if e["text"].startswith("step 40 ")} == {0, 1}
+    assert any(e["kind"] == "proc" for e in evs) and any(e["kind"] == "gpu" and e["simulated"] for e in evs)
+    assert evs[-1]["kind"] == "state" and evs[-1]["state"] == "ended" and evs[-1]["exit_code"] is None
+    # no target: the only torchrun not launched by ddptop, unless others run on this machine
+    if by_default.returncode == 2:
+        assert "pick one with `ddptop attach --pid PID`" in d_err and f" {job.pid} " in d_err, d_err
+    else:
+        assert f"ddptop: attaching to torchrun pid {job.pid} (not launched by ddptop)" in d_err, d_err
+        assert by_default.returncode == EXIT_UNKNOWN and "[r1] step 40 loss" in d_out
+
+
+def test_output_to_a_pipe_is_named_with_the_remedy_and_ctrl_c_only_detaches(procs, tmp_path):
+    job = start_job(procs, tmp_path, "--steps", "100000", "--step-time", "0.2", log_dir=False, stdout=subprocess.PIPE)
+    job_out = Reader(job.stdout)  # keep the pipe drained
+    ranks = wait_ranks(procs, job)
+    pipe = os.readlink(f"/proc/{ranks[1]}/fd/1")
+    assert pipe.startswith("pipe:[")
+    att = attach(procs, "--json", "--gpu", "none", "attach", "--pid", str(job.pid))
+    r = Reader(att.stdout)
+
+    def warning_for(who):
+        return next((e["message"] for e in r.events() if e["kind"] == "note" and e["message"].startswith(who)), None)
+
+    msg = wait_for(lambda: warning_for("rank 1 stdout"), timeout=60, what="the warning about rank 1's stdout")
+    assert msg == (f"rank 1 stdout is a pipe ({pipe}): ddptop cannot read it. Relaunch under ddptop, or give torchrun "
+                   f"--log-dir DIR --redirects 3 (or --tee 3)")
+    assert warning_for("rank 0 stderr") and warning_for("torchrun stdout").startswith(f"torchrun stdout is a pipe ({pipe})")
+    # once per rank and stream
+    time.sleep(1.5)
+    notes = [e["message"] for e in r.events() if e["kind"] == "note"]
+    assert sum(n.startswith("rank 1 stdout") for n in notes) == 1
+    assert any(n.startswith("no rank's own output can be read") for n in notes), notes
+    # nothing readable from the ranks: no stall alarm may rest on that silence
+    assert not any(e["kind"] == "alarm" and e["type"] == "stall" for e in r.events())
+    # Ctrl-C detaches, and never touches the job
+    att.send_signal(signal.SIGINT)
+    assert att.wait(timeout=30) == 130
+    r.join()
+    err = att.stderr.read().decode()
+    assert "will not stop" in err and "the job keeps running" in err
+    time.sleep(1)
+    assert job.poll() is None and alive(ranks[0]) and alive(ranks[1])
+    wait_for(lambda: "step 3 " in job_out.text(), timeout=60, what="the job to go on training")
+
+
+def test_output_shared_with_torchrun_in_one_file_is_read_as_torchrun_output(procs, tmp_path):
+    # `torchrun ... > torchrun.out 2>&1` with no --log-dir: every rank writes into torchrun's file
+    job = start_job(procs, tmp_path, "--steps", "100000", "--step-time", "0.1", log_dir=False)
+    ranks = wait_ranks(procs, job)
+    out_file = tmp_path / "torchrun.out"
+    wait_for(lambda: "step 2 " in out_file.read_text(errors="replace"), timeout=TIMEOUT, what="training steps")
+    att = attach(procs, "--json", "--gpu", "none", "attach", "--pid", str(ranks[0]))
+    r = Reader(att.stdout)
+    try:
+        wait_for(lambda: any(e["kind"] == "log" and e["text"].startswith("step ") and int(e["text"].split()[1]) > 5
+                             for e in r.events()), timeout=60, what="new steps")
+        evs = r.events()
+        notes = [e["message"] for e in evs if e["kind"] == "note"]
+        assert any(n.startswith(f"torchrun stdout goes to {out_file}: reading it from its start") for n in notes), notes
+        mixed = [n for n in notes if n.startswith(f"torchrun and its ranks write to the same file {out_file}: "
+                                                  f"its lines are shown as torchrun's output")]
+        assert len(mixed) == 1 and mixed[0].endswith("--log-dir DIR --redirects 3 (or --tee 3)"), notes
+        assert any(n.startswith("no rank's own output can be read") for n in notes), notes
+        steps = [e for e in evs if e["kind"] == "log" and e["text"].startswith("step ")]
+        assert steps and all(e["rank"] is None and e["stream"] == "torchrun" for e in steps)
+    finally:
+        att.send_signal(signal.SIGINT)
+        assert att.wait(timeout=30) == 130
+        r.join(5)
+    assert job.poll() is None
+
+
+def test_a_hang_raises_a_stall_alarm_and_stopping_the_attachment_leaves_the_job(procs, tmp_path):
+    job = start_job(procs, tmp_path, "--steps", "100000", "--step-time", "0.1", "--fault", "hang",
+                    "--fault-step", "25")
+    ranks = wait_ranks(procs, job)
+    # attach once training runs (so the stall is the hang, not the start-up)
+    wait_for(lambda: file_has(tmp_path / "logs", "*/attempt_0/0/stdout.log", "step 3 "), timeout=TIMEOUT,
+             what="training steps")
+    att = attach(procs, "--json", "--gpu", "sim", "--stall-after", "4", "attach", "--pid", str(job.pid),
+                 env=dict(os.environ, DDPTOP_RUNS_DIR=str(tmp_path / "runs")))
+    r = Reader(att.stdout)
+    try:
+        alarm = wait_for(lambda: next((e for e in r.events() if e["kind"] == "alarm" and e["type"] == "stall"), None),
+                         timeout=TIMEOUT, what="the stall alarm")
+        assert alarm["culprits"] == [1], alarm
+        assert any(e["kind"] == "log" and e["rank"] == 1 and "hangs now" in e["text"] for e in r.events())
+        # every rank's stack, read without stopping the ranks, kept under the runs directory
+        note = wait_for(lambda: next((e for e in r.events() if e["kind"] == "note"
+                                      and e["message"].startswith("stacks captured in ")), None),
+                        timeout=TIMEOUT, what="the stacks captured at the stall")
+        where = Path(note["message"][len("stacks captured in "):].split(": ")[0])
+        assert where.is_relative_to(tmp_path / "runs") and sorted(p.name for p in where.iterdir()) == ["rank0.txt", "rank1.txt"]
+        assert note["message"].endswith("rank 0 has one stack; rank 1 differs"), note  # the hung rank stands out
+        # (e) asking the attachment to stop does not stop the job
+        att.send_signal(signal.SIGINT)
+        assert att.wait(timeout=30) == 130
+        time.sleep(2)
+        assert job.poll() is None and all(alive(pid) for pid in ranks.values())
+        assert all(psutil.Process(pid).ppid() == job.pid for pid in ranks.values())
+    finally:
+        r.join(5)
+    # the test stops the job itself, by process group: nothing is left (checked by the fixture too)
+    procs.remember_tree(job)
+    left = procs.kill_all()
+    assert not left
+
+
+def test_a_crash_seen_in_the_output_gives_exit_code_1(procs, tmp_path):
+    job = start_job(procs, tmp_path, "--steps", "100000", "--step-time", "0.1", "--fault", "segv",
+                    "--fault-step", "15")
+    ranks = wait_ranks(procs, job)
+    att = attach(procs, "--headless", "--gpu", "none", "attach", "--pid", str(ranks[0]))
+    assert job.wait(timeout=TIMEOUT) != 0
+    out, err = finish(att)
+    assert att.returncode == 1, (out[-3000:], err)
+    assert "[r1] rank 1 segfaults now (injected fault)" in out
+    assert "!! ddptop ALARM [crash/rank-signal] rank-signal (rank 1)" in out  # from torchrun's failure report
+    assert out.rstrip().endswith("== ddptop: job ended (exit code unknown: ddptop did not start this job) ==")
+
+
+def test_pid_that_is_not_a_torchrun_job_is_a_clear_error(procs, tmp_path):
+    sleeper = procs.popen(["sleep", "300"])
+    r = subprocess.run(ddptop_cmd("--headless", "attach", "--pid", str(sleeper.pid)), capture_output=True, text=True,
+                       timeout=60, cwd=ROOT)
+    assert r.returncode == 2
+    assert f"--pid {sleeper.pid}: pid {sleeper.pid} (sleep 300) is neither a torchrun process nor a rank of one" in r.stderr
+    dead = procs.popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=30)
+    r = subprocess.run(ddptop_cmd("--headless", "attach", "--pid", str(dead.pid)), capture_output=True, text=True,
+                       timeout=60, cwd=ROOT)
+    assert r.returncode == 2 and f"no process with pid {dead.pid}" in r.stderr, r.stderr
+    r = subprocess.run(ddptop_cmd("attach", "--pid", str(sleeper.pid), "some-run"), capture_output=True, text=True,
+                       timeout=60, cwd=ROOT)
+    assert r.returncode == 2 and "--pid cannot be combined" in r.stderr
+    with pytest.raises(ForeignError, match="neither a torchrun process"):
+        resolve_pid(sleeper.pid)
