@@ -13,7 +13,7 @@ import sys
 
 USAGE = """\
 ddptop [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [SCRIPT ARGS]
-       ddptop [OPTIONS] attach [RUN | HOST[:RUN]... | --pid PID] [--hosts-file F] [--slurm JOBID]
+       ddptop [OPTIONS] attach [RUN | HOST[:RUN]... | [HOST] --pid PID] [--hosts-file F] [--slurm JOBID]
        ddptop diagnose PATH... [--json]
        ddptop profiles [--json]
        ddptop [OPTIONS] fix torchrun [TORCHRUN OPTIONS] SCRIPT [SCRIPT ARGS]
@@ -120,6 +120,8 @@ def _watch_inner(session, args) -> int:
         print(f"ddptop: error: {session.error}", file=sys.stderr)
         return 2
     code = session.exit_code
+    if code is None and getattr(session, "attach_exit_code", None) is not None:
+        code = session.attach_exit_code  # a job ddptop did not launch: 1 crash seen, 3 unknown
     print(f"ddptop: job {session.final_state.state if session.final_state else 'ended'}"
           f" (exit code {code}); journal: {session.run_dir}")
     return 1 if code is None else code
@@ -184,7 +186,8 @@ def cmd_attach(rest: list[str], args) -> int:
         "this machine that ddptop did not launch (--pid)."))
     ap.add_argument("targets", nargs="*", metavar="RUN|HOST[:RUN]")
     ap.add_argument("--pid", type=int, metavar="PID",
-                    help="a torchrun job ddptop did not launch, on this machine: torchrun's pid or any rank's")
+                    help="a torchrun job ddptop did not launch: torchrun's pid or any rank's, on this machine, "
+                         "or with one HOST on that node (over ssh; also HOST:pid:PID)")
     ap.add_argument("--run", help="run id on every host (default: each host's newest run)")
     ap.add_argument("--hosts-file", metavar="F", help="hosts, one per line (# comments)")
     ap.add_argument("--slurm", metavar="JOBID", help="the nodes of this SLURM job (squeue + scontrol)")
@@ -217,9 +220,15 @@ def cmd_attach(rest: list[str], args) -> int:
             code = session.attach_exit_code  # 1: a crash was seen; 3: ended, exit status unknown
         return code
 
-    if a.pid is not None:
-        if a.targets or a.run or a.hosts_file or a.slurm:
-            return _err("--pid cannot be combined with a RUN or HOST, --run, --hosts-file or --slurm")
+    if a.pid is not None and (a.targets or a.run or a.hosts_file or a.slurm):
+        if len(a.targets) != 1 or ":" in a.targets[0] or a.run or a.hosts_file or a.slurm:
+            return _err("--pid takes one HOST at most (the job's node), and no RUN, --run, --hosts-file or --slurm")
+        try:
+            journal.resolve_run(a.targets[0])
+            return _err(f"--pid cannot be combined with a RUN ({a.targets[0]} is a ddptop run here)")
+        except journal.JournalError:
+            a.targets = [f"{a.targets[0]}:pid:{a.pid}"]  # HOST --pid PID: that job, over ssh
+    elif a.pid is not None:
         from ddptop.core.foreign import ForeignError, resolve_pid
 
         try:
@@ -282,7 +291,7 @@ def cmd_attach(rest: list[str], args) -> int:
             return _err(str(e))
         if a.run and run == "latest":
             run = a.run
-        sessions.append(RemoteSession(host, run, ssh=ssh, remote_cmd=a.remote_ddptop))
+        sessions.append(RemoteSession(host, run, ssh=ssh, remote_cmd=a.remote_ddptop, gpu=args.gpu))
     session = sessions[0] if len(sessions) == 1 else MultiSession(sessions, stall_after=args.stall_after)
     if not (args.headless or args.json):
         print(f"ddptop: attaching to {', '.join(hosts)} over ssh", file=sys.stderr)

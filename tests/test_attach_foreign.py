@@ -467,8 +467,72 @@ def test_pid_that_is_not_a_torchrun_job_is_a_clear_error(procs, tmp_path):
     r = subprocess.run(ddptop_cmd("--headless", "attach", "--pid", str(dead.pid)), capture_output=True, text=True,
                        timeout=60, cwd=ROOT)
     assert r.returncode == 2 and f"no process with pid {dead.pid}" in r.stderr, r.stderr
-    r = subprocess.run(ddptop_cmd("attach", "--pid", str(sleeper.pid), "some-run"), capture_output=True, text=True,
+    from conftest import write_run
+
+    run = write_run(tmp_path / "runs", events=[], logs={})
+    r = subprocess.run(ddptop_cmd("attach", "--pid", str(sleeper.pid), str(run)), capture_output=True, text=True,
                        timeout=60, cwd=ROOT)
-    assert r.returncode == 2 and "--pid cannot be combined" in r.stderr
+    assert r.returncode == 2 and "--pid cannot be combined with a RUN" in r.stderr, r.stderr
+    r = subprocess.run(ddptop_cmd("attach", "--pid", str(sleeper.pid), "node-a", "node-b"), capture_output=True,
+                       text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 2 and "--pid takes one HOST at most" in r.stderr, r.stderr
     with pytest.raises(ForeignError, match="neither a torchrun process"):
         resolve_pid(sleeper.pid)
+
+
+# -- over ssh ---------------------------------------------------------------------------
+
+
+def test_attach_over_ssh_to_a_job_ddptop_did_not_launch(procs, tmp_path, sshd):
+    """`ddptop attach HOST --pid PID`: the agent watches the job from outside on
+    its node; links cut again and again lose and repeat no line."""
+    from sshd import remote_ddptop
+
+    from ddptop.core.remote import RemoteSession
+
+    job = start_job(procs, tmp_path, "--steps", "1500", "--step-time", "0.004")
+    wait_ranks(procs, job)
+    remote = remote_ddptop(tmp_path / "runs")
+    # a person watching with the CLI...
+    w = attach(procs, "--json", "--gpu", "sim", "attach", "node-a", "--pid", str(job.pid),
+               "--ssh", " ".join(sshd.ssh), "--remote-ddptop", remote, env=dict(os.environ))
+    r = Reader(w.stdout)
+    # ...and a client whose link is cut every 0.6 s while the job runs
+    rs = RemoteSession("node-a", run=f"pid:{job.pid}", ssh=sshd.ssh, remote_cmd=remote, backoff=(0.2,), gpu="sim")
+    evs, drops = [], 0
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not rs.finished and time.monotonic() < deadline:
+            time.sleep(0.6)
+            evs += rs.poll()
+            steps = [int(e.text.split()[1]) for e in evs if e.kind == "log" and e.text.startswith("step ")]
+            # (not near the end: a job ddptop did not launch leaves no journal to reconnect to once it is gone)
+            if rs.link == "up" and job.poll() is None and steps and max(steps) < 1000:
+                drops += sshd.drop_links()
+        assert rs.finished, "the attachment did not see the job end"
+    finally:
+        rs.close()
+    assert job.wait(timeout=TIMEOUT) == 0
+    assert w.wait(timeout=TIMEOUT) == 3  # ended; its exit status cannot be known from outside
+    r.join()
+    assert drops >= 3 and rs.connects >= 3, (drops, rs.connects)
+    assert rs.error is None
+    # every line of every rank log, exactly once and in order
+    got: dict[str, list] = {}
+    for e in evs:
+        if e.kind == "log" and e.rank is not None and not e.transient:
+            got.setdefault(e.path, []).append(e.text)
+    files = sorted((tmp_path / "logs").glob("*/attempt_0/*/stdout.log"))
+    assert len(files) == 2
+    for f in files:
+        want = f.read_text().splitlines()
+        key = next(p for p in got if os.path.samefile(p, f))
+        assert got[key] == want, f"{f}: {len(got[key])} lines received, {len(want)} in the file"
+    assert sum(1 for lines in got.values() for t in lines if t.startswith("step ")) == 2 * 1500
+    assert any(e.kind == "gpu" and e.simulated for e in evs)
+    assert evs[-1].kind == "state" and evs[-1].state == ENDED and evs[-1].exit_code is None
+    # the CLI saw the same job, named by pid, to its end
+    ev = r.events()
+    assert any(e["kind"] == "link" and e["state"] == "up" for e in ev)
+    assert sum(1 for e in ev if e["kind"] == "log" and e["text"].startswith("step ")) == 2 * 1500
+    assert ev[-1]["kind"] == "state" and ev[-1]["state"] == ENDED

@@ -26,6 +26,7 @@ import base64
 import json
 import os
 import queue
+import re
 import sys
 import threading
 import time
@@ -66,6 +67,22 @@ def _stdin_commands(q: "queue.SimpleQueue") -> None:
     q.put(None)  # end of stdin: the client is gone
 
 
+def _foreign_session(pid: int, gpu: str, resume):
+    """A torchrun job ddptop did not launch (its journal if ddptop did): (session, run name)."""
+    from ddptop.core.foreign import ForeignError, ForeignSession, launched_by_ddptop, resolve_pid
+    from ddptop.core.session import Session
+
+    try:
+        target = resolve_pid(pid)
+        if target.torchrun is not None:
+            run_dir = launched_by_ddptop(target.torchrun)
+            if run_dir is not None:
+                return Session.open(run_dir, resume=resume), run_dir.name
+        return ForeignSession(target, gpu=gpu, resume=resume), f"pid:{target.pid}"
+    except ForeignError as e:
+        raise ValueError(f"--pid {pid}: {e}") from None
+
+
 def main(argv: list[str]) -> int:
     import argparse
 
@@ -74,7 +91,10 @@ def main(argv: list[str]) -> int:
     from ddptop.core.session import Session
 
     p = argparse.ArgumentParser(prog="ddptop agent", description="stream a run's events as JSON lines (for ddptop attach)")
-    p.add_argument("--run", default="latest", help="run id, run directory or `latest` (default)")
+    p.add_argument("--run", default="latest",
+                   help="run id, run directory or `latest` (default); `pid:N`: the torchrun job with pid N, "
+                        "which ddptop did not launch")
+    p.add_argument("--gpu", default="auto", help="telemetry for a job ddptop did not launch (auto|sim|none)")
     p.add_argument("--resume", default="", help="a cursor from an earlier connection (opaque)")
     p.add_argument("--interval", type=float, default=INTERVAL)
     args = p.parse_args(argv)
@@ -88,15 +108,21 @@ def main(argv: list[str]) -> int:
 
     hello = {"kind": "hello", "proto": PROTO_NAME, "version": PROTOCOL, "host": journal.hostname(),
              "ddptop": __version__, "pid": os.getpid(), "t": time.time()}
+    foreign = re.fullmatch(r"pid[:-](\d+)", args.run)
     try:
         resume = decode_cursor(args.resume) if args.resume else None
-        run_dir = journal.resolve_run(args.run)
-        session = Session.open(run_dir, resume=resume)
+        if foreign:
+            session, run = _foreign_session(int(foreign.group(1)), args.gpu, resume)
+            run = run if not run.startswith("pid:") else f"pid:{session.pid}"
+            run_dir = session.run_dir
+        else:
+            run_dir = journal.resolve_run(args.run)
+            session, run = Session.open(run_dir, resume=resume), run_dir.name
     except (journal.JournalError, ValueError) as e:
         send({**hello, "run": None})
         send({"kind": "error", "message": f"{journal.hostname()}: {e}"})
         return 2
-    send({**hello, "run": run_dir.name, "run_dir": str(run_dir), "meta": session.meta.to_dict()})
+    send({**hello, "run": run, "run_dir": str(run_dir), "meta": session.meta.to_dict()})
 
     cmds: queue.SimpleQueue = queue.SimpleQueue()
     threading.Thread(target=_stdin_commands, args=(cmds,), daemon=True, name="agent-stdin").start()
@@ -120,7 +146,10 @@ def main(argv: list[str]) -> int:
                 out.flush()
                 last_sent = now
             if session.finished:
-                send({"kind": "bye", "exit_code": session.exit_code})
+                bye = {"kind": "bye", "exit_code": session.exit_code}
+                if hasattr(session, "attach_exit_code"):  # a job ddptop did not launch: its code is unknown
+                    bye["attach_exit_code"] = session.attach_exit_code
+                send(bye)
                 return 0
             if not batch:
                 time.sleep(args.interval)

@@ -363,7 +363,10 @@ class ForeignSession:
     """A torchrun job ddptop did not launch, watched from outside: the ``Session`` interface."""
 
     def __init__(self, target: int | Target, *, gpu: str = "auto", stall_after: float | None = None,
-                 sample_interval: float = 1.0, clock=time.time):
+                 sample_interval: float = 1.0, clock=time.time, resume: dict[str, int] | None = None):
+        """``resume``: a ``cursor()`` from an earlier session on this job (a
+        reconnecting ``ddptop attach HOST --pid``): files are read on from there."""
+        self._resume = {k: v for k, v in (resume or {}).items() if isinstance(v, int)}
         self.target = target if isinstance(target, Target) else resolve_pid(int(target))
         self.clock = clock
         self.gpu = gpu
@@ -472,6 +475,10 @@ class ForeignSession:
         """Refused, as ``stop``: relaunching means stopping first."""
         self._pending.append(NoteEvent(self.clock(), "warning", self.control_refused))
         return False
+
+    def cursor(self) -> dict[str, int]:
+        """Byte offsets (by file path) just after every line returned so far."""
+        return {src.tailer.path: src.tailer.cursor for src in list(self._sources.values())}
 
     def dump_stacks(self) -> bool:
         """Every rank's Python stack, now (py-spy reads the ranks without
@@ -695,7 +702,11 @@ class ForeignSession:
         who = "torchrun" if rank is None else f"rank {rank}"
         if src is None:
             log = _log_file_key(path)
-            if log is not None:
+            if path in self._resume:  # a reconnect: exactly where the last connection stopped
+                if log is not None and self.run_log_dir is None:
+                    self.run_log_dir = log[0]
+                offset, note = self._resume[path], None
+            elif log is not None:
                 if self.run_log_dir is None:
                     self.run_log_dir = log[0]
                 offset = _start_offset(path, LOG_HISTORY)

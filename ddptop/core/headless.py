@@ -97,4 +97,6 @@ def run_headless(session: Session, *, json_mode: bool, out: TextIO | None = None
         # reader went away (e.g. `| head`): keep the job, stop printing
         return 141
     code = session.exit_code
+    if code is None and getattr(session, "attach_exit_code", None) is not None:
+        return session.attach_exit_code  # a job ddptop did not launch: 1 crash seen, 3 unknown
     return 1 if code is None else code

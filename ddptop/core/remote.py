@@ -67,10 +67,12 @@ class RemoteSession:
 
     def __init__(self, host: str, run: str = "latest", *, ssh: list[str] | None = None,
                  remote_cmd: str | None = None, node: str | None = None, clock=time.time,
-                 backoff: tuple[float, ...] = BACKOFF, silence: float = SILENCE):
+                 backoff: tuple[float, ...] = BACKOFF, silence: float = SILENCE, gpu: str | None = None):
         self.host = host
         self.node = node or host
         self.run = run
+        self.gpu = gpu
+        self.attach_exit_code: int | None = None  # from the agent, for a job ddptop did not launch
         self.ssh = list(ssh) if ssh else shlex.split(os.environ.get("DDPTOP_SSH", "ssh"))
         self.remote_cmd = remote_cmd or os.environ.get("DDPTOP_REMOTE", "ddptop")
         self.clock = clock
@@ -179,6 +181,8 @@ class RemoteSession:
 
     def _argv(self) -> list[str]:
         remote = [*shlex.split(self.remote_cmd), "agent", "--run", self.run]
+        if self.run.startswith("pid:") and self.gpu:
+            remote += ["--gpu", self.gpu]  # the agent samples a job ddptop did not launch itself
         if self.cursor:
             remote += ["--resume", encode_cursor(self.cursor)]
         return [*self.ssh, *SSH_OPTIONS, self.host, shlex.join(remote)]
@@ -293,6 +297,8 @@ class RemoteSession:
                         self._emit(pending)
                         pending = []
                 elif kind == "bye":
+                    if isinstance(d.get("attach_exit_code"), int):
+                        self.attach_exit_code = d["attach_exit_code"]  # a job ddptop did not launch
                     self._set_link("closed", "the job has ended")  # before the batch: its final state comes last
                     if pending:
                         self._emit(pending)
