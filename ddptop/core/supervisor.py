@@ -11,6 +11,7 @@ then SIGKILL after a grace period, and never a process it did not start.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -191,6 +192,10 @@ class Supervisor:
         self.ranks: dict[int, tuple[_Proc, dict]] = {}  # pid -> (proc, info)
         self.family: dict[int, _Proc] = {}  # every descendant seen, for the final sweep
         self.stop_requested = False
+        # a signal (stop, relaunch, stacks) wakes the main loop at once instead of after its nap
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self.stall_kill = False
         self.stopping_since: float | None = None
         self.relaunch_request: list[str] | None = None
@@ -204,11 +209,28 @@ class Supervisor:
     def emit(self, ev: Event) -> None:
         self.events.write(ev)
 
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"!")
+        except OSError:  # full: a wake-up is pending anyway
+            pass
+
+    def _nap(self, seconds: float) -> None:
+        """Sleep up to ``seconds``; a signal handler's _wake() ends it at once."""
+        try:
+            ready, _, _ = select.select([self._wake_r], [], [], seconds)
+            if ready:
+                os.read(self._wake_r, 4096)
+        except (OSError, ValueError):
+            time.sleep(seconds)
+
     def _on_signal(self, signum, frame) -> None:
         self.stop_requested = True
+        self._wake()
 
     def _on_stacks(self, signum, frame) -> None:
         self.stacks_request = True
+        self._wake()
 
     def _on_relaunch(self, signum, frame) -> None:
         """SIGUSR1: relaunch with the profiles named in RUN/relaunch.json."""
@@ -216,6 +238,7 @@ class Supervisor:
         if isinstance(req, dict) and isinstance(req.get("profiles"), list):
             self.relaunch_request = [str(p) for p in req["profiles"]]
             self.relaunch_reason = str(req.get("reason", "asked for"))
+            self._wake()
 
     def auto_relaunch(self, alarm) -> None:
         """--on-stall relaunch: the first suggested profile not tried yet."""
@@ -425,7 +448,8 @@ class Supervisor:
                 self.emit(NoteEvent(time.time(), "warning", f"job still running {GRACE:g}s after SIGTERM: sending SIGKILL"))
                 self.signal_all(torchrun, signal.SIGKILL)
                 self.stopping_since = float("inf")
-            time.sleep(POLL)
+            # stopping: look often, so the next attempt starts as soon as the old one is gone
+            self._nap(POLL if self.stopping_since is None else 0.05)
         # torchrun is gone; sweep any rank or worker it left behind
         if tr is not None:
             self.discover(tr)

@@ -267,8 +267,80 @@ def bench_attach(lines: int = 200, every: float = 0.1, quiet_s: float = 20) -> N
           f"p95 {1000 * lat[int(len(lat) * 0.95)]:.0f} ms, max {1000 * lat[-1]:.0f} ms ({len(lat)}/{lines} lines)")
 
 
+def bench_relaunch(n: int = 3) -> None:
+    """What a relaunch costs: ddptop's own time (noticing the request, the gap
+    between the old attempt's last process ending and the new torchrun starting)
+    next to torchrun's and the ranks' own stop and start-up times."""
+    from ddptop.core.events import from_dict
+    from ddptop.core.session import Session
+
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, DDPTOP_RUNS_DIR=d)
+        for i in range(n):
+            run_dir = Path(d) / f"r{i}"
+            p = subprocess.Popen([sys.executable, "-m", "ddptop", "--json", "--gpu", "sim", "--run-dir", str(run_dir),
+                                  "torchrun", "--nproc-per-node", "2", str(ROOT / "examples" / "train_ddp.py"),
+                                  "--steps", "100000", "--step-time", "0.1"], cwd=ROOT, env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            try:
+                s = None
+                deadline = time.time() + 120
+                while time.time() < deadline:
+                    if (run_dir / "meta.json").exists():
+                        s = s or Session.open(run_dir)
+                        s.poll()
+                        if any("step 5 " in l for l in (run_dir / "logs").rglob("stdout.log") for l in [l.read_text()]):
+                            break
+                    time.sleep(0.1)
+                import psutil
+
+                first = [json.loads(l) for l in (run_dir / "events.jsonl").read_text().splitlines()]
+                tr_pid = int(next(e["message"].split()[-1] for e in first if e["kind"] == "state"
+                                  and e["state"] == "running" and e.get("message", "").startswith("torchrun pid")))
+                tr = psutil.Process(tr_pid)
+                tr_gone = None
+                t_req = time.time()
+                assert s.relaunch(["p2p-off"], "bench")
+                evs = []
+                while time.time() < deadline:
+                    evs += s.poll()
+                    if tr_gone is None:
+                        try:
+                            if tr.status() == psutil.STATUS_ZOMBIE:
+                                tr_gone = time.time()
+                        except psutil.NoSuchProcess:
+                            tr_gone = time.time()
+                    launch = next((e for e in evs if e.kind == "launch" and e.generation == 1), None)
+                    if launch and any(e.kind == "log" and e.t > launch.t and e.text.startswith("step ") for e in evs):
+                        break
+                    time.sleep(0.02)
+                ev = [from_dict(json.loads(l)) for l in (run_dir / "events.jsonl").read_text().splitlines()]
+                stopping = next(e.t for e in ev if e.kind == "state" and e.state == "stopping" and e.t >= t_req - 1)
+                launch = next(e for e in ev if e.kind == "launch" and e.generation == 1)
+                old_end = max(e.t for e in ev if e.kind == "rank" and not e.alive and e.t < launch.t)
+                running = next(e.t for e in ev if e.kind == "state" and e.state == "running" and e.t >= launch.t)
+                first_rank = min(e.t for e in ev if e.kind == "rank" and e.alive and e.t >= launch.t)
+                first_step = min(e.t for e in evs if e.kind == "log" and e.t > launch.t and e.text.startswith("step "))
+                rows.append(dict(notice=stopping - t_req, stop=old_end - stopping, torchrun_exit=tr_gone - old_end,
+                                 gap=launch.t - tr_gone,
+                                 spawn=running - launch.t, ranks=first_rank - running, step=first_step - first_rank))
+                s.stop()
+                p.wait(timeout=120)
+            finally:
+                if p.poll() is None:
+                    os.killpg(p.pid, 9)
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    own = med["notice"] + med["gap"] + med["spawn"]
+    print(f"relaunch (median of {n}): ddptop's own time {own:.2f} s (notice the request {med['notice']:.2f} s, "
+          f"old torchrun gone -> new torchrun {med['gap']:.2f} s, spawn {med['spawn']:.2f} s); "
+          f"the old ranks' stop after SIGTERM {med['stop']:.2f} s, torchrun's own exit after them "
+          f"{med['torchrun_exit']:.2f} s; torchrun start-up to ranks {med['ranks']:.2f} s; "
+          f"rank start-up to the first step {med['step']:.2f} s (torch import, rendezvous)")
+
+
 BENCHES = {"help": bench_help, "ingest": bench_ingest, "frame": bench_first_frame, "supervise": bench_supervise,
-           "telemetry": bench_telemetry, "hook": bench_hook, "alarm": bench_alarm_latency, "attach": bench_attach}
+           "telemetry": bench_telemetry, "hook": bench_hook, "alarm": bench_alarm_latency, "attach": bench_attach, "relaunch": bench_relaunch}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(BENCHES)
