@@ -4,7 +4,7 @@ import itertools
 import json
 import random
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from conftest import rank_started, write_run
@@ -74,7 +74,8 @@ def test_the_final_state_is_not_skipped_by_a_resume_before_it_was_returned(tmp_p
     assert evs[-1].kind == "state" and evs[-1].exit_code == 3
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=400, deadline=None)
+@example(lines=[b"\x00\r\x00", b""], ending=b"", splits=[], cuts=[1])  # a \r line cut mid-way: same offset
 @given(lines=st.lists(st.binary(max_size=200).map(lambda b: b.replace(b"\n", b"")), min_size=1, max_size=12),
        ending=st.sampled_from([b"", b"\n", b"\r"]),
        splits=st.lists(st.integers(min_value=0, max_value=3000), max_size=7),

@@ -77,9 +77,53 @@ def _ddptop_install():
         except Exception as e:
             note(f"init_process_group override failed on rank {rank}: {e!r}")
 
-    hooks = {"torch.optim.optimizer": register}
+    fr_dir = os.environ.get("DDPTOP_FR_DIR")
+
+    def flight_dumps(module):
+        """flight-recorder profile: dump this rank's flight recorder into
+        RUN/flight/rank_N when the supervisor asks (it touches dump.request at a
+        stall).  A thread, so it answers while the main thread waits in a
+        collective."""
+        import threading
+
+        req = os.path.join(fr_dir, "dump.request")
+
+        def mtime():
+            try:
+                return os.stat(req).st_mtime_ns
+            except OSError:
+                return None
+
+        def loop():
+            seen = mtime()  # a request from an earlier attempt is not for us
+            while True:
+                time.sleep(0.25)
+                m = mtime()
+                if m is None or m == seen:
+                    continue
+                seen = m
+                try:
+                    import torch._C._distributed_c10d as c
+
+                    dump = getattr(c, "_dump_fr_trace", None) or getattr(c, "_dump_nccl_trace")
+                    data = dump()
+                    tmp = os.path.join(fr_dir, f".rank_{rank}.tmp")
+                    with open(tmp, "wb") as f:
+                        f.write(data)
+                    os.replace(tmp, os.path.join(fr_dir, f"rank_{rank}"))
+                except Exception as e:
+                    note(f"flight recorder dump failed on rank {rank}: {e!r}")
+
+        try:
+            threading.Thread(target=loop, name="ddptop-flight", daemon=True).start()
+        except Exception as e:
+            note(f"flight recorder dumps not available on rank {rank}: {e!r}")
+
+    hooks = {"torch.optim.optimizer": [register]}
     if force_backend or force_timeout:
-        hooks["torch.distributed"] = patch_init
+        hooks.setdefault("torch.distributed", []).append(patch_init)
+    if fr_dir:
+        hooks.setdefault("torch.distributed", []).append(flight_dumps)
 
     class _Finder(importlib.abc.MetaPathFinder):
         def find_spec(self, fullname, path, target=None):
@@ -98,7 +142,8 @@ def _ddptop_install():
 
             def exec_module(module):
                 real_exec(module)
-                after(module)
+                for fn in after:
+                    fn(module)
 
             spec.loader.exec_module = exec_module
             return spec

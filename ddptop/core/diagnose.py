@@ -63,12 +63,31 @@ def analyze_paths(paths: list[str]) -> Analyzer:
     return an
 
 
-def report(an: Analyzer) -> dict:
+def flight_reports(paths: list[str]) -> list[dict]:
+    """Flight-recorder dumps among the paths (a run's flight/ directory, or a
+    directory of rank_N dumps), each analysed: which rank diverged."""
+    from ddptop.core import flight
+
+    out = []
+    for p in map(Path, paths):
+        for d in (p / "flight", p):
+            if not d.is_dir() or not any(re.fullmatch(flight.PREFIX + r"\d+", n.name) for n in d.iterdir()):
+                continue
+            dumps, problems = flight.load_dir(d)
+            rep = flight.analyse(dumps)
+            out.append({"dir": str(d), "ranks": rep.ranks, "culprits": rep.culprits, "findings": rep.findings,
+                        "problems": problems})
+            break
+    return out
+
+
+def report(an: Analyzer, flights: list[dict] | None = None) -> dict:
     rc = an.root_cause()
     return {
         "root_cause": rc.to_dict() if rc else None,
         "findings": [f.to_dict() for f in an.findings],
         "progress": {str(r): {"last_step": s} for r, s in sorted(an.last_steps.items())},
+        "flight_recorder": flights or [],
     }
 
 
@@ -98,11 +117,15 @@ def format_report(rep: dict) -> str:
         out.append("")
         out.append("Last training step per rank: " + ", ".join(
             f"r{r}={v['last_step'] if v['last_step'] is not None else '?'}" for r, v in rep["progress"].items()))
+    for fr in rep.get("flight_recorder", []):
+        out.append("")
+        out.append(f"Flight recorder ({fr['dir']}, ranks {', '.join(map(str, fr['ranks'])) or 'none'}):")
+        out += [f"  {f}" for f in fr["findings"]] + [f"  unreadable: {p}" for p in fr["problems"]]
     return "\n".join(out)
 
 
 def main(paths: list[str], json_mode: bool) -> int:
     an = analyze_paths(paths)
-    rep = report(an)
+    rep = report(an, flight_reports(paths))
     print(json.dumps(rep, indent=2) if json_mode else format_report(rep))
     return 1 if rep["root_cause"] else 0

@@ -102,6 +102,8 @@ class Watcher(threading.Thread):
                 for a in alarms:
                     self.sup.notify(a)
                 if any(a.type == "stall" for a in alarms):
+                    if self.sup.env_set.get("DDPTOP_FR_DIR"):
+                        threading.Thread(target=self.sup.capture_flight, daemon=True, name="ddptop-flight").start()
                     self.sup.capture_stacks()
                 stalls = [a for a in alarms if a.type == "stall"]
                 if stalls and self.sup.meta.on_stall == "relaunch":
@@ -200,6 +202,8 @@ class Supervisor:
         self.stopping_since: float | None = None
         self.relaunch_request: list[str] | None = None
         self.stacks_request = False  # SIGUSR2: capture every rank's stack now
+        self.env_set: dict = {}
+        self._flight_busy = threading.Lock()
         self.relaunch_reason = ""
         self.generation = 0
         self.profiles: list[str] = list(self.meta.profiles or [])
@@ -337,6 +341,7 @@ class Supervisor:
         first_env = dict(env_set)
         reason = "launch"
         while True:
+            self.env_set = env_set  # the current attempt's (the flight-recorder profile's dump directory)
             from ddptop.core.profiles import mask_env
 
             diff = {k: v for k, v in env_set.items() if first_env.get(k) != v}
@@ -414,6 +419,45 @@ class Supervisor:
             self.emit(NoteEvent(time.time(), "info", f"stacks captured in {d}: {summarise(groups)}"))
         if err:
             self.emit(NoteEvent(time.time(), "warning", f"stack capture: {err}"))
+
+    def capture_flight(self, wait: float = 10.0) -> None:
+        """flight-recorder profile, at a stall: ask every rank for its flight
+        recorder (the hook dumps it into RUN/flight/rank_N), then say which rank
+        diverged, and run torch's torchfrtrace on the dumps."""
+        from ddptop.core import flight
+
+        if not self._flight_busy.acquire(blocking=False):
+            return
+        try:
+            d = Path(self.env_set["DDPTOP_FR_DIR"])
+            ranks = {i["rank"]: pid for pid, (p, i) in list(self.ranks.items()) if not i.get("ended")}
+            d.mkdir(parents=True, exist_ok=True)
+            t0 = time.time()
+            (d / "dump.request").write_text(f"{t0}\n")
+            deadline = time.monotonic() + wait
+
+            def fresh(r):
+                try:
+                    return os.stat(d / f"{flight.PREFIX}{r}").st_mtime >= t0 - 0.01
+                except OSError:
+                    return False
+
+            while time.monotonic() < deadline and not all(fresh(r) for r in ranks):
+                time.sleep(0.2)
+            dumps, problems = flight.load_dir(d)
+            dumps = {r: v for r, v in dumps.items() if fresh(r)}  # this stall's, not an older attempt's
+            rep = flight.analyse(dumps, expected=sorted(ranks))
+            for p in problems:
+                self.emit(NoteEvent(time.time(), "warning", f"flight recorder: {p}"))
+            self.emit(NoteEvent(time.time(), "warning" if rep.culprits else "info",
+                                f"flight recorder ({len(dumps)} of {len(ranks)} ranks dumped, in {d}): {rep.summary()}"))
+            if dumps:
+                out, said = flight.run_torchfrtrace(d)
+                self.emit(NoteEvent(time.time(), "info", said + (f" (full output: {out})" if out else "")))
+        except Exception as e:
+            self.emit(NoteEvent(time.time(), "warning", f"flight recorder capture failed: {e!r}"))
+        finally:
+            self._flight_busy.release()
 
     def run_generation(self, command: list[str], env: dict) -> int | None:
         """Run torchrun once, to its end; stop it on request.  Returns its exit status."""

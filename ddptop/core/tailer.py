@@ -54,7 +54,10 @@ class Tailer:
     def __init__(self, path: str | os.PathLike, offset: int = 0, max_line: int = MAX_LINE):
         self.path = os.fspath(path)
         self.pos = offset  # next byte to read
-        self.line_start = offset  # offset of the first byte of the pending line
+        self.line_start = offset  # offset of the first byte of the pending line's kept bytes
+        # where the pending line really starts (line_start moves past the
+        # overwritten segments of a \r progress line; this does not)
+        self._origin = offset
         self.max_line = max_line
         self._carry = b""  # bytes of the pending (unterminated) line
         self._skipping = False  # inside an over-long line whose head was emitted
@@ -62,21 +65,20 @@ class Tailer:
         self._f = None
         self._ino = None
         if offset > 0:
-            # resuming at a byte offset (a reconnecting ``ddptop attach``): an
-            # offset inside a line (an over-long line's skipped rest) continues
-            # skipping to its end; after a newline or at a \r it is a line start
+            # resuming at a byte offset (a reconnecting ``ddptop attach``): the
+            # cursor is a line start (after a newline), or inside an over-long
+            # line whose head was returned: that one is skipped to its end
             try:
                 with open(self.path, "rb") as f:
                     f.seek(offset - 1)
-                    around = f.read(2)
-                self._skipping = not (around[:1] == b"\n" or around[1:2] == b"\r")
+                    self._skipping = f.read(1) != b"\n"
             except OSError:
                 pass
 
     @property
     def cursor(self) -> int:
         """Resume here (``Tailer(path, cursor)``) to get exactly the lines not yet returned."""
-        return self.line_start
+        return self._origin
 
     def close(self) -> None:
         if self._f is not None:
@@ -91,7 +93,7 @@ class Tailer:
         if self._f is not None and (st.st_ino != self._ino or st.st_size < self.pos):
             # replaced or truncated: start over from the beginning of the new file
             self.close()
-            self.pos = self.line_start = 0
+            self.pos = self.line_start = self._origin = 0
             self._carry = b""
             self._skipping = False
         if self._f is None:
@@ -125,8 +127,9 @@ class Tailer:
         out = []
         if self._carry and not self._skipping:
             text = _last_cr_segment(self._carry.rstrip(b"\r"))
-            out.append(Line(self.line_start, _decode(text)))
+            out.append(Line(self._origin, _decode(text)))
             self.line_start += len(self._carry)
+        self._origin = self.line_start
         self._carry = b""
         self._skipping = False
         return out
@@ -138,8 +141,10 @@ class Tailer:
             nl = data.find(b"\n")
             if nl < 0:
                 self.line_start += len(data)
+                self._origin = self.line_start
                 return out
             self.line_start += nl + 1
+            self._origin = self.line_start
             data = data[nl + 1 :]
             self._skipping = False
         if self._carry:
@@ -169,12 +174,17 @@ class Tailer:
                 append(Line(start, raw.decode("utf-8", "replace")))
             start += n
         self.line_start = start
+        if out and out[0].offset != self._origin:
+            out[0] = out[0]._replace(offset=self._origin)  # its head was a \r update cut earlier
+        if parts or lens:
+            self._origin = start  # a new line begins after the last newline
         self._last_transient = b"" if lens else self._last_transient
         if tail:
             if len(tail) > max_line and b"\r" not in tail[-max_line:]:
                 # an endless line: emit its head once, skip the rest until newline
-                out.append(Line(start, _decode(_cut(tail, max_line)), partial=True))
+                out.append(Line(self._origin, _decode(_cut(tail, max_line)), partial=True))
                 self.line_start += len(tail)
+                self._origin = self.line_start
                 self._skipping = True
             else:
                 if b"\r" in tail:
@@ -183,7 +193,7 @@ class Tailer:
                     cut = tail.rstrip(b"\r").rfind(b"\r")
                     seg = _last_cr_segment(tail)
                     if seg and seg != self._last_transient:
-                        out.append(Line(start, _decode(_cut(seg, max_line)), transient=True))
+                        out.append(Line(self._origin, _decode(_cut(seg, max_line)), transient=True))
                         self._last_transient = seg
                     # drop overwritten segments to keep memory bounded
                     if cut > 0:
