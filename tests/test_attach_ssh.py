@@ -298,3 +298,46 @@ def test_two_separate_jobs_with_the_same_ranks_are_called_out(tmp_path, sshd):
     warnings = [e.message for e in evs if e.kind == "note" and "is reported by both" in e.message]
     assert len(warnings) == 1 and "rank 0" in warnings[0] and "separate jobs" in warnings[0], warnings
     assert {e.text for e in evs if e.kind == "log"} == {"hello from node-a", "hello from node-b"}
+
+
+def test_hosts_from_a_file_and_from_slurm(tmp_path, sshd):
+    """--hosts-file (comments, HOST:RUN lines) and --slurm JOBID (the job's node list
+    from squeue, expanded by scontrol) attach to every node named."""
+    from conftest import rank_started, write_run
+
+    runs = {}
+    for n, rank in (("node-a", 0), ("node-b", 1)):
+        runs[n] = write_run(tmp_path / n, events=[rank_started(1.0, rank, 11), {"t": 2.0, "kind": "state",
+                                                                                "state": "succeeded", "exit_code": 0}],
+                            logs={rank: f"hello from {n}\n"}, nproc=1, exit={"state": "succeeded", "exit_code": 0})
+    common = ["--ssh", " ".join(sshd.ssh), "--remote-ddptop", remote_ddptop(tmp_path)]
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text(f"# the job's nodes\nnode-a:{runs['node-a']}   # rank 0\n\nnode-b:{runs['node-b']}\n")
+    r = subprocess.run(ddptop_cmd("--json", "attach", "--hosts-file", str(hosts), *common), capture_output=True,
+                       text=True, timeout=TIMEOUT, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    ev = json_events(r.stdout)
+    assert {(e["node"], e["text"]) for e in ev if e["kind"] == "log"} == {("node-a", "hello from node-a"),
+                                                                           ("node-b", "hello from node-b")}
+    assert ev[-1]["kind"] == "state" and ev[-1]["state"] == "succeeded"
+    # SLURM is not installed here: its two tools are stood in for by scripts that answer as SLURM does
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text('#!/bin/sh\n[ "$*" = "-h -j 4242 -o %N" ] && echo "node-[a-b]" && exit 0\n'
+                                    'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1\n')
+    (bin_dir / "scontrol").write_text('#!/bin/sh\n[ "$*" = "show hostnames node-[a-b]" ] && printf "node-a\\nnode-b\\n"\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    r = subprocess.run(ddptop_cmd("--json", "attach", "--slurm", "4242", "--run", str(runs["node-a"]), *common),
+                       capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr
+    ev = json_events(r.stdout)
+    assert {e["node"] for e in ev if e["kind"] == "link" and e["state"] == "up"} == {"node-a", "node-b"}
+    assert {e["node"] for e in ev if e["kind"] == "log"} == {"node-a", "node-b"}
+    r = subprocess.run(ddptop_cmd("--json", "attach", "--slurm", "99", *common), capture_output=True, text=True,
+                       timeout=TIMEOUT, cwd=ROOT, env=env)
+    assert r.returncode == 2 and "Invalid job id specified" in r.stderr, r.stderr
+    r = subprocess.run(ddptop_cmd("--json", "attach", "--slurm", "4242", *common), capture_output=True, text=True,
+                       timeout=TIMEOUT, cwd=ROOT, env=dict(os.environ, PATH="/usr/bin:/bin"))
+    assert r.returncode == 2 and "--slurm needs `squeue`" in r.stderr, r.stderr
