@@ -341,3 +341,31 @@ def test_hosts_from_a_file_and_from_slurm(tmp_path, sshd):
     r = subprocess.run(ddptop_cmd("--json", "attach", "--slurm", "4242", *common), capture_output=True, text=True,
                        timeout=TIMEOUT, cwd=ROOT, env=dict(os.environ, PATH="/usr/bin:/bin"))
     assert r.returncode == 2 and "--slurm needs `squeue`" in r.stderr, r.stderr
+
+
+def test_nodes_that_differ_in_nccl_version_or_transport_are_a_finding(tmp_path, sshd):
+    """NCCL's INFO lines (the nccl-debug profile) on two nodes of one job: a different
+    NCCL version, or InfiniBand on one node and sockets on the other, is said once."""
+    from conftest import rank_started, write_run
+
+    logs = {"node-a": "NCCL INFO NCCL version 2.21.5+cuda12.4\nNCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0\n",
+            "node-b": "NCCL INFO NCCL version 2.18.1+cuda12.1\nNCCL INFO Channel 00/0 : 1[0] -> 0[0] [send] via NET/Socket/0\n"
+                      "NCCL INFO Channel 00/0 : 1[0] -> 0[0] [send] via NET/Socket/0\n"}
+    runs = {n: write_run(tmp_path / n, events=[rank_started(1.0, r, 11), {"t": 2.0, "kind": "state",
+                                                                          "state": "succeeded", "exit_code": 0}],
+                         logs={r: logs[n]}, nproc=1, exit={"state": "succeeded", "exit_code": 0})
+            for r, n in enumerate(("node-a", "node-b"))}
+    ms = MultiSession([RemoteSession(n, run=str(r), ssh=sshd.ssh, remote_cmd=remote_ddptop(tmp_path))
+                       for n, r in runs.items()])
+    try:
+        evs = drain(ms, lambda es: ms.finished, what="both runs to end")
+    finally:
+        ms.close()
+    notes = [e.message for e in evs if e.kind == "note" and e.message.startswith("nodes differ")]
+    assert sorted(notes) == sorted([
+        "nodes differ in NCCL (from its log): node-a: 2.21.5+cuda12.4; node-b: 2.18.1+cuda12.1 "
+        "(one job should run the same versions on every node)",
+        "nodes differ in NCCL transport: node-a: NET/IB; node-b: NET/Socket "
+        "(InfiniBand on some nodes, sockets on others: check NCCL_IB_* and the IB devices)"]), notes
+    # the agents said what they run (the same here: one machine), so no note about torch
+    assert all(s.versions.get("torch") for s in ms.sessions) and not any("in torch" in n for n in notes)

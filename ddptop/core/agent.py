@@ -67,6 +67,19 @@ def _stdin_commands(q: "queue.SimpleQueue") -> None:
     q.put(None)  # end of stdin: the client is gone
 
 
+def software_versions() -> dict[str, str]:
+    """What this node runs, read from package metadata (no torch import: cheap)."""
+    from importlib import metadata
+
+    out = {"python": sys.version.split()[0]}
+    for name in ("torch", "nvidia-nccl-cu12", "nvidia-nccl-cu11", "nvidia-nccl-cu13"):
+        try:
+            out["nccl" if name.startswith("nvidia-nccl") else name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
 def _foreign_session(pid: int, gpu: str, resume):
     """A torchrun job ddptop did not launch (its journal if ddptop did): (session, run name)."""
     from ddptop.core.foreign import ForeignError, ForeignSession, launched_by_ddptop, resolve_pid
@@ -107,7 +120,7 @@ def main(argv: list[str]) -> int:
         out.flush()
 
     hello = {"kind": "hello", "proto": PROTO_NAME, "version": PROTOCOL, "host": journal.hostname(),
-             "ddptop": __version__, "pid": os.getpid(), "t": time.time()}
+             "ddptop": __version__, "pid": os.getpid(), "t": time.time(), "versions": software_versions()}
     foreign = re.fullmatch(r"pid[:-](\d+)", args.run)
     try:
         resume = decode_cursor(args.resume) if args.resume else None

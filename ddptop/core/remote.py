@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import select
 import shlex
 import signal
@@ -54,6 +55,10 @@ def parse_target(target: str) -> tuple[str, str]:
     return host, (run if sep and run else "latest")
 
 
+_NCCL_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+\S*)")
+_NCCL_VIA = re.compile(r"\bvia (NET/[A-Za-z]+|P2P/[A-Za-z]+|SHM|direct pointer)")
+
+
 def _event(d: dict, node: str) -> Event:
     if d.get("kind") == "log":
         return LogEvent.fast(d["t"], d["rank"], d["stream"], d["text"], d["attempt"], d["path"], d["offset"],
@@ -72,6 +77,7 @@ class RemoteSession:
         self.node = node or host
         self.run = run
         self.gpu = gpu
+        self.versions: dict[str, str] = {}  # the node's python/torch/NCCL, from the agent's hello
         self.attach_exit_code: int | None = None  # from the agent, for a job ddptop did not launch
         self.ssh = list(ssh) if ssh else shlex.split(os.environ.get("DDPTOP_SSH", "ssh"))
         self.remote_cmd = remote_cmd or os.environ.get("DDPTOP_REMOTE", "ddptop")
@@ -275,6 +281,8 @@ class RemoteSession:
                     got_hello = True
                     self.connects += 1
                     self.meta = _meta(d.get("meta"))
+                    if isinstance(d.get("versions"), dict):
+                        self.versions = {str(k): str(v) for k, v in d["versions"].items()}
                     if d.get("run"):
                         self.run = d["run"]  # pin the run: a reconnect must not jump to a newer one
                         self.run_dir = f"{self.host}:{d.get('run_dir', d['run'])}"
@@ -395,6 +403,8 @@ class MultiSession:
         self.stop_requested = False
         self._final: StateEvent | None = None
         self.finished = False
+        self._seen: dict[str, dict[str, set]] = {}  # what -> node -> values (NCCL version, transports)
+        self._said: set = set()
         self._rank_node: dict[tuple, str] = {}  # (launch, attempt, rank) -> the node that first reported it
         self._clashes: set[int] = set()
 
@@ -438,6 +448,7 @@ class MultiSession:
                                          + (f" ({ev.message})" if ev.message else ""), node=ev.node))
                 else:
                     out.append(ev)
+        out += self._node_differences(out)
         for ev in list(out):
             if ev.kind == "rank" and ev.alive:
                 # torchrun may give ranks to other nodes on a restart: compare within one attempt
@@ -484,6 +495,46 @@ class MultiSession:
 
     def dump_stacks(self) -> bool:
         return any([s.dump_stacks() for s in self.sessions])
+
+    def _node_differences(self, events: list[Event]) -> list[Event]:
+        """Nodes of one job that run different software or NCCL transports: a
+        finding (one note per difference), from the agents' hellos and from
+        NCCL's INFO lines (the nccl-debug profile)."""
+        seen = self._seen
+        for s in self.sessions:
+            for what, v in getattr(s, "versions", {}).items():
+                if what in ("torch", "nccl"):
+                    seen.setdefault(what, {}).setdefault(s.node, set()).add(v)
+        for ev in events:
+            if ev.kind != "log" or "NCCL" not in ev.text:
+                continue
+            m = _NCCL_VERSION.search(ev.text)
+            if m:
+                seen.setdefault("NCCL (from its log)", {}).setdefault(ev.node, set()).add(m.group(1))
+            m = _NCCL_VIA.search(ev.text)
+            if m:
+                seen.setdefault("NCCL transport", {}).setdefault(ev.node, set()).add(m.group(1))
+        out: list[Event] = []
+        for what, per_node in seen.items():
+            if len(per_node) < 2:
+                continue
+            if what == "NCCL transport":
+                # between nodes: InfiniBand on one, sockets on another
+                per_node = {n: {v for v in vs if v.startswith("NET/")} for n, vs in per_node.items()}
+                per_node = {n: v for n, v in per_node.items() if v}
+                if len(per_node) < 2:
+                    continue
+            if len({frozenset(v) for v in per_node.values()}) < 2:
+                continue
+            key = (what, tuple(sorted((n, tuple(sorted(v))) for n, v in per_node.items())))
+            if key in self._said:
+                continue
+            self._said.add(key)
+            desc = "; ".join(f"{n}: {', '.join(sorted(v))}" for n, v in sorted(per_node.items()))
+            hint = (" (InfiniBand on some nodes, sockets on others: check NCCL_IB_* and the IB devices)"
+                    if what == "NCCL transport" else " (one job should run the same versions on every node)")
+            out.append(NoteEvent(self.clock(), "warning", f"nodes differ in {what}: {desc}{hint}"))
+        return out
 
     def close(self) -> None:
         for s in self.sessions:
