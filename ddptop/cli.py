@@ -16,6 +16,7 @@ ddptop [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [SCRIPT ARGS]
        ddptop [OPTIONS] attach [RUN | HOST[:RUN]... | [HOST] --pid PID] [--hosts-file F] [--slurm JOBID]
        ddptop diagnose PATH... [--json]
        ddptop profiles [--json]
+       ddptop bench p2p [--json] [--timeout S] [--sizes B,...]
        ddptop [OPTIONS] fix torchrun [TORCHRUN OPTIONS] SCRIPT [SCRIPT ARGS]
        ddptop runs"""
 
@@ -336,6 +337,12 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(code)  # no waiting on the stdin reader thread
     if cmd[0] == "runs":
         return cmd_runs()
+    if cmd[0] == "bench":
+        if cmd[1:2] != ["p2p"]:
+            return _err("usage: ddptop bench p2p [--json] [--timeout S] [--sizes B,B,...] [--ranks N] [--copy-mb M]")
+        from ddptop.bench_p2p import main as bench_p2p  # torch only in the worker processes it starts
+
+        return bench_p2p(cmd[2:] + (["--json"] if args.json and "--json" not in cmd else []))
     if cmd[0] == "fix":
         rest = cmd[1:]
         if not rest or os.path.basename(rest[0]) != "torchrun":

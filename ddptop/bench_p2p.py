@@ -1,0 +1,384 @@
+"""`ddptop bench p2p`: GPU copy and all-reduce bandwidth, each test under its own timeout.
+
+The monitor never imports torch: this module imports it only inside the
+worker processes it starts (``python -m ddptop.bench_p2p worker ...``), one per
+measurement, each under a timeout, so a hanging copy or collective is reported
+as a hang instead of freezing the benchmark.
+
+Measured (where the hardware is there):
+
+* per GPU pair: unidirectional copy bandwidth with peer access and staged
+  through pinned host memory (P2P "disabled"), bidirectional bandwidth, latency;
+* per GPU: device-to-device copy bandwidth (bytes read plus written, as
+  ``p2pBandwidthLatencyTest`` counts) and pinned host-to-device / device-to-host;
+* all-reduce bus bandwidth across the local GPUs (NCCL) over a size sweep, or,
+  without GPUs, across CPU processes on gloo (so the code path runs in CI):
+  ``busbw = algbw * 2(n-1)/n`` as nccl-tests defines it.
+
+Each figure is shown next to the link's theoretical rate where NVML gives it
+(PCIe generation x width).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+GB = 1e9
+# PCIe per-lane, per-direction data rate after encoding, GB/s (gen 1-2: 8b/10b; 3+: 128b/130b; 6: FLIT)
+PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+DEFAULT_SIZES = [1 << 10, 1 << 16, 1 << 20, 1 << 24, 1 << 26]  # bytes, all-reduce sweep
+
+
+def pcie_rate(gen: int | None, width: int | None) -> float | None:
+    """Theoretical one-direction PCIe bandwidth in GB/s (None when unknown)."""
+    if not gen or not width or gen not in PCIE_LANE_GBS:
+        return None
+    return PCIE_LANE_GBS[gen] * width
+
+
+def algbw(nbytes: int, seconds: float) -> float:
+    """Algorithm bandwidth, GB/s: the buffer size over the time of one operation."""
+    return nbytes / seconds / GB
+
+
+def busbw(nbytes: int, seconds: float, ranks: int) -> float:
+    """All-reduce bus bandwidth, GB/s (nccl-tests): algbw x 2(n-1)/n, comparable
+    with the hardware's link rate whatever the number of ranks."""
+    return algbw(nbytes, seconds) * (2 * (ranks - 1) / ranks if ranks > 1 else 1.0)
+
+
+def percent(measured: float | None, theoretical: float | None) -> float | None:
+    if measured is None or not theoretical:
+        return None
+    return 100.0 * measured / theoretical
+
+
+@dataclass
+class Row:
+    test: str  # "copy p2p", "copy staged", "bidir", "latency", "d2d", "h2d", "d2h", "allreduce"
+    where: str  # "0->1", "gpu 0", "4 ranks (nccl)"
+    size: int | None = None
+    status: str = "ok"  # ok | hang | error | skipped
+    gbs: float | None = None  # GB/s (busbw for all-reduce)
+    algbw: float | None = None
+    latency_us: float | None = None
+    theoretical: float | None = None
+    pct: float | None = None
+    message: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Report:
+    device: str
+    rows: list[Row] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"device": self.device, "rows": [r.to_dict() for r in self.rows]}
+
+
+# -- the orchestrator (no torch here) ------------------------------------------------
+
+
+def _worker(args: list[str], timeout: float, env: dict | None = None) -> tuple[str, dict | None, str]:
+    """Run one measurement in its own process: ("ok", result, "") or ("hang"|"error", None, why)."""
+    argv = [sys.executable, "-m", "ddptop.bench_p2p", "worker", *args]
+    try:
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True, env=env)
+    except OSError as e:
+        return "error", None, str(e)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        import signal
+
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # the worker and any rank it started
+        except ProcessLookupError:
+            pass
+        p.communicate()
+        return "hang", None, f"no answer in {timeout:g} s (killed): a hang"
+    if p.returncode != 0:
+        lines = [l for l in (err or "").splitlines() if l.strip()]
+        return "error", None, (lines[-1] if lines else f"exit {p.returncode}")[:300]
+    try:
+        return "ok", json.loads(out.strip().splitlines()[-1]), ""
+    except (ValueError, IndexError):
+        return "error", None, f"unreadable worker output: {out[-200:]!r}"
+
+
+def _gpu_links() -> dict[int, float | None]:
+    """Theoretical PCIe rate per GPU index, from NVML (empty without a driver)."""
+    try:
+        from ddptop.core.gpu.nvml import NvmlBackend
+
+        b = NvmlBackend()
+        if not b.init():
+            return {}
+        try:
+            return {g.index: pcie_rate(g.pcie_gen, g.pcie_width) for g in b.sample()}
+        finally:
+            b.shutdown()
+    except Exception:
+        return {}
+
+
+def run(sizes: list[int] | None = None, timeout: float = 60.0, ranks: int | None = None,
+        copy_mb: int = 256, env: dict | None = None) -> Report:
+    """Every measurement this machine allows."""
+    sizes = sizes or DEFAULT_SIZES
+    status, info, why = _worker(["probe"], timeout, env)
+    if status != "ok":
+        rep = Report("unknown")
+        rep.rows.append(Row("probe", "torch", status=status, message=f"could not start torch: {why}"))
+        return rep
+    n = info["gpus"]
+    rep = Report(info["device"])
+    links = _gpu_links() if n else {}
+    if n < 2:
+        rep.rows.append(Row("copy p2p", "GPU pairs", status="skipped",
+                            message=f"{'no CUDA GPU' if n == 0 else 'one GPU'}: no pair to measure"
+                                    + (f" ({info.get('why')})" if info.get("why") else "")))
+    for i in range(n):
+        for what in ("d2d", "h2d", "d2h"):
+            rep.rows.append(_copy_row(what, [what, str(i), str(i), str(copy_mb)], f"gpu {i}", timeout, env,
+                                      links.get(i) if what != "d2d" else None))
+    for i in range(n):
+        for j in range(n):
+            if i == j:
+                continue
+            peer = info["peer"][i][j]
+            theo = min(filter(None, [links.get(i), links.get(j)]), default=None)
+            if peer:
+                rep.rows.append(_copy_row("copy p2p", ["p2p", str(i), str(j), str(copy_mb)], f"{i}->{j}", timeout,
+                                          env, theo))
+            else:
+                rep.rows.append(Row("copy p2p", f"{i}->{j}", status="skipped",
+                                    message="peer access not supported between these GPUs (torch.cuda.can_device_access_peer)"))
+            rep.rows.append(_copy_row("copy staged", ["staged", str(i), str(j), str(copy_mb)], f"{i}->{j}", timeout,
+                                      env, theo))
+            if i < j:
+                rep.rows.append(_copy_row("bidir", ["bidir", str(i), str(j), str(copy_mb)], f"{i}<->{j}", timeout,
+                                          env, 2 * theo if theo else None))
+                rep.rows.append(_copy_row("latency", ["latency", str(i), str(j), "0"], f"{i}->{j}", timeout, env, None))
+    nranks = ranks or (n if n >= 2 else 2)
+    backend = "nccl" if n >= 2 else "gloo"
+    where = f"{nranks} ranks ({backend}{', CPU' if backend == 'gloo' else ''})"
+    theo = min(filter(None, links.values()), default=None) if backend == "nccl" else None
+    for size in sizes:
+        st, res, why = _worker(["allreduce", str(nranks), backend, str(size)], timeout, env)
+        if st != "ok":
+            rep.rows.append(Row("allreduce", where, size, st, message=why))
+            if st == "hang":
+                break  # a collective that hangs once hangs for every size
+            continue
+        secs = res["seconds"]
+        bw = busbw(size, secs, nranks)
+        rep.rows.append(Row("allreduce", where, size, gbs=bw, algbw=algbw(size, secs), latency_us=secs * 1e6,
+                            theoretical=theo, pct=percent(bw, theo)))
+    return rep
+
+
+def _copy_row(test: str, args: list[str], where: str, timeout: float, env, theo: float | None) -> Row:
+    st, res, why = _worker(args, timeout, env)
+    if st != "ok":
+        return Row(test, where, status=st, message=why)
+    if test == "latency":
+        return Row(test, where, latency_us=res["seconds"] * 1e6)
+    bw = res["bytes"] / res["seconds"] / GB
+    return Row(test, where, res["bytes"], gbs=bw, theoretical=theo, pct=percent(bw, theo))
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return ""
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k:
+            return f"{n / k:g} {unit}"
+    return f"{n} B"
+
+
+def format_report(rep: Report) -> str:
+    out = [f"ddptop bench p2p on {rep.device}", "",
+           f"{'test':<12} {'where':<22} {'size':>9} {'GB/s':>9} {'of link':>8} {'latency':>11}  note"]
+    for r in rep.rows:
+        gbs = f"{r.gbs:.3g}" if r.gbs is not None else ""
+        pct = f"{r.pct:.0f}%" if r.pct is not None else ""
+        lat = f"{r.latency_us:.1f} us" if r.latency_us is not None else ""
+        note = r.message if r.status != "ok" else (f"algbw {r.algbw:.3g} GB/s" if r.algbw is not None else "")
+        status = "" if r.status == "ok" else f"{r.status.upper()}: "
+        out.append(f"{r.test:<12} {r.where:<22} {_size(r.size):>9} {gbs:>9} {pct:>8} {lat:>11}  {status}{note}")
+    hangs = [r for r in rep.rows if r.status == "hang"]
+    if hangs:
+        out += ["", f"{len(hangs)} test(s) HUNG: " + ", ".join(f"{r.test} {r.where}" for r in hangs)]
+    return "\n".join(out)
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="ddptop bench p2p", description=(
+        "GPU peer-to-peer and all-reduce bandwidth, each test in its own process under --timeout "
+        "(a hang is reported as a hang). Without a GPU, the all-reduce runs on gloo across CPU processes."))
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds per test (default 60)")
+    ap.add_argument("--sizes", default=None, help="all-reduce sizes in bytes, comma separated")
+    ap.add_argument("--ranks", type=int, default=None, help="all-reduce ranks (default: the GPUs, or 2 on CPU)")
+    ap.add_argument("--copy-mb", type=int, default=256, help="copy size per test in MiB (default 256)")
+    a = ap.parse_args(argv)
+    sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else None
+    rep = run(sizes, a.timeout, a.ranks, a.copy_mb)
+    print(json.dumps(rep.to_dict(), indent=2) if a.json else format_report(rep))
+    bad = [r for r in rep.rows if r.status in ("hang", "error")]
+    return 2 if any(r.status == "hang" for r in bad) else (1 if bad else 0)
+
+
+# -- the workers (torch lives here only) ------------------------------------------------
+
+
+def _sync(torch):
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _timed(torch, fn, reps: int) -> float:
+    fn()  # warm-up
+    _sync(torch)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    _sync(torch)
+    return (time.perf_counter() - t0) / reps
+
+
+def _worker_main(args: list[str]) -> dict:
+    import torch
+
+    kind = args[0]
+    if kind == "probe":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        peer = [[bool(i != j and torch.cuda.can_device_access_peer(i, j)) for j in range(n)] for i in range(n)]
+        dev = ", ".join(torch.cuda.get_device_name(i) for i in range(n)) if n else "CPU (no CUDA GPU)"
+        return {"gpus": n, "peer": peer, "device": f"{n} x {torch.cuda.get_device_name(0)}" if n else dev,
+                "why": "" if n else f"torch {torch.__version__}, cuda available: {torch.cuda.is_available()}"}
+    if kind == "allreduce":
+        return _allreduce(int(args[1]), args[2], int(args[3]))
+    i, j, mb = int(args[1]), int(args[2]), int(args[3])
+    nbytes = mb << 20
+    a = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{i}")
+    if kind == "d2d":
+        b = torch.empty_like(a)
+        s = _timed(torch, lambda: b.copy_(a), 10)
+        return {"bytes": 2 * nbytes, "seconds": s}  # read plus written, as p2pBandwidthLatencyTest counts
+    if kind in ("h2d", "d2h"):
+        h = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        s = _timed(torch, (lambda: a.copy_(h, non_blocking=True)) if kind == "h2d" else
+                   (lambda: h.copy_(a, non_blocking=True)), 10)
+        return {"bytes": nbytes, "seconds": s}
+    if kind == "p2p":
+        b = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{j}")
+        s = _timed(torch, lambda: b.copy_(a, non_blocking=True), 10)
+        return {"bytes": nbytes, "seconds": s}
+    if kind == "staged":
+        h = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        b = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{j}")
+
+        def staged():
+            h.copy_(a, non_blocking=True)
+            torch.cuda.synchronize(i)
+            b.copy_(h, non_blocking=True)
+
+        s = _timed(torch, staged, 10)
+        return {"bytes": nbytes, "seconds": s}
+    if kind == "bidir":
+        b = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{j}")
+        a2 = torch.empty_like(a)
+        b2 = torch.empty_like(b)
+        si, sj = torch.cuda.Stream(i), torch.cuda.Stream(j)
+
+        def both():
+            with torch.cuda.stream(si):
+                b2.copy_(a, non_blocking=True)
+            with torch.cuda.stream(sj):
+                a2.copy_(b, non_blocking=True)
+
+        s = _timed(torch, both, 10)
+        return {"bytes": 2 * nbytes, "seconds": s}
+    if kind == "latency":
+        small = torch.empty(4, dtype=torch.uint8, device=f"cuda:{i}")
+        dst = torch.empty(4, dtype=torch.uint8, device=f"cuda:{j}")
+
+        def one():
+            dst.copy_(small)
+            torch.cuda.synchronize(j)
+
+        return {"seconds": _timed(torch, one, 200)}
+    raise SystemExit(f"unknown worker kind {kind!r}")
+
+
+def _allreduce(nranks: int, backend: str, nbytes: int) -> dict:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue()
+    procs = [ctx.Process(target=_allreduce_rank, args=(r, nranks, backend, nbytes, port, q), daemon=True)
+             for r in range(nranks)]
+    for p in procs:
+        p.start()
+    res = [q.get() for _ in range(nranks)]
+    for p in procs:
+        p.join()
+    errs = [r for r in res if "error" in r]
+    if errs:
+        raise SystemExit(f"rank {errs[0]['rank']}: {errs[0]['error']}")
+    return {"seconds": max(r["seconds"] for r in res)}
+
+
+def _allreduce_rank(rank: int, n: int, backend: str, nbytes: int, port: int, q) -> None:
+    try:
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group(backend, rank=rank, world_size=n, timeout=datetime.timedelta(seconds=300))
+        dev = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
+        if backend == "nccl":
+            torch.cuda.set_device(dev)
+        if os.environ.get("DDPTOP_BENCH_HANG_RANK") == str(rank):
+            time.sleep(10 ** 6)  # a test's stand-in for a rank that never joins
+        x = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=dev)
+        reps = 20 if nbytes <= 1 << 20 else 5
+        dist.all_reduce(x)  # warm-up
+        dist.barrier()
+        _sync(torch)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            dist.all_reduce(x)
+        _sync(torch)
+        q.put({"rank": rank, "seconds": (time.perf_counter() - t0) / reps})
+        dist.destroy_process_group()
+    except BaseException as e:  # reported, never a silent hang of the parent
+        q.put({"rank": rank, "error": f"{type(e).__name__}: {e}"})
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "worker":
+        print(json.dumps(_worker_main(sys.argv[2:])))
+        sys.stdout.flush()
+        os._exit(0)
+    sys.exit(main(sys.argv[1:]))
