@@ -24,9 +24,15 @@ class FakeGpu:
     unsupported: set = field(default_factory=set)  # NVML function names raising NotSupported
     lost: bool = False
     throttle: int = 0
+    cc: tuple = (9, 0)  # compute capability
+    bus_id: str = ""
 
 
-def make(gpus, init_error=None, calls=None):
+def make(gpus, init_error=None, calls=None, *, driver="550.54.15", cuda=12040, p2p=None,
+         p2p_default=(0, 0, 5), levels=None, level_default=10):
+    """p2p: {(i, j): (read, write, nvlink)} NVML P2P status codes for a GPU pair (either order),
+    else p2p_default (P2P over PCIe, no NVLink); levels: {(i, j): NVML topology level}, else
+    level_default (one PCIe switch)."""
     nv = types.SimpleNamespace(**{k: getattr(pynvml, k) for k in dir(pynvml) if not k.startswith("nvml")
                                   or k.startswith(("nvmlClocks", "nvmlEventType"))})
     calls = calls if calls is not None else []
@@ -52,7 +58,19 @@ def make(gpus, init_error=None, calls=None):
     proc = lambda pid: types.SimpleNamespace(pid=pid, usedGpuMemory=1)
     fn("nvmlInit", init)
     fn("nvmlShutdown", lambda: None)
-    fn("nvmlSystemGetDriverVersion", lambda: "550.54.15")
+    fn("nvmlSystemGetDriverVersion", lambda: driver)
+    fn("nvmlSystemGetCudaDriverVersion", lambda: cuda)
+    fn("nvmlSystemGetCudaDriverVersion_v2", lambda: cuda)
+
+    def pair(table, g1, g2, default):
+        i, j = gpus.index(g1), gpus.index(g2)
+        table = table or {}
+        return table.get((i, j), table.get((j, i), default))
+
+    fn("nvmlDeviceGetCudaComputeCapability", lambda g: g.cc)
+    fn("nvmlDeviceGetPciInfo", lambda g: types.SimpleNamespace(busId=g.bus_id or f"00000000:{0x10 + gpus.index(g):02X}:00.0"))
+    fn("nvmlDeviceGetP2PStatus", lambda g1, g2, k: pair(p2p, g1, g2, p2p_default)[k])
+    fn("nvmlDeviceGetTopologyCommonAncestor", lambda g1, g2: pair(levels, g1, g2, level_default))
     fn("nvmlDeviceGetCount", lambda: len(gpus))
     fn("nvmlDeviceGetHandleByIndex", lambda i: gpus[i])
     fn("nvmlDeviceGetName", lambda g: g.name)

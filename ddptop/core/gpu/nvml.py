@@ -263,6 +263,49 @@ class NvmlBackend:
             out.append(XidError(idx, int(getattr(ev, "eventData", 0)), time.time()))
         return out
 
+    def topology(self) -> "Topology | None":
+        """What ``ddptop doctor`` needs, read once: driver and CUDA driver
+        versions, per GPU its name, uuid and compute capability, and per pair
+        the P2P read/write/NVLink status and the topology's common ancestor.
+        None (with ``self.error``) when there is no driver."""
+        if not self.init():
+            return None
+        nv = self._lib
+
+        def call(fn_name, *args):
+            fn = getattr(nv, fn_name, None)
+            if fn is None:
+                return None
+            try:
+                return fn(*args)
+            except nv.NVMLError:
+                return None
+
+        cuda = call("nvmlSystemGetCudaDriverVersion_v2") or call("nvmlSystemGetCudaDriverVersion")
+        gpus = []
+        for d in self.devices:
+            cc = call("nvmlDeviceGetCudaComputeCapability", d.handle) if d.handle is not None and not d.lost else None
+            pci = call("nvmlDeviceGetPciInfo", d.handle) if d.handle is not None and not d.lost else None
+            bus = getattr(pci, "busId", None)
+            gpus.append(GpuInfo(d.index, d.name, d.uuid,
+                                f"{cc[0]}.{cc[1]}" if cc and len(cc) == 2 else None,
+                                _str(bus) if bus is not None else None, d.lost))
+        idx = {name: _const(nv, f"NVML_P2P_CAPS_INDEX_{name.upper()}", i)
+               for i, name in ((0, "read"), (1, "write"), (2, "nvlink"))}
+        pairs = []
+        live = [d for d in self.devices if d.handle is not None and not d.lost]
+        for i, a in enumerate(live):
+            for b in live[i + 1:]:
+                st = {}
+                for name, k in idx.items():
+                    code = call("nvmlDeviceGetP2PStatus", a.handle, b.handle, k)
+                    st[name] = P2P_STATUS.get(code, f"status {code}") if code is not None else "unknown"
+                level = call("nvmlDeviceGetTopologyCommonAncestor", a.handle, b.handle)
+                pairs.append(GpuPair(a.index, b.index, st["read"], st["write"], st["nvlink"],
+                                     TOPOLOGY_LEVELS.get(level, (f"level {level}", "?"))[0] if level is not None else "unknown",
+                                     level))
+        return Topology(self.driver, _cuda_version(cuda), tuple(gpus), tuple(pairs))
+
     def status(self) -> tuple[str, str]:
         """(backend, message) for the UI."""
         if self.init():
@@ -277,6 +320,69 @@ class NvmlBackend:
             except Exception:
                 pass
             self._ready = False
+
+
+# nvmlDeviceGetP2PStatus answers (nvmlGpuP2PStatus_t)
+P2P_STATUS = {
+    0: "ok",
+    1: "chipset not supported",
+    2: "GPU not supported",
+    3: "IOH topology not supported",
+    4: "disabled by regkey",
+    5: "not supported",
+    6: "unknown",
+}
+
+# nvmlDeviceGetTopologyCommonAncestor answers: (words, nvidia-smi topo -m abbreviation)
+TOPOLOGY_LEVELS = {
+    0: ("same board", "internal"),
+    10: ("single PCIe switch", "PIX"),
+    20: ("multiple PCIe switches", "PXB"),
+    30: ("host bridge", "PHB"),
+    40: ("same CPU socket", "NODE"),
+    50: ("other CPU socket", "SYS"),
+}
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    uuid: str
+    cc: str | None  # compute capability "8.0"; None when NVML could not say
+    pci_bus_id: str | None = None
+    lost: bool = False
+
+
+@dataclass(frozen=True)
+class GpuPair:
+    a: int
+    b: int
+    read: str  # P2P_STATUS words
+    write: str
+    nvlink: str
+    ancestor: str  # TOPOLOGY_LEVELS words
+    level: int | None = None
+
+
+@dataclass(frozen=True)
+class Topology:
+    driver: str | None  # "550.54.15"
+    cuda_driver: str | None  # the newest CUDA the driver supports, "12.4"
+    gpus: tuple[GpuInfo, ...]
+    pairs: tuple[GpuPair, ...]
+
+
+def _const(nv, name: str, default: int) -> int:
+    v = getattr(nv, name, default)
+    return v[0] if isinstance(v, tuple) else v  # nvidia-ml-py spells NVML_P2P_CAPS_INDEX_READ as (0,)
+
+
+def _cuda_version(v) -> str | None:
+    """NVML's CUDA driver version (12040) as "12.4"."""
+    if not isinstance(v, int) or v <= 0:
+        return None
+    return f"{v // 1000}.{(v % 1000) // 10}"
 
 
 def _str(v) -> str:
