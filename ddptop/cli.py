@@ -16,6 +16,7 @@ ddptop [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [SCRIPT ARGS]
        ddptop [OPTIONS] attach [RUN | HOST[:RUN]... | [HOST] --pid PID] [--hosts-file F] [--slurm JOBID]
        ddptop diagnose PATH... [--json]
        ddptop profiles [--json]
+       ddptop doctor [--json] [--workers N] [--master-port P]
        ddptop bench p2p [--json] [--timeout S] [--sizes B,...]
        ddptop [OPTIONS] fix torchrun [TORCHRUN OPTIONS] SCRIPT [SCRIPT ARGS]
        ddptop runs"""
@@ -373,6 +374,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(format_table(allp))
         return 0
+    if cmd[0] == "doctor":
+        from ddptop.core.doctor import main as doctor
+
+        return doctor(cmd[1:] + (["--json"] if args.json and "--json" not in cmd else []))
     if cmd[0] == "diagnose":
         rest = [a for a in cmd[1:] if a != "--json"]
         if not rest:

@@ -62,13 +62,16 @@ def make(gpus, init_error=None, calls=None, *, driver="550.54.15", cuda=12040, p
     fn("nvmlSystemGetCudaDriverVersion", lambda: cuda)
     fn("nvmlSystemGetCudaDriverVersion_v2", lambda: cuda)
 
+    def index(g):  # by identity: equal-looking FakeGpus are still different GPUs
+        return next(i for i, x in enumerate(gpus) if x is g)
+
     def pair(table, g1, g2, default):
-        i, j = gpus.index(g1), gpus.index(g2)
+        i, j = index(g1), index(g2)
         table = table or {}
         return table.get((i, j), table.get((j, i), default))
 
     fn("nvmlDeviceGetCudaComputeCapability", lambda g: g.cc)
-    fn("nvmlDeviceGetPciInfo", lambda g: types.SimpleNamespace(busId=g.bus_id or f"00000000:{0x10 + gpus.index(g):02X}:00.0"))
+    fn("nvmlDeviceGetPciInfo", lambda g: types.SimpleNamespace(busId=g.bus_id or f"00000000:{0x10 + index(g):02X}:00.0"))
     fn("nvmlDeviceGetP2PStatus", lambda g1, g2, k: pair(p2p, g1, g2, p2p_default)[k])
     fn("nvmlDeviceGetTopologyCommonAncestor", lambda g1, g2: pair(levels, g1, g2, level_default))
     fn("nvmlDeviceGetCount", lambda: len(gpus))

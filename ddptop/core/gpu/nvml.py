@@ -284,7 +284,16 @@ class NvmlBackend:
         cuda = call("nvmlSystemGetCudaDriverVersion_v2") or call("nvmlSystemGetCudaDriverVersion")
         gpus = []
         for d in self.devices:
-            cc = call("nvmlDeviceGetCudaComputeCapability", d.handle) if d.handle is not None and not d.lost else None
+            cc = None
+            if d.handle is not None and not d.lost:
+                try:
+                    cc = nv.nvmlDeviceGetCudaComputeCapability(d.handle)
+                except nv.NVMLError as e:
+                    if getattr(e, "value", None) == _GPU_IS_LOST:
+                        d.lost = True
+                        self.newly_lost.append(d.index)
+                except AttributeError:  # an nvidia-ml-py without it
+                    pass
             pci = call("nvmlDeviceGetPciInfo", d.handle) if d.handle is not None and not d.lost else None
             bus = getattr(pci, "busId", None)
             gpus.append(GpuInfo(d.index, d.name, d.uuid,
