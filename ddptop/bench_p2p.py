@@ -75,10 +75,21 @@ class Row:
         return asdict(self)
 
 
+class _Rows(list):
+    """Rows that tell a listener about each one as it comes (the TUI pane)."""
+
+    listener = None
+
+    def append(self, row) -> None:
+        super().append(row)
+        if self.listener is not None:
+            self.listener(row)
+
+
 @dataclass
 class Report:
     device: str
-    rows: list[Row] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=_Rows)
 
     def to_dict(self) -> dict:
         return {"device": self.device, "rows": [r.to_dict() for r in self.rows]}
@@ -132,16 +143,18 @@ def _gpu_links() -> dict[int, float | None]:
 
 
 def run(sizes: list[int] | None = None, timeout: float = 60.0, ranks: int | None = None,
-        copy_mb: int = 256, env: dict | None = None) -> Report:
-    """Every measurement this machine allows."""
+        copy_mb: int = 256, env: dict | None = None, progress=None) -> Report:
+    """Every measurement this machine allows; ``progress(row)`` is called as each row comes."""
     sizes = sizes or DEFAULT_SIZES
     status, info, why = _worker(["probe"], timeout, env)
     if status != "ok":
         rep = Report("unknown")
+        rep.rows.listener = progress
         rep.rows.append(Row("probe", "torch", status=status, message=f"could not start torch: {why}"))
         return rep
     n = info["gpus"]
     rep = Report(info["device"])
+    rep.rows.listener = progress
     links = _gpu_links() if n else {}
     if n < 2:
         rep.rows.append(Row("copy p2p", "GPU pairs", status="skipped",

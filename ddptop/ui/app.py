@@ -80,6 +80,8 @@ HELP_TEXT = """\
   [b]e[/b]              show / hide the launch's profiles and env diff
   [b]p[/b]              capture every rank's Python stack now (py-spy);
                  also done by itself at a stall
+  [b]D[/b]              ddptop doctor: this machine's preflight checks
+  [b]B[/b]              GPU P2P / all-reduce benchmark (starts on enter)
   [b]ctrl+p[/b]         command palette (themes: "Change theme")
   [b]?[/b]              this help
   [b]q[/b] / [b]ctrl+c[/b]     quit: detach (job keeps running) or stop the job
@@ -375,12 +377,14 @@ class DdptopApp(App[str]):
         Binding("r", "relaunch", "Relaunch"),
         Binding("e", "toggle_env", "Env"),
         Binding("p", "stacks", "Stacks", show=False),
+        Binding("D", "doctor", "Doctor", show=False),
+        Binding("B", "bench", "P2P bench", show=False),
         Binding("end", "follow", "Follow", show=False),
         Binding("home", "top", "Top", show=False),
     ] + [Binding(str(n), f"rank({n})", f"Rank {n}", show=False) for n in range(10)]
 
     MAIN_ACTIONS = {"request_quit", "help", "open_filter", "pane", "cycle", "rank", "follow", "top", "clear_filter", "toggle_wrap", "toggle_gpus",
-                    "relaunch", "toggle_env"}
+                    "relaunch", "toggle_env", "stacks", "doctor", "bench"}
 
     def __init__(self, session: Any, *, theme: str | None = None, poll_interval: float = 0.1) -> None:
         super().__init__()
@@ -1044,6 +1048,16 @@ class DdptopApp(App[str]):
         self._relaunching = ", ".join(names) or "no profile"
         self._refresh_header()
         self._do_relaunch(names, reason)
+
+    def action_doctor(self) -> None:
+        from ddptop.ui.tools_view import DoctorScreen
+
+        self.push_screen(DoctorScreen())
+
+    def action_bench(self) -> None:
+        from ddptop.ui.tools_view import BenchScreen
+
+        self.push_screen(BenchScreen())
 
     def action_stacks(self) -> None:
         if self._job_ended():

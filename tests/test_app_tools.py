@@ -1,0 +1,83 @@
+"""The doctor (D) and benchmark (B) panes, driven with Pilot against this real machine."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("textual")
+
+from textual.widgets import DataTable, Static  # noqa: E402
+
+from ddptop.bench_p2p import Row  # noqa: E402
+from ddptop.core.session import Session  # noqa: E402
+from ddptop.ui.app import make_app  # noqa: E402
+from ddptop.ui.tools_view import matrix_text  # noqa: E402
+from test_app import SIZE, make_run, run_async, wait_until  # noqa: E402
+
+
+def test_doctor_pane_shows_every_check_with_its_evidence(tmp_path):
+    run_dir = make_run(tmp_path, finished=True)
+
+    async def go():
+        app = make_app(Session.open(run_dir), poll_interval=0.02)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("D")
+            await wait_until(pilot, lambda: type(app.screen).__name__ == "DoctorScreen", what="the doctor pane")
+            table = app.screen.query_one("#rows", DataTable)
+            await wait_until(pilot, lambda: table.row_count >= 10, timeout=25, what="the checks")
+            checks = [str(table.get_row_at(i)[1]) for i in range(table.row_count)]
+            assert "GPUs" in checks and "/dev/shm" in checks and "Master port" in checks
+            gpus = [str(c) for c in table.get_row_at(checks.index("GPUs"))]
+            assert gpus[0] == "skipped" and "no NVIDIA driver" in gpus[2]  # no GPU here: said, not crashed
+            title = str(app.screen.query_one("#title").render())
+            assert " ok, " in title and " skipped" in title
+            # moving to a row shows its evidence
+            table.move_cursor(row=checks.index("/dev/shm"))
+            await pilot.pause()
+            detail = str(app.screen.query_one("#evidence", Static).render())
+            assert "statvfs(/dev/shm)" in detail
+            await pilot.press("escape")
+            await pilot.pause()
+            assert type(app.screen).__name__ != "DoctorScreen"
+
+    run_async(go())
+
+
+def test_bench_pane_runs_on_enter_and_reports_the_cpu_all_reduce(tmp_path):
+    run_dir = make_run(tmp_path, finished=True)
+
+    async def go():
+        app = make_app(Session.open(run_dir), poll_interval=0.02)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("B")
+            await wait_until(pilot, lambda: type(app.screen).__name__ == "BenchScreen", what="the bench pane")
+            scr = app.screen
+            scr.sizes = [4096]  # one all-reduce size: the test stays short
+            table = scr.query_one("#rows", DataTable)
+            await pilot.pause()
+            assert table.row_count == 0  # nothing runs before enter: it would load the job's GPUs
+            await pilot.press("enter")
+            await wait_until(pilot, lambda: not scr.running and table.row_count >= 2, timeout=240,
+                             what="the benchmark to finish")
+            rows = [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+            assert rows[0][0] == "copy p2p" and "SKIPPED: no CUDA GPU" in rows[0][6]
+            assert rows[1][:3] == ["allreduce", "2 ranks (gloo, CPU)", "4 KiB"] and float(rows[1][3]) > 0
+            assert "done" in str(scr.query_one("#title").render())
+            assert "needs 2 GPUs" in str(scr.query_one("#matrix", Static).render())
+
+    run_async(go(), timeout=300)
+
+
+def test_the_heat_map_marks_slow_and_hung_pairs():
+    rows = [Row("copy p2p", "0->1", gbs=40.0, pct=90.0), Row("copy p2p", "1->0", gbs=10.0, pct=22.0),
+            Row("copy p2p", "0->2", status="hang", message="no answer"), Row("copy p2p", "2->0", gbs=39.0),
+            Row("copy p2p", "1->2", gbs=38.0), Row("copy p2p", "2->1", gbs=12.0), Row("allreduce", "2 ranks")]
+    t = matrix_text(rows)
+    lines = t.plain.splitlines()
+    assert lines[1].split() == ["0", "1", "2"]
+    assert lines[2].split() == ["0", "-", "40.0", "HANG"]
+    styles = {t.plain[s.start:s.end].strip(): str(s.style) for s in t.spans}
+    assert styles["40.0"] == "black on green" and styles["10.0"] == "white on red"  # 90% / 22% of the link
+    assert styles["HANG"] == "bold white on red"
+    assert styles["12.0"] == "white on red" and styles["38.0"] == "black on green"  # no link rate: vs the best pair
+    assert matrix_text([Row("allreduce", "2 ranks")]) is None
