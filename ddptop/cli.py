@@ -108,6 +108,8 @@ def _watch_inner(session, args) -> int:
     if result == "detach":
         print(f"ddptop: detached; the job keeps running. Re-attach with: {hint}")
         return 0
+    if result == "fix":
+        return _fix_after_ui(session, args)
     if result == "stop":
         from ddptop.core.headless import run_headless
 
@@ -127,6 +129,27 @@ def _watch_inner(session, args) -> int:
     print(f"ddptop: job {session.final_state.state if session.final_state else 'ended'}"
           f" (exit code {code}); journal: {session.run_dir}")
     return 1 if code is None else code
+
+
+def _fix_after_ui(session, args) -> int:
+    """The UI's F key: the job has been stopped (or had ended); search for a profile."""
+    import io
+
+    from ddptop.core.fix import main as fix
+    from ddptop.core.headless import run_headless
+    from ddptop.core.profiles import ProfileError, resolve
+
+    if not session.finished:
+        print("ddptop: stopping the job...", file=sys.stderr)
+        run_headless(session, json_mode=False, out=io.StringIO())  # drain quietly until it has ended
+    cmd = list(session.meta.user_command)
+    try:
+        base = resolve(list(session.meta.profiles or []))
+    except ProfileError as e:
+        return _err(str(e))
+    print(f"ddptop: searching for a profile that works: ddptop fix {' '.join(cmd)}", file=sys.stderr)
+    return fix(cmd, base, json_mode=False, steps=args.fix_steps, time_limit=args.fix_time, gpu=args.gpu,
+               stall_after=args.stall_after)
 
 
 def _slurm_hosts(jobid: str) -> list[str]:

@@ -81,3 +81,49 @@ def test_the_heat_map_marks_slow_and_hung_pairs():
     assert styles["HANG"] == "bold white on red"
     assert styles["12.0"] == "white on red" and styles["38.0"] == "black on green"  # no link rate: vs the best pair
     assert matrix_text([Row("allreduce", "2 ranks")]) is None
+
+
+def test_fix_key_stops_the_job_then_hands_over_to_ddptop_fix(tmp_path):
+    from test_app import SpySession
+
+    running = SpySession(Session.open(make_run(tmp_path / "a", finished=False)))
+
+    async def go(session, keys):
+        app = make_app(session, poll_interval=0.02)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause(0.3)
+            for k in keys:
+                await pilot.press(k)
+                await pilot.pause(0.2)
+            await pilot.pause(0.5)
+            return app.return_value, type(app.screen).__name__
+
+    # F, then n: nothing happens
+    assert run_async(go(running, ["F", "n"])) == (None, "Screen")
+    assert running.stop_calls == 0
+    # F, then y: the job is stopped, and the UI hands over to the fix search
+    assert run_async(go(running, ["F", "y"]))[0] == "fix"
+    assert running.stop_calls == 1
+
+
+def test_fix_after_the_ui_finds_the_profile_for_the_stopped_job(tmp_path, monkeypatch, capsys):
+    """What `ddptop ... torchrun` does after F: drain the stopped job, then `ddptop fix` its command."""
+    import argparse
+
+    from conftest import EXAMPLE
+    from ddptop.cli import _fix_after_ui
+
+    monkeypatch.setenv("DDPTOP_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.chdir(tmp_path)
+    s = Session.launch(["torchrun", "--nproc-per-node", "2", EXAMPLE, "--steps", "1000", "--step-time", "0.05",
+                        "--fault", "p2p-hang", "--fault-step", "10"], tmp_path / "run", gpu="sim")
+    try:
+        assert s.stop()  # as the F key does
+        args = argparse.Namespace(fix_steps=15, fix_time=180.0, gpu="sim", stall_after=None)
+        assert _fix_after_ui(s, args) == 0
+    finally:
+        s.stop()
+    out = capsys.readouterr()
+    assert s.finished and s.final_state.state == "stopped"
+    assert "ddptop fix torchrun --nproc-per-node 2" in out.err
+    assert "p2p-off" in out.out and "NCCL_P2P_DISABLE=1 torchrun" in out.out

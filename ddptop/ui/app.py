@@ -82,6 +82,7 @@ HELP_TEXT = """\
                  also done by itself at a stall
   [b]D[/b]              ddptop doctor: this machine's preflight checks
   [b]B[/b]              GPU P2P / all-reduce benchmark (starts on enter)
+  [b]F[/b]              stop the job and run ddptop fix (a profile search)
   [b]ctrl+p[/b]         command palette (themes: "Change theme")
   [b]?[/b]              this help
   [b]q[/b] / [b]ctrl+c[/b]     quit: detach (job keeps running) or stop the job
@@ -198,6 +199,29 @@ class QuitScreen(ModalScreen[str | None]):
 
     def action_choose(self, what: str | None) -> None:
         self.dismiss(what)
+
+
+class FixScreen(ModalScreen[bool]):
+    """Confirm: stop the job and let `ddptop fix` search for a profile that works."""
+
+    DEFAULT_CSS = """
+    FixScreen { align: center middle; }
+    FixScreen > Vertical { width: 64; height: auto; padding: 1 2; background: $panel; border: thick $primary; }
+    """
+    BINDINGS = [Binding("y,enter", "dismiss(True)", "Yes", show=False),
+                Binding("n,escape", "dismiss(False)", "No", show=False)]
+
+    def __init__(self, running: bool) -> None:
+        super().__init__()
+        self.running = running
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(("Stop this job, then " if self.running else "")
+                         + "run [b]ddptop fix[/b]: short smoke runs of the same command under the candidate "
+                           "profiles (the diagnosis's first) and fewer ranks, until one makes progress; it prints "
+                           "the table and the command to use from now on.")
+            yield Label("[b]y[/b] / enter: go · [b]n[/b] / esc: cancel")
 
 
 class HelpScreen(ModalScreen[None]):
@@ -378,13 +402,14 @@ class DdptopApp(App[str]):
         Binding("e", "toggle_env", "Env"),
         Binding("p", "stacks", "Stacks", show=False),
         Binding("D", "doctor", "Doctor", show=False),
+        Binding("F", "fix", "Fix search", show=False),
         Binding("B", "bench", "P2P bench", show=False),
         Binding("end", "follow", "Follow", show=False),
         Binding("home", "top", "Top", show=False),
     ] + [Binding(str(n), f"rank({n})", f"Rank {n}", show=False) for n in range(10)]
 
     MAIN_ACTIONS = {"request_quit", "help", "open_filter", "pane", "cycle", "rank", "follow", "top", "clear_filter", "toggle_wrap", "toggle_gpus",
-                    "relaunch", "toggle_env", "stacks", "doctor", "bench"}
+                    "relaunch", "toggle_env", "stacks", "doctor", "bench", "fix"}
 
     def __init__(self, session: Any, *, theme: str | None = None, poll_interval: float = 0.1) -> None:
         super().__init__()
@@ -1049,6 +1074,34 @@ class DdptopApp(App[str]):
         self._refresh_header()
         self._do_relaunch(names, reason)
 
+    def action_fix(self) -> None:
+        if self._stopping:
+            return
+        s = self.session
+        why = getattr(s, "control_refused", None)
+        if why:
+            self.notify(why, title="cannot search for a fix", severity="warning", timeout=10)
+            return
+        if getattr(s, "attach_hint", None):
+            self.notify("ddptop fix runs the job again on this machine: run it on the node where the job runs",
+                        title="cannot search for a fix from here", severity="warning", timeout=10)
+            return
+        if not getattr(getattr(s, "meta", None), "user_command", None):
+            self.notify("this run has no command to run again", severity="warning", timeout=6)
+            return
+        running = not self._job_ended()
+        self.push_screen(FixScreen(running), lambda go: self._fix_chosen(go, running))
+
+    def _fix_chosen(self, go: bool, running: bool) -> None:
+        if not go:
+            return
+        if not running:
+            self._quit("fix")
+            return
+        self._stopping = True
+        self._refresh_header()
+        self._stop_job("fix")
+
     def action_doctor(self) -> None:
         from ddptop.ui.tools_view import DoctorScreen
 
@@ -1178,7 +1231,7 @@ class DdptopApp(App[str]):
             self._stop_job()
 
     @work(thread=True, exclusive=True, group="stop", exit_on_error=False)
-    def _stop_job(self) -> None:
+    def _stop_job(self, result: str = "stop") -> None:
         refused = None
         try:
             if not self.session.stop():
@@ -1187,7 +1240,7 @@ class DdptopApp(App[str]):
             if refused:
                 self.call_from_thread(self._stop_refused, refused)
             else:
-                self.call_from_thread(self._quit, "stop")
+                self.call_from_thread(self._quit, result)
 
     def _stop_refused(self, why: str) -> None:
         """The session will not stop this job: say why and keep watching."""
