@@ -369,3 +369,23 @@ def test_nodes_that_differ_in_nccl_version_or_transport_are_a_finding(tmp_path, 
         "(InfiniBand on some nodes, sockets on others: check NCCL_IB_* and the IB devices)"]), notes
     # the agents said what they run (the same here: one machine), so no note about torch
     assert all(s.versions.get("torch") for s in ms.sessions) and not any("in torch" in n for n in notes)
+
+
+def test_doctor_on_remote_nodes_over_ssh(tmp_path, sshd):
+    """`ddptop doctor --host H`: the node's own ddptop runs the checks there; a host
+    without ddptop is a failed row with the install command."""
+    common = ["--ssh", " ".join(sshd.ssh)]
+    r = subprocess.run(ddptop_cmd("doctor", "--json", "--host", "node-a", "--host", "node-b", *common,
+                                  "--remote-ddptop", remote_ddptop(tmp_path)),
+                       capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT)
+    d = json.loads(r.stdout)
+    assert sorted(d["hosts"]) == ["node-a", "node-b"]
+    for h in ("node-a", "node-b"):
+        rows = {row["name"]: row for row in d["hosts"][h]["rows"]}
+        assert rows["GPUs"]["status"] == "skipped" and "/dev/shm" in rows and "Master port" in rows
+    assert r.returncode == max(h["summary"]["exit_code"] for h in d["hosts"].values())
+    r = subprocess.run(ddptop_cmd("doctor", "--host", "node-a", *common, "--remote-ddptop", "/nonexistent/ddptop"),
+                       capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT)
+    assert r.returncode == 2
+    assert "== node-a ==" in r.stdout and "ddptop is not installed on node-a" in r.stdout
+    assert "pip install 'ddptop==" in r.stdout

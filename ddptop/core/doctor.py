@@ -902,7 +902,58 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--workers", type=int, metavar="N", help="data-loader workers per GPU (default: read from a running "
                     "torchrun of yours, else the CPU budget is skipped)")
     ap.add_argument("--master-port", type=int, default=29500, metavar="P", help="port to check is free (default 29500)")
+    ap.add_argument("--host", action="append", default=[], metavar="HOST",
+                    help="check HOST instead, over your ssh (its ddptop runs the checks there); repeatable")
+    ap.add_argument("--ssh", metavar="CMD", help="ssh command line (default: ssh, or $DDPTOP_SSH)")
+    ap.add_argument("--remote-ddptop", metavar="CMD", help="ddptop on the remote nodes (default: ddptop, or $DDPTOP_REMOTE)")
     a = ap.parse_args(argv)
+    if a.host:
+        return _remote_main(a)
     rows = run_checks(workers=a.workers, master_port=a.master_port)
     print(to_json(rows) if a.json else format_rows(rows))
     return exit_code(rows)
+
+
+def remote_rows(host: str, ssh: list[str], remote_cmd: str, args: list[str], timeout: float = 120) -> list[Row]:
+    """The doctor's rows on HOST, run there by its own ddptop over ssh; a host
+    that cannot be reached, or has no ddptop, is one failed row saying so."""
+    import shlex
+    import subprocess
+
+    from ddptop.core.remote import SSH_OPTIONS
+
+    argv = [*ssh, *SSH_OPTIONS, host, shlex.join([*shlex.split(remote_cmd), "doctor", "--json", *args])]
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return [Row("ssh", FAIL, f"{host}: no answer in {timeout:g} s", [" ".join(argv)])]
+    except OSError as e:
+        return [Row("ssh", FAIL, f"could not run ssh: {e}", [" ".join(argv)])]
+    try:
+        d = json.loads(r.stdout)
+        return [Row(**{k: v for k, v in row.items() if k in Row.__dataclass_fields__}) for row in d["rows"]]
+    except (ValueError, KeyError, TypeError):
+        err = (r.stderr or r.stdout).strip().splitlines()
+        last = err[-1] if err else f"exit {r.returncode}"
+        if r.returncode == 127 or "command not found" in r.stderr or "No module named ddptop" in r.stderr:
+            from ddptop import __version__
+
+            return [Row("ddptop", FAIL, f"ddptop is not installed on {host}", [last],
+                        f"install it there: pip install 'ddptop=={__version__}' (or point --remote-ddptop at it)")]
+        return [Row("ssh", FAIL, f"{host}: {last}", [" ".join(argv)],
+                    "check that `ssh HOST` works without a password prompt (keys or agent)")]
+
+
+def _remote_main(a) -> int:
+    import shlex
+
+    ssh = shlex.split(a.ssh or os.environ.get("DDPTOP_SSH", "ssh"))
+    remote_cmd = a.remote_ddptop or os.environ.get("DDPTOP_REMOTE", "ddptop")
+    args = (["--workers", str(a.workers)] if a.workers is not None else []) + ["--master-port", str(a.master_port)]
+    per_host = {h: remote_rows(h, ssh, remote_cmd, args) for h in a.host}
+    if a.json:
+        print(json.dumps({"hosts": {h: {"rows": [r.to_dict() for r in rows], "summary": summary(rows)}
+                                    for h, rows in per_host.items()}}, indent=2))
+    else:
+        print("\n\n".join(f"== {h} ==\n{format_rows(rows)}" for h, rows in per_host.items()))
+    return max(exit_code(rows) for rows in per_host.values())
