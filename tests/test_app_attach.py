@@ -185,8 +185,10 @@ def test_a_node_that_cannot_be_attached_says_why(tmp_path, sshd):
             text = str(box.render())
             assert "LINK node-b failed" in text and "ddptop is not installed on node-b" in text
             assert box.border_title == "1 link failed"
-            assert "node-b: link failed: ddptop is not installed on node-b" in log_text(app, "merged")
-            assert "[r0] rank0 step 2 loss 0.2" in log_text(app, "merged")
+            # RichLog holds lines written before its first layout until it has a size
+            await wait_until(pilot, lambda: "node-b: link failed: ddptop is not installed on node-b"
+                             in log_text(app, "merged") and "[r0] rank0 step 2 loss 0.2" in log_text(app, "merged"),
+                             what="the link failure and node-a's lines in the merged log")
 
     try:
         run_async(go())
