@@ -15,7 +15,7 @@ from textual.widgets import DataTable  # noqa: E402
 
 from ddptop.core.session import Session  # noqa: E402
 from ddptop.ui.app import make_app  # noqa: E402
-from ddptop.ui.telemetry_view import AlarmBox, GpuPane, sparkline  # noqa: E402
+from ddptop.ui.telemetry_view import AlarmBox, GpuPane, alarm_markup, sparkline  # noqa: E402
 from conftest import rank_started, write_run
 
 TEST_TIMEOUT = 30
@@ -117,6 +117,7 @@ def test_gpu_pane_ranks_and_alarm(tmp_path):
             assert box.display
             text = str(box.render())
             assert "stall-hang" in text and "culprit: r1" in text and "nccl-debug" in text
+            assert "(r relaunches)" in text
             assert "stack dump timed out" in text
             assert bells == [1]
             assert "1 alarm" in str(app.query_one("#header").render())
@@ -173,3 +174,17 @@ def test_na_lost_and_guess(tmp_path):
             assert "550.54" in title and "SIMULATED" not in title
 
     run_async(go())
+
+
+def test_alarm_box_offers_r_only_for_jobs_ddptop_can_relaunch():
+    from ddptop.core.events import AlarmEvent
+    from ddptop.core.model import JobModel
+
+    model = JobModel()
+    model.apply([AlarmEvent(1.0, type="stall", id="stall-hang", culprits=(1,), message="no step for 10 s",
+                            suggested_profiles=("p2p-off",))])
+    ours, level = alarm_markup(model)
+    theirs, _ = alarm_markup(model, can_relaunch=False)
+    assert level == "error" and "--profile p2p-off" in ours and "--profile p2p-off" in theirs
+    assert "(r relaunches)" in ours
+    assert "r relaunches" not in theirs and "did not start this job" in theirs

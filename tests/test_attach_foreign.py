@@ -499,6 +499,9 @@ def test_attach_over_ssh_to_a_job_ddptop_did_not_launch(procs, tmp_path, sshd):
     r = Reader(w.stdout)
     # ...and a client whose link is cut every 0.6 s while the job runs
     rs = RemoteSession("node-a", run=f"pid:{job.pid}", ssh=sshd.ssh, remote_cmd=remote, backoff=(0.2,), gpu="sim")
+    # a job ddptop did not start is never stopped or relaunched through the link either
+    assert rs.stop() is False and rs.relaunch(["p2p-off"]) is False
+    assert "did not start this job" in rs.control_refused and not rs.stop_requested
     evs, drops = [], 0
     try:
         deadline = time.monotonic() + TIMEOUT

@@ -77,6 +77,10 @@ class RemoteSession:
         self.node = node or host
         self.run = run
         self.gpu = gpu
+        # a job ddptop did not launch (watched by pid): never stopped or relaunched
+        self.control_refused: str | None = (
+            f"ddptop did not start this job ({run} on {self.node if node else host}) and will not stop or "
+            f"relaunch it; to stop it, send SIGINT to its torchrun on the node yourself" if run.startswith("pid:") else None)
         self.versions: dict[str, str] = {}  # the node's python/torch/NCCL, from the agent's hello
         self.attach_exit_code: int | None = None  # from the agent, for a job ddptop did not launch
         self.ssh = list(ssh) if ssh else shlex.split(os.environ.get("DDPTOP_SSH", "ssh"))
@@ -139,10 +143,14 @@ class RemoteSession:
         return out
 
     def stop(self) -> bool:
+        if self.control_refused:
+            return False
         self.stop_requested = True
         return self._command({"cmd": "stop"})
 
     def relaunch(self, profiles: list[str], reason: str = "asked for") -> bool:
+        if self.control_refused:
+            return False
         return self._command({"cmd": "relaunch", "profiles": list(profiles), "reason": reason})
 
     def dump_stacks(self) -> bool:
@@ -420,6 +428,12 @@ class MultiSession:
     @property
     def run_dir(self) -> str:
         return " ".join(str(s.run_dir) for s in self.sessions)
+
+    @property
+    def control_refused(self) -> str | None:
+        """Set when no node's job was started by ddptop (nothing to stop or relaunch)."""
+        why = [getattr(s, "control_refused", None) for s in self.sessions]
+        return "; ".join(why) if why and all(why) else None
 
     @property
     def attach_hint(self) -> str:

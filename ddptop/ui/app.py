@@ -809,7 +809,9 @@ class DdptopApp(App[str]):
             if is_recent(a.t):
                 self.bell()
         try:
-            self.query_one("#alarms", AlarmBox).show(self.model)
+            box = self.query_one("#alarms", AlarmBox)
+            box.can_relaunch = not getattr(self.session, "control_refused", None)
+            box.show(self.model)
         except Exception:
             pass
 

@@ -191,8 +191,10 @@ def rank_cells(info, finished: bool, theme) -> dict[str, object]:
     }
 
 
-def alarm_markup(model: JobModel, max_alarms: int = 3, max_notes: int = 2) -> tuple[str, str]:
-    """(markup, level) for the alarm box; level is "" (hide), "error" or "warning"."""
+def alarm_markup(model: JobModel, max_alarms: int = 3, max_notes: int = 2,
+                 can_relaunch: bool = True) -> tuple[str, str]:
+    """(markup, level) for the alarm box; level is "" (hide), "error" or "warning".
+    ``can_relaunch`` is False for a job ddptop did not start (r is refused there)."""
     lines = []
     failed = [(node, ln) for node, ln in model.links.items() if ln.state == "failed"]
     for node, ln in failed[:2]:
@@ -210,7 +212,8 @@ def alarm_markup(model: JobModel, max_alarms: int = 3, max_notes: int = 2) -> tu
         if a.node:
             head += f"  [dim]{'' if a.node == 'all nodes' else 'node '}{escape(a.node)}[/]"
         if a.suggested_profiles:
-            head += f"  [$accent]try: {escape(' '.join('--profile ' + p for p in a.suggested_profiles))}[/] [dim](r relaunches)[/]"
+            head += f"  [$accent]try: {escape(' '.join('--profile ' + p for p in a.suggested_profiles))}[/] " + (
+                "[dim](r relaunches)[/]" if can_relaunch else "[dim](ddptop did not start this job: relaunch it under ddptop)[/]")
         lines.append(head + f"  {escape(a.message)}")
     more = len(model.alarms) - len(alarms)
     if more > 0:
@@ -244,9 +247,10 @@ class AlarmBox(Static):
     def __init__(self, **kw) -> None:
         super().__init__("", **kw)
         self._markup = None
+        self.can_relaunch = True  # False for a job ddptop did not start
 
     def show(self, model: JobModel) -> None:
-        markup, level = alarm_markup(model)
+        markup, level = alarm_markup(model, can_relaunch=self.can_relaunch)
         if (markup, level) == self._markup:
             return
         self._markup = (markup, level)
