@@ -38,7 +38,7 @@ from pathlib import Path
 import psutil
 
 from ddptop import __version__
-from ddptop.core import journal
+from ddptop.core import journal, procs
 from ddptop.core.events import (ENDED, RUNNING, AlarmEvent, Event, GpuEvent, LogEvent, NoteEvent, ProcEvent,
                                 RankEvent, StateEvent)
 from ddptop.core.tailer import Tailer
@@ -594,12 +594,11 @@ class ForeignSession:
         # ranks
         if self.torchrun is not None and root_alive:
             try:
-                children = self.torchrun.children()
+                children = procs.children(self.torchrun, known=self._ranks)
             except psutil.Error:
                 children = []
             for c in children:
-                if c.pid not in self._ranks:
-                    self._new_rank(out, c, now)
+                self._new_rank(out, c, now)
         elif self.torchrun is None and self.target.lone_rank.pid not in self._ranks and root_alive:
             self._new_rank(out, self.target.lone_rank, now)
         for pid, r in self._ranks.items():

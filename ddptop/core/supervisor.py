@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from ddptop.core import journal
+from ddptop.core import journal, procs
 from ddptop.core.profiles import MASK
 from ddptop.core.events import (
     FAILED,
@@ -263,12 +263,10 @@ class Supervisor:
 
     def discover(self, torchrun: psutil.Process) -> None:
         try:
-            children = torchrun.children()
+            children = procs.children(torchrun, known=self.ranks)  # (no scan of every process)
         except psutil.Error:
             children = []
         for c in children:
-            if c.pid in self.ranks:
-                continue
             env = _rank_env(c)
             if env is None:
                 continue
@@ -298,7 +296,7 @@ class Supervisor:
         roots += [proc.p for proc, _ in self.ranks.values() if proc.is_ours()]
         for root in roots:
             try:
-                for p in root.children(recursive=True):
+                for p in procs.descendants(root):
                     if p.pid not in self.family:
                         self.family[p.pid] = _Proc(p)
             except psutil.Error:

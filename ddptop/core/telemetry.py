@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import psutil
 
+from ddptop.core import procs
 from ddptop.core.events import AlarmEvent, Event, GpuEvent, GpuStatusEvent, ProcEvent
 
 
@@ -83,9 +84,7 @@ class Telemetry:
                                       driver=getattr(self.backend, "driver", None),
                                       count=len(getattr(self.backend, "devices", ())), node=self.node))
             self._status_sent = True
-        children_of: dict[int, list[int]] = {}
-        for pid, ppid in _ppid_map().items():
-            children_of.setdefault(ppid, []).append(pid)
+        children_of: dict[int, list[int]] | None = None  # the whole process table, only where needed
         stats: dict[int, tuple] = {}
         live = set()
         for r in ranks:
@@ -101,7 +100,13 @@ class Telemetry:
             except psutil.Error:
                 continue
             live.add(r.pid)
-            kids = _descendants(r.pid, children_of)
+            kids = procs.descendant_pids(r.pid)  # data-loader workers and their children
+            if kids is None:  # this kernel cannot list a process's children: scan every process
+                if children_of is None:
+                    children_of = {}
+                    for pid, ppid in _ppid_map().items():
+                        children_of.setdefault(ppid, []).append(pid)
+                kids = _descendants(r.pid, children_of)
             live.update(kids)
             kid_cpu = 0.0
             for k in kids:

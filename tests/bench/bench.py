@@ -6,7 +6,8 @@
 Figures: `ddptop --help` wall time; time to the TUI's first frame; headless
 ingest throughput (lines/s) for a synthetic multi-rank burst; ddptop's CPU use
 (viewer and supervisor) while supervising a quiet 2-rank job; `ddptop attach`
-over a loopback sshd: agent CPU use and line latency.
+over a loopback sshd: agent CPU use and line latency; the cost of watching
+the process tree on a node with a thousand processes.
 """
 
 from __future__ import annotations
@@ -339,8 +340,61 @@ def bench_relaunch(n: int = 3) -> None:
           f"rank start-up to the first step {med['step']:.2f} s (torch import, rendezvous)")
 
 
+def bench_busy_node(others: int = 1000, ranks: int = 8, ticks: int = 50) -> None:
+    """A node with many processes (GPU nodes often run a thousand): the cost of
+    finding torchrun's ranks and each rank's data-loader workers, from
+    /proc/PID/task/*/children (what ddptop does) vs psutil's scan of every process."""
+    import psutil
+    sys.path.insert(0, str(ROOT / "tests"))
+    import fake_nvml
+    from ddptop.core import procs
+    from ddptop.core.gpu.nvml import NvmlBackend
+    from ddptop.core.telemetry import RankProc, Telemetry
+    crowd = [subprocess.Popen(["sleep", "300"]) for _ in range(others)]
+    rank_code = "import subprocess, time; [subprocess.Popen(['sleep', '300']) for _ in range(2)]; time.sleep(300)"
+    job = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; "
+                            f"[subprocess.Popen([sys.executable, '-c', {rank_code!r}]) for _ in range({ranks})]; time.sleep(300)"])
+    try:
+        tr = psutil.Process(job.pid)
+        deadline = time.time() + 60
+        while len(tr.children(recursive=True)) < 3 * ranks and time.time() < deadline:
+            time.sleep(0.2)
+        rp = [RankProc(i, i, c.pid) for i, c in enumerate(tr.children())]
+        n = len(psutil.pids())
+
+        def cost(fn, k=ticks):
+            fn()
+            c0 = time.process_time()
+            for _ in range(k):
+                fn()
+            return (time.process_time() - c0) / k * 1000
+
+        rows = []
+        for label, supported in (("children files", None), ("psutil scan", False)):
+            procs._SUPPORTED = supported
+            tel = Telemetry(NvmlBackend(fake_nvml.make([fake_nvml.FakeGpu() for _ in range(ranks)])))
+            disc = cost(lambda: procs.children(tr))
+            tick = cost(lambda: tel.tick(rp))
+            # the supervisor looks for ranks twice a second and samples once a second
+            rows.append((label, disc, tick, (2 * disc + tick) / 10))
+        procs._SUPPORTED = None
+        print(f"busy node: {n} processes, torchrun with {ranks} ranks x 2 workers")
+        for label, disc, tick, pct in rows:
+            print(f"  {label:15s} find ranks {disc:6.2f} ms, telemetry tick {tick:6.2f} ms "
+                  f"-> {pct:.2f}% of a core (2 Hz discovery + 1 Hz ticks)")
+    finally:
+        for c in psutil.Process(job.pid).children(recursive=True):
+            c.kill()
+        job.kill()
+        job.wait()
+        for p in crowd:
+            p.kill()
+            p.wait()
+
+
 BENCHES = {"help": bench_help, "ingest": bench_ingest, "frame": bench_first_frame, "supervise": bench_supervise,
-           "telemetry": bench_telemetry, "hook": bench_hook, "alarm": bench_alarm_latency, "attach": bench_attach, "relaunch": bench_relaunch}
+           "telemetry": bench_telemetry, "hook": bench_hook, "alarm": bench_alarm_latency, "attach": bench_attach, "relaunch": bench_relaunch,
+           "busy-node": bench_busy_node}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(BENCHES)

@@ -1,0 +1,97 @@
+"""Process-tree reads that stay cheap on a busy node.
+
+psutil finds a process's children by reading ``/proc/*/stat`` for every
+process on the machine.  On a GPU node with a thousand processes that is tens
+of milliseconds, and ddptop asks twice a second (rank discovery) and once a
+second (data-loader workers per rank).  Linux keeps each thread's children in
+``/proc/PID/task/TID/children``: a few small reads for the processes we watch.
+Where that file is missing (kernels without CONFIG_PROC_CHILDREN, non-Linux)
+everything falls back to psutil.
+
+The file is a snapshot: a child forked or reparented while it is read can be
+missed, and is then seen at the next look, which is all a poller needs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+
+_SUPPORTED: bool | None = None  # learnt on first use
+
+
+def child_pids(pid: int) -> list[int] | None:
+    """Direct children of ``pid`` (every thread's), [] when it is gone, or None
+    when this kernel cannot say (use psutil)."""
+    global _SUPPORTED
+    if _SUPPORTED is False:
+        return None
+    base = f"/proc/{pid}/task"
+    try:
+        tids = os.listdir(base)
+    except FileNotFoundError:
+        return [] if _SUPPORTED else None
+    except OSError:
+        return None
+    out: list[int] = []
+    for tid in tids:
+        try:
+            with open(f"{base}/{tid}/children", "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            if os.path.isdir(f"{base}/{tid}"):  # the thread is there but the file is not: no support
+                _SUPPORTED = False
+                return None
+            continue  # the thread ended meanwhile
+        except OSError:
+            return None
+        _SUPPORTED = True
+        out.extend(int(x) for x in data.split())
+    return out
+
+
+def children(proc: psutil.Process, known: set[int] | dict | frozenset = frozenset()) -> list[psutil.Process]:
+    """``proc.children()`` without scanning every process; pids in ``known``
+    are left out before anything is read about them."""
+    pids = child_pids(proc.pid)
+    if pids is None:
+        return [c for c in proc.children() if c.pid not in known]
+    out = []
+    for pid in pids:
+        if pid in known:
+            continue
+        try:
+            c = psutil.Process(pid)
+            if c.ppid() == proc.pid:  # (not a recycled pid)
+                out.append(c)
+        except psutil.Error:
+            pass
+    return out
+
+
+def descendant_pids(pid: int) -> list[int] | None:
+    """Every descendant of ``pid``, parents before children; None as ``child_pids``."""
+    first = child_pids(pid)
+    if first is None:
+        return None
+    out, todo = [], list(first)
+    while todo:
+        c = todo.pop()
+        out.append(c)
+        todo.extend(child_pids(c) or ())
+    return out
+
+
+def descendants(proc: psutil.Process) -> list[psutil.Process]:
+    """``proc.children(recursive=True)`` without scanning every process."""
+    pids = descendant_pids(proc.pid)
+    if pids is None:
+        return proc.children(recursive=True)
+    out = []
+    for pid in pids:
+        try:
+            out.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    return out
