@@ -31,6 +31,7 @@ from ddptop.core.tailer import Tailer
 
 SCAN_EVERY = 0.5  # seconds between looks for new rank log files
 LOST_AFTER = 3.0  # seconds without a supervisor before a run counts as lost
+LIVE_EVERY = 0.5  # seconds between looks at the supervisor process while polling
 
 
 def _pid_matches(pid: int, create_time: float | None) -> bool:
@@ -63,6 +64,7 @@ class Session:
         self._notes: dict[str, Tailer] = {}
         self._final: StateEvent | None = None
         self._supervisor_gone_since: float | None = None
+        self._live_checked: tuple[float, bool] | None = None  # (when, answer) of the last real look
         self.finished = False
         self.stop_requested = False
 
@@ -254,6 +256,13 @@ class Session:
 
     def is_live_cached(self, now: float) -> bool:
         """is_live, but tolerant of a moment's gap and cheap when polled often."""
+        if self._live_checked is not None and 0 <= now - self._live_checked[0] < LIVE_EVERY:
+            return self._live_checked[1]
+        answer = self._is_live_now(now)
+        self._live_checked = (now, answer)
+        return answer
+
+    def _is_live_now(self, now: float) -> bool:
         if (self.run_dir / journal.EXIT).exists():
             return True  # the final event is on its way in events.jsonl
         if self.is_live:
