@@ -188,3 +188,18 @@ def test_alarm_box_offers_r_only_for_jobs_ddptop_can_relaunch():
     assert level == "error" and "--profile p2p-off" in ours and "--profile p2p-off" in theirs
     assert "(r relaunches)" in ours
     assert "r relaunches" not in theirs and "did not start this job" in theirs
+
+
+def test_an_ended_rank_shows_no_live_process_figures():
+    """After a rank exits its row must not keep saying `running` at 66% CPU."""
+    from ddptop.core.events import ProcEvent
+    from ddptop.core.model import RankInfo
+    from ddptop.ui.telemetry_view import rank_cells
+
+    sample = ProcEvent(1.0, rank=0, pid=42, cpu=66.0, rss=300 << 20, status="running", threads=4,
+                       children=2, children_cpu=10.0, gpu=0, gpu_mapping="nvml")
+    live = rank_cells(RankInfo(0, pid=42, alive=True, proc=sample), False, None)
+    assert str(live["cpu"]) == "66%" and str(live["status"]) == "running" and live["workers"] == "2 (10%)"
+    gone = rank_cells(RankInfo(0, pid=42, alive=False, proc=sample), False, None)
+    assert str(gone["cpu"]) == "-" and str(gone["status"]) == "ended" and gone["workers"] == "-"
+    assert str(gone["rss"]) == "300 MiB" and gone["gpu"] == "0"  # last size and where it ran

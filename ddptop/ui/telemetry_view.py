@@ -181,9 +181,11 @@ def rank_cells(info, finished: bool, theme) -> dict[str, object]:
     workers = "-" if p.children is None else str(p.children)
     if p.children and p.children_cpu:
         workers += f" ({p.children_cpu:.0f}%)"
+    if stale:  # the process is gone: no live figures (RSS stays, dim, as its last size)
+        status, sstyle, workers = ("ended" if info.alive is False else "-"), "dim", "-"
     return {
         "gpu": gpu,
-        "cpu": Text(fmt_pct(p.cpu), style=dim),
+        "cpu": Text("-" if stale else fmt_pct(p.cpu), style=dim),
         "rss": Text(fmt_bytes(p.rss), style=dim),
         "status": Text(status, style=sstyle),
         "threads": "-" if p.threads is None else str(p.threads),
