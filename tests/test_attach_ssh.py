@@ -224,6 +224,57 @@ print('{{"kind":"bye","exit_code":0}}')
     assert evs[-1]["kind"] == "state" and evs[-1]["state"] == "succeeded"
 
 
+SKEWED_AGENT = """
+import json, sys, time
+skew, rank = float(sys.argv[1]), int(sys.argv[2])  # this node's clock minus the real time
+now = lambda: time.time() + skew
+send = lambda d: print(json.dumps(d), flush=True)
+send({"kind": "hello", "proto": "ddptop-agent", "version": 1, "host": "h", "ddptop": "0.1.0", "run": "r",
+      "run_dir": "/r", "meta": None, "t": now()})
+send({"t": now(), "kind": "rank", "rank": rank, "local_rank": 0, "node": "h", "pid": 1, "attempt": 0, "alive": True})
+off = 0
+for step in range(1, 21):
+    text = f"step {step}"
+    send({"t": now(), "kind": "log", "rank": rank, "stream": "stdout", "text": text, "attempt": 0,
+          "path": "logs/0", "offset": off})
+    off += len(text) + 1
+    send({"t": now(), "kind": "progress", "rank": rank, "step": step, "source": "hook"})
+    send({"kind": "cursor", "files": {"logs/0": off}})
+    time.sleep(0.1)
+for _ in range(120):  # then the job hangs: the link stays up, no step comes
+    send({"kind": "cursor", "files": {"logs/0": off}})
+    time.sleep(0.5)
+"""
+
+
+def test_a_node_whose_clock_is_ahead_does_not_delay_the_stall_alarm(tmp_path, sshd):
+    """node-b's clock is 60 s ahead.  Its times are moved onto this machine's
+    clock (and it says so), so when both nodes stop stepping the cross-node
+    stall alarm comes after --stall-after, not a minute later."""
+    script = tmp_path / "skewed_agent.py"
+    script.write_text(SKEWED_AGENT)
+    agent = f"{sys.executable} {script}"
+    ms = MultiSession([RemoteSession("node-a", ssh=sshd.ssh, remote_cmd=f"{agent} 0 0"),
+                       RemoteSession("node-b", ssh=sshd.ssh, remote_cmd=f"{agent} 60 1")], stall_after=2.0)
+    t0 = time.time()
+    try:
+        evs = drain(ms, lambda es: any(e.kind == "alarm" for e in es), timeout=30,
+                    what="the stall alarm (late if node-b's clock were taken as it is)")
+    finally:
+        ms.close()
+    t1 = time.time()
+    alarm = next(e for e in evs if e.kind == "alarm")
+    assert alarm.type == "stall" and alarm.node == "all nodes", alarm
+    logs = [e for e in evs if e.kind == "log"]
+    assert {(e.node, e.text) for e in logs} >= {("node-b", "step 20"), ("node-a", "step 20")}
+    assert all(t0 - 1 <= e.t <= t1 + 1 for e in logs), [(e.node, e.t - t0) for e in logs if not t0 - 1 <= e.t <= t1][:3]
+    last_step = max(e.t for e in logs)
+    assert alarm.t - last_step < 15, alarm.t - last_step  # 2 s of silence and the detector's own margin
+    notes = [e.message for e in evs if e.kind == "note" and e.node == "node-b"]
+    assert any("clock is 6" in m and "ahead of" in m for m in notes), notes
+    assert not any("clock" in e.message for e in evs if e.kind == "note" and e.node == "node-a")
+
+
 def test_link_cut_mid_line_resumes_from_the_last_cursor(tmp_path, sshd):
     """The first connection dies in the middle of a batch and of a line: nothing
     of that batch is shown, and the second connection resumes at its cursor."""

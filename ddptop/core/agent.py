@@ -135,7 +135,8 @@ def main(argv: list[str]) -> int:
         send({**hello, "run": None})
         send({"kind": "error", "message": f"{journal.hostname()}: {e}"})
         return 2
-    send({**hello, "run": run, "run_dir": str(run_dir), "meta": session.meta.to_dict()})
+    # "t" when sent: the client measures this node's clock against its own with it
+    send({**hello, "t": time.time(), "run": run, "run_dir": str(run_dir), "meta": session.meta.to_dict()})
 
     cmds: queue.SimpleQueue = queue.SimpleQueue()
     threading.Thread(target=_stdin_commands, args=(cmds,), daemon=True, name="agent-stdin").start()

@@ -32,6 +32,7 @@ BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0)  # seconds before reconnect n (then the last
 SILENCE = 15.0  # seconds without any line (the agent sends one every 2 s) = dead link
 HELLO_TIMEOUT = 60.0
 MAX_LINE = 16 * 1024 * 1024
+SKEW_MIN = 1.0  # seconds: a node clock further than this from ours has its event times moved onto ours
 CONTROL = frozenset({"hello", "cursor", "bye", "reply", "error"})
 SSH_OPTIONS = ("-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")
 # ssh's own failures that retrying cannot fix
@@ -59,11 +60,14 @@ _NCCL_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+\S*)")
 _NCCL_VIA = re.compile(r"\bvia (NET/[A-Za-z]+|P2P/[A-Za-z]+|SHM|direct pointer)")
 
 
-def _event(d: dict, node: str) -> Event:
+def _event(d: dict, node: str, skew: float = 0.0) -> Event:
+    """``skew``: our clock minus the node's, added to the node's times (0 when the clocks agree)."""
     if d.get("kind") == "log":
-        return LogEvent.fast(d["t"], d["rank"], d["stream"], d["text"], d["attempt"], d["path"], d["offset"],
+        return LogEvent.fast(d["t"] + skew, d["rank"], d["stream"], d["text"], d["attempt"], d["path"], d["offset"],
                              d.get("partial", False), d.get("transient", False), node)
     d["node"] = node  # the name the person attached to (the agent knows only its hostname)
+    if skew:
+        d["t"] += skew
     return from_dict(d)
 
 
@@ -82,6 +86,10 @@ class RemoteSession:
             f"ddptop did not start this job ({run} on {self.node if node else host}) and will not stop or "
             f"relaunch it; to stop it, send SIGINT to its torchrun on the node yourself" if run.startswith("pid:") else None)
         self.versions: dict[str, str] = {}  # the node's python/torch/NCCL, from the agent's hello
+        # our clock minus the node's (measured at each hello, the link's delay included), added to the
+        # times of the node's events when over SKEW_MIN, so that ages and the cross-node stall
+        # detector compare like with like
+        self.skew = 0.0
         self.attach_exit_code: int | None = None  # from the agent, for a job ddptop did not launch
         self.ssh = list(ssh) if ssh else shlex.split(os.environ.get("DDPTOP_SSH", "ssh"))
         self.remote_cmd = remote_cmd or os.environ.get("DDPTOP_REMOTE", "ddptop")
@@ -291,6 +299,7 @@ class RemoteSession:
                     self.meta = _meta(d.get("meta"))
                     if isinstance(d.get("versions"), dict):
                         self.versions = {str(k): str(v) for k, v in d["versions"].items()}
+                    self._measure_skew(d.get("t"))
                     if d.get("run"):
                         self.run = d["run"]  # pin the run: a reconnect must not jump to a newer one
                         self.run_dir = f"{self.host}:{d.get('run_dir', d['run'])}"
@@ -329,7 +338,7 @@ class RemoteSession:
                     continue
                 else:
                     try:
-                        pending.append(_event(d, self.node))
+                        pending.append(_event(d, self.node, self.skew))
                     except (ValueError, TypeError, KeyError) as e:
                         pending.append(NoteEvent(self.clock(), "warning",
                                                  f"{self.host}: agent line {n}: bad {kind!r} event ({e})",
@@ -341,6 +350,21 @@ class RemoteSession:
         if got_hello:
             return "hello", _last_line(err) or f"link lost (ssh exit {rc})"
         return self._classify_failure(rc, err, before_hello)
+
+    def _measure_skew(self, t) -> None:
+        if not isinstance(t, (int, float)) or isinstance(t, bool):
+            return  # an older agent: times are taken as they are
+        skew = self.clock() - float(t)
+        was = self.skew
+        self.skew = skew if abs(skew) > SKEW_MIN else 0.0
+        if self.skew and (not was or abs(self.skew - was) > SKEW_MIN):
+            self._emit([NoteEvent(self.clock(), "warning",
+                                  f"{self.host}'s clock is {abs(skew):.1f} s {'behind' if skew > 0 else 'ahead of'} "
+                                  f"this machine's: its times are shown on this machine's clock (is NTP running "
+                                  f"there?)", node=self.node)])
+        elif was and not self.skew:
+            self._emit([NoteEvent(self.clock(), "info", f"{self.host}'s clock now agrees with this machine's",
+                                  node=self.node)])
 
     def _parse(self, raw: bytes) -> tuple[str | None, dict]:
         try:
