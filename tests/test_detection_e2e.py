@@ -34,6 +34,9 @@ def test_segfault_is_named_with_signal_and_rank(runs_dir):
     crash = [a for a in alarms(json_events(r.stdout)) if a["id"] == "rank-signal" and a["culprits"]]
     assert len(crash) == 1 and crash[0]["type"] == "crash"
     assert crash[0]["culprits"] == [1] and "SIGSEGV" in crash[0]["message"]
+    # each rank's exit code, from torchrun's failure summary (ddptop cannot wait() for torchrun's children)
+    codes = {e["rank"]: e["exit_code"] for e in json_events(r.stdout) if e["kind"] == "rank" and e["exit_code"] is not None}
+    assert codes.get(1) == -11, codes
     # and post-mortem, from the journal
     d = run_ddptop("diagnose", "--json", str(only_run(runs_dir)))
     rep = json.loads(d.stdout)
@@ -59,6 +62,9 @@ def test_healthy_run_with_slow_first_step_and_eval_pause_raises_no_alarm(runs_di
     assert alarms(events) == []
     assert any(e["kind"] == "log" and "Evaluating" in e["text"] for e in events)
     assert events[-1]["state"] == "succeeded"
+    # torchrun exits 0 only when every rank did
+    assert {e["rank"]: e["exit_code"] for e in events if e["kind"] == "rank" and not e["alive"]
+            and e["exit_code"] is not None} == {0: 0, 1: 0}
 
 
 def test_stall_captures_every_rank_stack_and_runs_the_notify_command(runs_dir, tmp_path):

@@ -73,6 +73,15 @@ def test_torchrun_root_cause_block_names_signal_and_rank_and_beats_the_teardown(
     assert sigterm and sigterm[0].detail["signal"] == "SIGTERM"
 
 
+def test_failure_summary_gives_each_named_rank_its_exit_code():
+    from ddptop.core.signatures import failure_summary
+
+    lines = ["[r0] step 3 exitcode : 7 (pid: 1)", *TORCHRUN_SUMMARY.splitlines(), "  rank      : 9 (local_rank: 1)",
+             "  exitcode  : 3 (pid: 5)"]  # lines outside the summary name nothing
+    assert failure_summary(lines) == {0: -15, 5: -11}
+    assert failure_summary(["torchrun exited"]) == {}
+
+
 def test_consequences_are_not_the_root_cause():
     m = SignatureMatcher()
     fs = m.feed(REAL["peer-connection-reset"], 0) + m.feed(REAL["tensor-size-mismatch"], 1)

@@ -28,7 +28,17 @@ def format_text(ev: Event) -> str | None:
             s += f" ({ev.message})"
         return s + " =="
     if isinstance(ev, RankEvent):
-        what = "started" if ev.alive else "ended"
+        if ev.alive:
+            what = "started"
+        elif ev.exit_code is None:
+            what = "ended"
+        else:
+            what = f"exited with code {ev.exit_code}"
+            if ev.exit_code < 0:
+                try:
+                    what += f" ({signal.Signals(-ev.exit_code).name})"
+                except ValueError:
+                    pass
         return f"== ddptop: rank {ev.rank} (local {ev.local_rank}, pid {ev.pid}, attempt {ev.attempt}) {what} =="
     if isinstance(ev, (GpuEvent, ProcEvent)):
         return None  # telemetry every second: in --json output and the journal only

@@ -209,6 +209,33 @@ class SignatureMatcher:
         return out
 
 
+def failure_summary(lines) -> dict[int, int]:
+    """Global rank -> exit code, from torchrun's failure summary ("Root Cause
+    (first observed failure)" and "Failures" blocks: ``rank : N (local_rank: L)``
+    then ``exitcode : C (pid: P)``).  Ranks it does not name are not in it."""
+    codes: dict[int, int] = {}
+    block, rank = False, None
+    for raw in lines:
+        t = clean(raw)
+        if _ROOT_BLOCK.search(t) or _FAILURES_BLOCK.match(t):
+            block, rank = True, None
+            continue
+        if not block:
+            continue
+        if t.startswith("====="):
+            block = False
+            continue
+        m = _BLOCK_RANK.match(t)
+        if m:
+            rank = int(m.group("rank"))
+            continue
+        m = _BLOCK_EXIT.match(t)
+        if m and rank is not None:
+            codes.setdefault(rank, int(m.group("code")))
+            rank = None
+    return codes
+
+
 def root_cause(findings: list[Finding]) -> Finding | None:
     """The finding most likely to be the cause, not a consequence."""
     ranked = [(f.level, 0 if f.detail.get("root") else 1, i, f) for i, f in enumerate(findings) if f.level < INFO]

@@ -460,6 +460,7 @@ class Supervisor:
     def run_generation(self, command: list[str], env: dict) -> int | None:
         """Run torchrun once, to its end; stop it on request.  Returns its exit status."""
         with open(self.run_dir / journal.TORCHRUN_LOG, "ab", buffering=0) as out:
+            log_from = out.tell()  # this attempt's part of torchrun.log (for its failure summary)
             try:
                 popen = subprocess.Popen(command, cwd=self.meta.cwd, env=env, stdin=subprocess.DEVNULL,
                                          stdout=out, stderr=subprocess.STDOUT)
@@ -507,7 +508,34 @@ class Supervisor:
             while self._ranks_running():
                 time.sleep(0.05)
         self.discover_end()
+        self.rank_exit_codes(rc, log_from)
         return rc
+
+    def rank_exit_codes(self, rc: int | None, log_from: int) -> None:
+        """Each rank's exit code, where it can be known.  Ranks are torchrun's
+        children, so ddptop cannot wait() for them; but torchrun exits 0 only
+        when every rank of its last attempt did, and otherwise names each
+        failed rank and its exit code in its failure summary."""
+        if rc is None or self.stop_requested or self.relaunch_request is not None or not self.ranks:
+            return  # stopped by us: torchrun prints no summary, and the codes would be ours
+        try:
+            last = max(info["attempt"] for _, info in self.ranks.values())
+            current = {info["rank"]: (pid, info) for pid, (_, info) in self.ranks.items() if info["attempt"] == last}
+            if rc == 0:
+                codes = {r: 0 for r in current}
+            else:
+                from ddptop.core.signatures import failure_summary
+
+                with open(self.run_dir / journal.TORCHRUN_LOG, "rb") as f:
+                    f.seek(max(log_from, os.fstat(f.fileno()).st_size - (1 << 20)))
+                    codes = failure_summary(f.read().decode("utf-8", "replace").splitlines())
+            for r, code in sorted(codes.items()):
+                if r in current:
+                    pid, info = current[r]
+                    self.emit(RankEvent(time.time(), pid=pid, alive=False, exit_code=code,
+                                        **{k: v for k, v in info.items() if k != "ended"}))
+        except Exception as e:  # never let this take the job's end down
+            self.emit(NoteEvent(time.time(), "warning", f"could not read the ranks' exit codes: {e!r}"))
 
     def _ranks_running(self) -> bool:
         def running(p: _Proc) -> bool:
