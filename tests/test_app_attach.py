@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import subprocess
 import time
@@ -14,7 +15,7 @@ import pytest
 pytest.importorskip("textual")
 
 from textual.content import Content  # noqa: E402
-from textual.widgets import DataTable, RichLog  # noqa: E402
+from textual.widgets import DataTable  # noqa: E402
 
 from ddptop.core.events import LinkEvent  # noqa: E402
 from ddptop.core.remote import MultiSession, RemoteSession  # noqa: E402
@@ -23,33 +24,17 @@ from ddptop.ui.app import HeaderBar, link_markup, make_app  # noqa: E402
 from ddptop.ui.telemetry_view import AlarmBox  # noqa: E402
 from conftest import rank_started, write_run
 from sshd import remote_ddptop
+from test_app_relaunch import header_text, log_text, wait_until as _wait_until  # noqa: E402
 
 WAIT = 60.0  # seconds for any one thing to show up
 SIZE = (140, 45)
 
 
+wait_until = functools.partial(_wait_until, timeout=WAIT)
+
+
 def run_async(coro, timeout=240):
     return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-async def wait_until(pilot, pred, timeout=WAIT, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        await pilot.pause(0.05)
-        try:
-            if pred():
-                return
-        except Exception:
-            pass
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def header_text(app) -> str:
-    return app.query_one("#header", HeaderBar)._content.plain
-
-
-def log_text(app, key: str) -> str:
-    return "\n".join(strip.text for strip in app.query_one(f"#log-{key}", RichLog).lines)
 
 
 def column(table: DataTable, label: str) -> list[str]:

@@ -257,23 +257,18 @@ def test_ui_refuses_to_stop_or_relaunch_a_foreign_job(procs, tmp_path):
     pytest.importorskip("textual")
     import asyncio
 
+    from test_app_relaunch import log_text, wait_until
+
     from ddptop.ui.app import QuitScreen, make_app
 
     p, _ = start_lone_rank(procs, tmp_path)
     s = ForeignSession(p.pid, gpu="none")
 
     def merged(app) -> str:
-        from textual.widgets import RichLog
+        return log_text(app, "merged")
 
-        return "\n".join(strip.text for strip in app.query_one("#log-merged", RichLog).lines)
-
-    async def until(pilot, pred, what, timeout=20.0):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            await pilot.pause(0.05)
-            if pred():
-                return
-        raise AssertionError(f"timed out waiting for {what}")
+    async def until(pilot, pred, what):
+        await wait_until(pilot, pred, timeout=20.0, what=what)
 
     async def go():
         app = make_app(s, poll_interval=0.02)
@@ -312,7 +307,6 @@ def test_attach_by_pid_follows_the_job_to_its_end(procs, tmp_path):
     by_torchrun = attach(procs, "--headless", "--gpu", "sim", "attach", "--pid", str(job.pid), env=env)
     by_rank = attach(procs, "--json", "--gpu", "sim", "attach", "--pid", str(ranks[1]), env=env)
     by_default = attach(procs, "--headless", "--gpu", "none", "attach", env=env)
-    t0 = time.monotonic()
     assert job.wait(timeout=TIMEOUT) == 0
     t_end = time.monotonic()
     out, err = finish(by_torchrun)

@@ -143,7 +143,7 @@ def test_two_nodes_one_view_names_the_odd_rank_out(tmp_path, sshd):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    jobs, runs = [], []
+    jobs = []
     for node_rank, name in enumerate(("a", "b")):
         d = tmp_path / f"runs-{name}"
         jobs.append(launch(d, "--nnodes", "2", "--node-rank", str(node_rank), "--nproc-per-node", "1",

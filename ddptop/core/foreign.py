@@ -250,30 +250,13 @@ class TorchrunOptions:
 def parse_torchrun_options(args: list[str], env: dict[str, str] | None = None) -> TorchrunOptions:
     """The options ddptop needs, from torchrun's arguments (``--x v``, ``--x=v``,
     ``--x_y`` spellings) or else from torchrun's ``PET_*`` variables."""
-    from ddptop.core.launcher import TORCHRUN_FLAGS
+    from ddptop.core.launcher import scan_torchrun_args
 
+    opts, i, _lacking = scan_torchrun_args(args)  # (a job that runs has every value it needs)
     got: dict[str, str] = {}
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if a == "--":
-            i += 1
-            break
-        if not a.startswith("-") or a == "-":
-            break
-        name, eq, val = a.partition("=")
-        if name in TORCHRUN_FLAGS:
-            i += 1
-            continue
-        if not eq:
-            if i + 1 >= len(args):
-                break
-            val = args[i + 1]
-            i += 2
-        else:
-            i += 1
+    for name, val, _tokens in opts:
         key = _SHORT.get(name) or name.lstrip("-").replace("-", "_")
-        if key in _OPTIONS:
+        if val is not None and key in _OPTIONS:
             got[key] = val
     env = env or {}
     for key in _OPTIONS:
@@ -519,14 +502,6 @@ class ForeignSession:
                 pass
             self._telemetry = None
 
-    def follow(self, interval: float = 0.1):
-        while not self.finished:
-            batch = self.poll()
-            if batch:
-                yield batch
-            else:
-                time.sleep(interval)
-
     # -- reading -----------------------------------------------------------------
 
     def poll(self, max_bytes: int = 4 * 1024 * 1024) -> list[Event]:
@@ -639,12 +614,13 @@ class ForeignSession:
         local = _int(env.get("LOCAL_RANK"))
         local = rank if local is None else local
         attempt = _int(env.get("TORCHELASTIC_RESTART_COUNT")) or 0
-        r = self._ranks[proc.pid] = _Rank(proc, rank, local, attempt, env)
+        self._ranks[proc.pid] = _Rank(proc, rank, local, attempt, env)
         self._rank_of[(attempt, local)] = rank
-        if _int(env.get("GROUP_RANK")) is not None:
-            self._group_rank = _int(env.get("GROUP_RANK"))
-        if _int(env.get("LOCAL_WORLD_SIZE")) is not None:
-            self._local_world = _int(env.get("LOCAL_WORLD_SIZE"))
+        group, local_world = _int(env.get("GROUP_RANK")), _int(env.get("LOCAL_WORLD_SIZE"))
+        if group is not None:
+            self._group_rank = group
+        if local_world is not None:
+            self._local_world = local_world
         if self.meta.nproc_per_node is None and self._local_world is not None:
             self.meta = replace(self.meta, nproc_per_node=self._local_world)
         if self.meta.node_rank is None and self._group_rank is not None:

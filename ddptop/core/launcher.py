@@ -75,11 +75,11 @@ def _norm(opt: str) -> str:
     return opt.replace("_", "-")
 
 
-def parse_torchrun_args(args: list[str]) -> TorchrunArgs:
-    options: list[str] = []
-    values: dict[str, str] = {}
-    flags: set[str] = set()
-    dropped: list[str] = []
+def scan_torchrun_args(args: list[str]) -> tuple[list[tuple[str, str | None, list[str]]], int, str | None]:
+    """torchrun's options as (name, value or None for a flag, the tokens as
+    written), the index of the first argument after them (the script), and the
+    option left without its value at the end of ``args`` (None if none was)."""
+    opts: list[tuple[str, str | None, list[str]]] = []
     i = 0
     while i < len(args):
         a = args[i]
@@ -90,23 +90,37 @@ def parse_torchrun_args(args: list[str]) -> TorchrunArgs:
             break
         name, eq, val = a.partition("=")
         if name in TORCHRUN_FLAGS:
-            flags.add(_norm(name))
-            options.append(a)
+            opts.append((name, None, [a]))
             i += 1
-            continue
-        if eq:
+        elif eq:
+            opts.append((name, val, [a]))
             i += 1
+        elif i + 1 >= len(args):
+            return opts, i, a
         else:
-            if i + 1 >= len(args):
-                raise LaunchError(f"torchrun option {a} needs a value")
-            val = args[i + 1]
+            opts.append((name, args[i + 1], [a, args[i + 1]]))
             i += 2
-        if name in OWNED:
+    return opts, i, None
+
+
+def parse_torchrun_args(args: list[str]) -> TorchrunArgs:
+    options: list[str] = []
+    values: dict[str, str] = {}
+    flags: set[str] = set()
+    dropped: list[str] = []
+    opts, i, lacking = scan_torchrun_args(args)
+    if lacking:
+        raise LaunchError(f"torchrun option {lacking} needs a value")
+    for name, val, tokens in opts:
+        if val is None:
+            flags.add(_norm(name))
+            options += tokens
+        elif name in OWNED:
             dropped += [name, val]
             values[OWNED[name]] = val
-            continue
-        values[_norm(name)] = val
-        options += [a] if eq else [a, val]
+        else:
+            values[_norm(name)] = val
+            options += tokens
     if i >= len(args):
         raise LaunchError("no training script given: usage is `ddptop torchrun [TORCHRUN OPTIONS] SCRIPT [ARGS]`")
     return TorchrunArgs(options, args[i], args[i + 1 :], values, flags, dropped)

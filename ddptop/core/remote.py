@@ -25,7 +25,7 @@ import time
 from ddptop import __version__
 from ddptop.core import journal
 from ddptop.core.agent import PROTO_NAME, PROTOCOL, encode_cursor
-from ddptop.core.events import (FINAL_STATES, LOST, AlarmEvent, Event, LinkEvent, LogEvent, NoteEvent, StateEvent,
+from ddptop.core.events import (FINAL_STATES, LOST, Event, LinkEvent, LogEvent, NoteEvent, StateEvent,
                                 from_dict)
 
 BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0)  # seconds before reconnect n (then the last, forever)

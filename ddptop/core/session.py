@@ -111,6 +111,17 @@ class Session:
             return time.time() - (self.meta.started or 0) < 30
         return _pid_matches(sup["pid"], sup.get("create_time"))
 
+    @staticmethod
+    def _signal(sup: dict | None, sig: int) -> bool:
+        """Signal the supervisor ``sup`` names, if it is still that process."""
+        if sup is None or not _pid_matches(sup["pid"], sup.get("create_time")):
+            return False
+        try:
+            os.kill(sup["pid"], sig)
+        except ProcessLookupError:
+            return False
+        return True
+
     def stop(self) -> bool:
         """Ask the supervisor to stop the job.  Returns False if nothing to stop."""
         self.stop_requested = True
@@ -119,25 +130,12 @@ class Session:
         while sup is None and time.time() < deadline and self.is_live:
             time.sleep(0.05)
             sup = self._supervisor()
-        if sup is None or not _pid_matches(sup["pid"], sup.get("create_time")):
-            return False
-        try:
-            os.kill(sup["pid"], signal.SIGTERM)
-        except ProcessLookupError:
-            return False
-        return True
+        return self._signal(sup, signal.SIGTERM)
 
     def dump_stacks(self) -> bool:
         """Ask the supervisor for every rank's Python stack now (py-spy); the
         result arrives as a note.  False if the job is not running."""
-        sup = self._supervisor()
-        if sup is None or not _pid_matches(sup["pid"], sup.get("create_time")):
-            return False
-        try:
-            os.kill(sup["pid"], signal.SIGUSR2)
-        except ProcessLookupError:
-            return False
-        return True
+        return self._signal(self._supervisor(), signal.SIGUSR2)
 
     def relaunch(self, profiles: list[str], reason: str = "asked for") -> bool:
         """Stop the job completely and start it again with these profiles."""
@@ -148,11 +146,7 @@ class Session:
         if sup is None or not _pid_matches(sup["pid"], sup.get("create_time")):
             return False
         journal.write_json(self.run_dir / journal.RELAUNCH, {"profiles": list(profiles), "reason": reason})
-        try:
-            os.kill(sup["pid"], signal.SIGUSR1)
-        except ProcessLookupError:
-            return False
-        return True
+        return self._signal(sup, signal.SIGUSR1)
 
     # -- reading -------------------------------------------------------------
 

@@ -451,7 +451,9 @@ class DdptopApp(App[str]):
     def compose(self) -> ComposeResult:
         yield HeaderBar(id="header")
         yield Static("", id="envpanel")
-        yield AlarmBox(id="alarms")
+        alarms = AlarmBox(id="alarms")
+        alarms.can_relaunch = not getattr(self.session, "control_refused", None)  # a job ddptop did not start
+        yield alarms
         table: DataTable = DataTable(id="ranks", cursor_type="row", zebra_stripes=True)
         yield table
         yield GpuPane(id="gpu-pane")
@@ -809,9 +811,7 @@ class DdptopApp(App[str]):
             if is_recent(a.t):
                 self.bell()
         try:
-            box = self.query_one("#alarms", AlarmBox)
-            box.can_relaunch = not getattr(self.session, "control_refused", None)
-            box.show(self.model)
+            self.query_one("#alarms", AlarmBox).show(self.model)
         except Exception:
             pass
 
