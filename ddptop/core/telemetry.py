@@ -166,7 +166,7 @@ class Telemetry:
                     on = sorted(by_gpu.get(idx, ()))
                     out.append(AlarmEvent(now, type="gpu", id="gpu-lost", ranks=tuple(on), culprits=tuple(on),
                                           message=f"GPU {idx} fell off the bus (NVML: GPU is lost)"
-                                          + (f"; ranks {', '.join(map(str, on))} ran on it" if on else ""),
+                                          + (f"; rank{'s' if len(on) > 1 else ''} {', '.join(map(str, on))} ran on it" if on else ""),
                                           node=self.node))
             for x in self.backend.xid_errors():
                 on = sorted(by_gpu.get(x.index, ()))

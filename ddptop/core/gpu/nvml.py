@@ -44,10 +44,35 @@ _THROTTLE_NAMES = {
 _BENIGN = {"idle", "app-clocks", "display-clocks"}
 
 
+# Fields that newer nvidia-ml-py reads through entry points an older driver
+# lacks: the alternatives, newest first.  An entry point the driver does not
+# have (NVMLError_FunctionNotFound, or nvidia-ml-py's NVMLLibraryMismatchError
+# for its unversioned wrappers) moves the whole backend on to the next one.
+_ALTERNATIVES = {
+    # nvidia-ml-py 12+ calls _v3, which drivers before ~510 do not have
+    "procs": ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"),
+    "gprocs": ("nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
+    # renamed in driver 535; the old name still works on new drivers
+    "throttle": ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
+}
+
+
 def _load():
     import pynvml  # the only import of pynvml in ddptop
 
     return pynvml
+
+
+def _handle_key(h) -> int:
+    """What identifies a device handle: its address for pynvml's ctypes
+    pointers (two pointer objects to one device are not ``==``), else the
+    object itself (a test's fake)."""
+    import ctypes
+
+    try:
+        return ctypes.cast(h, ctypes.c_void_p).value or id(h)
+    except (TypeError, ctypes.ArgumentError):
+        return id(h)
 
 
 @dataclass
@@ -80,6 +105,8 @@ class NvmlBackend:
         self.devices: list[_Device] = []
         self._ready = False
         self._event_set = None
+        self._by_handle: dict[int, int] = {}  # _handle_key -> GPU index, for events
+        self._alt: dict[str, int] = {}  # field -> which of its _ALTERNATIVES works here
         self.newly_lost: list[int] = []
 
     # -- start-up -------------------------------------------------------------
@@ -135,6 +162,7 @@ class NvmlBackend:
             lim = self._static(nv.nvmlDeviceGetEnforcedPowerLimit, h, None)
             d.power_limit_w = lim / 1000.0 if lim is not None else None
             self.devices.append(d)
+            self._by_handle[_handle_key(h)] = i
         self._register_xid()
         self._ready = True
         return True
@@ -164,24 +192,44 @@ class NvmlBackend:
 
     # -- sampling -------------------------------------------------------------
 
-    def _field(self, d: _Device, name: str, fn, *args):
-        """One NVML read; None when unsupported (and never asked again)."""
+    def _field(self, d: _Device, name: str, fn=None, *args):
+        """One NVML read; None when unsupported (and never asked again).
+
+        ``fn`` is the pynvml function, or None for a field of _ALTERNATIVES."""
         if name in d.unsupported or d.lost:
             return None
         nv = self._lib
-        try:
-            return fn(d.handle, *args)
-        except nv.NVMLError as e:
-            code = getattr(e, "value", None)
-            if code == _GPU_IS_LOST:
-                d.lost = True
-                self.newly_lost.append(d.index)
-            elif code in (_NOT_SUPPORTED, _NO_PERMISSION, _FUNCTION_NOT_FOUND):
+        alts = _ALTERNATIVES.get(name) if fn is None else None
+        while True:
+            if alts is not None:
+                k = self._alt.get(name, 0)
+                if k >= len(alts):
+                    d.unsupported.add(name)
+                    return None
+                fn = getattr(nv, alts[k], None)
+            try:
+                if fn is None:
+                    raise AttributeError(name)
+                return fn(d.handle, *args)
+            except nv.NVMLError as e:
+                code = getattr(e, "value", None)
+                if code == _FUNCTION_NOT_FOUND and alts is not None:
+                    self._alt[name] = self._alt.get(name, 0) + 1  # the driver is older: try the next
+                    continue
+                if code == _GPU_IS_LOST:
+                    d.lost = True
+                    self.newly_lost.append(d.index)
+                elif code in (_NOT_SUPPORTED, _NO_PERMISSION, _FUNCTION_NOT_FOUND):
+                    d.unsupported.add(name)
+                return None
+            except (AttributeError, getattr(nv, "NVMLLibraryMismatchError", AttributeError)):
+                # an nvidia-ml-py without this function, or one whose wrapper
+                # wants an entry point this driver does not have
+                if alts is not None:
+                    self._alt[name] = self._alt.get(name, 0) + 1
+                    continue
                 d.unsupported.add(name)
-            return None
-        except AttributeError:  # older nvidia-ml-py without this function
-            d.unsupported.add(name)
-            return None
+                return None
 
     def sample(self, now: float | None = None) -> list[GpuEvent]:
         if not self.init():
@@ -206,8 +254,7 @@ class NvmlBackend:
             ecc = f(d, "ecc", nv.nvmlDeviceGetTotalEccErrors,
                     getattr(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1), getattr(nv, "NVML_VOLATILE_ECC", 0))
             retired = f(d, "retired", nv.nvmlDeviceGetRetiredPages, getattr(nv, "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", 1))
-            reasons = f(d, "throttle", getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
-                        or nv.nvmlDeviceGetCurrentClocksThrottleReasons)
+            reasons = f(d, "throttle")
             if d.lost:
                 out.append(GpuEvent(now, index=d.index, name=d.name, uuid=d.uuid, mem_total=d.mem_total, lost=True, node=self.node))
                 continue
@@ -239,12 +286,10 @@ class NvmlBackend:
         """pid -> GPU index, from NVML's running-process lists."""
         if not self.init():
             return {}
-        nv = self._lib
         out: dict[int, int] = {}
         for d in self.devices:
-            for name, fn in (("procs", nv.nvmlDeviceGetComputeRunningProcesses),
-                             ("gprocs", nv.nvmlDeviceGetGraphicsRunningProcesses)):
-                for p in self._field(d, name, fn) or ():
+            for name in ("procs", "gprocs"):
+                for p in self._field(d, name) or ():
                     out.setdefault(p.pid, d.index)
         return out
 
@@ -259,7 +304,7 @@ class NvmlBackend:
                 ev = nv.nvmlEventSetWait(self._event_set, 0)
             except nv.NVMLError:
                 break
-            idx = next((d.index for d in self.devices if d.handle == getattr(ev, "device", None)), -1)
+            idx = self._by_handle.get(_handle_key(getattr(ev, "device", None)), -1)
             out.append(XidError(idx, int(getattr(ev, "eventData", 0)), time.time()))
         return out
 

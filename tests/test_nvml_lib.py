@@ -1,0 +1,272 @@
+"""The real pynvml module against a stand-in for the driver's libnvidia-ml.so.1.
+
+``tests/fake_nvml.py`` replaces pynvml's Python functions; these tests instead
+replace only the C library (``tests/nvml_stub/nvml_stub.c``, built here with
+gcc) and load it as pynvml loads the driver's, by ``dlopen("libnvidia-ml.so.1")``
+on ``LD_LIBRARY_PATH``.  What runs is what runs on a GPU machine above the C
+boundary: nvidia-ml-py's versioned entry points, struct layouts, two-call
+buffer protocols and error classes, and ddptop's use of them -- in ddptop's
+own processes (a fresh Python per test: pynvml keeps the library it loaded).
+
+Two things these tests caught that the Python fake could not: an Xid event
+was never matched to its GPU (pynvml's handles are ctypes pointers, which do
+not compare equal by address), and on a driver older than nvidia-ml-py
+(no ``_v3`` process list, no ``ClocksEventReasons``) every telemetry tick
+failed and throttle reasons were never shown.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLE, ROOT, TIMEOUT, ddptop_cmd
+
+STUB = ROOT / "tests" / "nvml_stub" / "nvml_stub.c"
+GiB = 1024**3
+
+TWO_GPUS = """\
+driver 535.104.05
+cuda 12020
+gpus 2
+gpu 0 name NVIDIA A100-SXM4-80GB
+gpu 0 util 97 41
+gpu 0 mem 85899345920 10737418240
+gpu 0 power 312000 400000
+gpu 0 temp 61
+gpu 0 sm 1410
+gpu 0 pcie 4 16 1200 3400
+gpu 0 ecc 3
+gpu 0 retired 2
+gpu 0 throttle 0x44
+gpu 0 cc 8 0
+gpu 0 bus 00000000:18:00.0
+gpu 1 name NVIDIA A100-SXM4-80GB
+gpu 1 util 5 1
+gpu 1 cc 8 0
+gpu 1 unsupported nvmlDeviceGetPowerUsage nvmlDeviceGetTotalEccErrors
+p2p 0 1 4 4 5
+level 0 1 30
+"""
+
+
+@pytest.fixture(scope="module")
+def libs(tmp_path_factory):
+    """{"new": dir, "old": dir}: the stand-in as a current driver and as one
+    older than nvidia-ml-py (built with -DOLD_DRIVER)."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        if os.environ.get("CI"):
+            pytest.fail("no C compiler: the NVML library tests need gcc")
+        pytest.skip("no C compiler to build the NVML stand-in")
+    out = {}
+    for kind, flags in (("new", []), ("old", ["-DOLD_DRIVER"])):
+        d = tmp_path_factory.mktemp(f"nvml-{kind}")
+        subprocess.run([cc, "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-fvisibility=hidden", *flags,
+                        "-o", str(d / "libnvidia-ml.so.1"), str(STUB)], check=True, timeout=120)
+        out[kind] = d
+    return out
+
+
+def nvml_env(libdir: Path, conf: Path, log: Path | None = None) -> dict:
+    env = dict(os.environ, DDPTOP_FAKE_NVML=str(conf),
+               LD_LIBRARY_PATH=os.pathsep.join(filter(None, [str(libdir), os.environ.get("LD_LIBRARY_PATH")])))
+    if log is not None:
+        env["DDPTOP_FAKE_NVML_LOG"] = str(log)
+    return env
+
+
+def python(script: str, env: dict, timeout: float = 60):
+    """Run a script in a fresh Python; its last stdout line, as JSON."""
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+SAMPLE = """
+    import json, pynvml
+    from dataclasses import asdict
+    from ddptop.core.gpu.nvml import NvmlBackend
+    b = NvmlBackend()
+    ok = b.init()
+    evs = [asdict(e) for e in b.sample()] if ok else []
+    procs = b.processes() if ok else {}
+    print(json.dumps({"ok": ok, "error": b.error, "status": b.status(), "lib": getattr(pynvml.nvmlLib, "_name", None),
+                      "gpus": evs, "procs": procs}))
+"""
+
+
+def test_every_field_of_every_gpu_through_the_real_pynvml(libs, tmp_path):
+    conf = tmp_path / "nvml.conf"
+    conf.write_text(TWO_GPUS + "gpu 0 pids 4242 4343\ngpu 1 pids 5151\n")
+    r = python(SAMPLE, nvml_env(libs["new"], conf))
+    assert r["ok"] and r["lib"] == "libnvidia-ml.so.1"  # pynvml's own dlopen, not a fake module
+    assert r["status"] == ["nvml", "2 GPU(s): NVIDIA A100-SXM4-80GB; driver 535.104.05"]
+    g0, g1 = r["gpus"]
+    assert (g0["index"], g0["name"], g0["uuid"]) == (0, "NVIDIA A100-SXM4-80GB", "GPU-00000000-0000-0000-0000-000000000000")
+    assert (g0["util"], g0["mem_util"], g0["mem_used"], g0["mem_total"]) == (97, 41, 10 * GiB, 80 * GiB)
+    assert (g0["power_w"], g0["power_limit_w"], g0["temp_c"], g0["sm_clock_mhz"]) == (312.0, 400.0, 61, 1410)
+    assert (g0["pcie_gen"], g0["pcie_width"], g0["pcie_tx_kbs"], g0["pcie_rx_kbs"]) == (4, 16, 1200, 3400)
+    assert (g0["ecc_uncorrected"], g0["retired_pages"]) == (3, 2)
+    assert g0["throttle"] == ["sw-power-cap", "hw-thermal"]  # 0x4 | 0x40
+    assert not g0["simulated"] and not g0["lost"]
+    # what GPU 1 does not support is n/a for that field only
+    assert g1["power_w"] is None and g1["ecc_uncorrected"] is None
+    assert (g1["util"], g1["power_limit_w"], g1["temp_c"]) == (5, 700.0, 40)
+    assert r["procs"] == {"4242": 0, "4343": 0, "5151": 1}
+
+
+def test_an_older_driver_than_nvidia_ml_py_still_maps_processes_and_throttle(libs, tmp_path):
+    """nvidia-ml-py 12+ asks for nvmlDeviceGetComputeRunningProcesses_v3 and
+    ClocksEventReasons; a driver before ~510 has neither.  ddptop falls back to
+    the older entry points instead of failing every tick."""
+    conf = tmp_path / "nvml.conf"
+    conf.write_text(TWO_GPUS.replace("535.104.05", "470.223.02") + "gpu 0 pids 4242\ngpu 1 pids 5151\n")
+    r = python(SAMPLE, nvml_env(libs["old"], conf))
+    assert r["ok"], r["error"]
+    assert r["procs"] == {"4242": 0, "5151": 1}
+    assert r["gpus"][0]["throttle"] == ["sw-power-cap", "hw-thermal"]
+
+
+def test_a_field_a_gpu_does_not_support_is_asked_once(libs, tmp_path):
+    conf = tmp_path / "nvml.conf"
+    log = tmp_path / "calls.log"
+    conf.write_text(TWO_GPUS)
+    r = python("""
+        import json
+        from ddptop.core.gpu.nvml import NvmlBackend
+        b = NvmlBackend()
+        powers = [[e.power_w for e in b.sample()] for _ in range(5)]
+        print(json.dumps(powers))
+    """, nvml_env(libs["new"], conf, log))
+    assert r == [[312.0, None]] * 5
+    calls = log.read_text().split()
+    assert calls.count("nvmlDeviceGetPowerUsage") == 5 + 1  # GPU 0 every tick, GPU 1 once
+    assert calls.count("nvmlDeviceGetHandleByIndex_v2") == 2  # handles fetched once, not per tick
+    assert calls.count("nvmlDeviceGetName") == 2
+
+
+def test_gpu_lost_mid_run_and_xid_become_alarms_naming_the_ranks_on_it(libs, tmp_path):
+    conf = tmp_path / "nvml.conf"
+    conf.write_text(TWO_GPUS)
+    me = os.getpid()
+    r = python(f"""
+        import json, os, time
+        from ddptop.core.gpu.nvml import NvmlBackend
+        from ddptop.core.telemetry import RankProc, Telemetry
+        conf = {str(conf)!r}
+        tel = Telemetry(NvmlBackend())
+        ranks = [RankProc(0, 0, os.getpid()), RankProc(1, 1, {me})]
+        first = tel.tick(ranks)
+        with open(conf, "a") as f:
+            f.write("gpu 1 xid 79 1\\n")
+        second = tel.tick(ranks)
+        with open(conf, "a") as f:
+            f.write("gpu 1 lost\\n")
+        third = tel.tick(ranks)
+        fourth = tel.tick(ranks)
+        pick = lambda evs: [{{k: getattr(e, k, None) for k in ("kind", "index", "util", "lost", "id", "message", "ranks", "gpu", "gpu_mapping", "rank")}} for e in evs]
+        print(json.dumps([pick(first), pick(second), pick(third), pick(fourth)]))
+    """, nvml_env(libs["new"], conf))
+    first, second, third, fourth = r
+    by = lambda evs, kind: [e for e in evs if e["kind"] == kind]
+    # no pid in NVML's lists: ranks mapped from LOCAL_RANK (this process has no CUDA_VISIBLE_DEVICES)
+    assert [(p["rank"], p["gpu"], p["gpu_mapping"]) for p in by(first, "proc")] == [(0, 0, "env"), (1, 1, "env")]
+    assert not by(first, "alarm")
+    (xid,) = by(second, "alarm")
+    assert xid["id"] == "xid" and xid["message"] == "Xid 79 critical error on GPU 1" and xid["ranks"] == [1]
+    (lost,) = by(third, "alarm")
+    assert lost["id"] == "gpu-lost" and "GPU 1 fell off the bus" in lost["message"] and lost["ranks"] == [1]
+    g = {e["index"]: e for e in by(third, "gpu")}
+    assert g[1]["lost"] and not g[0]["lost"] and g[0]["util"] == 97  # the other GPU is still sampled
+    assert not by(fourth, "alarm")  # said once
+    assert [e["util"] for e in by(fourth, "gpu")] == [97, None]
+
+
+@pytest.mark.parametrize("conf_text, message", [
+    ("init_error 9\n", "no NVIDIA driver loaded"),
+    (None, "no NVIDIA driver (libnvidia-ml not found)"),
+])
+def test_no_driver_is_a_state_not_a_crash(libs, tmp_path, conf_text, message):
+    conf = tmp_path / "nvml.conf"
+    if conf_text is not None:
+        conf.write_text(conf_text)
+    r = python(SAMPLE, nvml_env(libs["new"], conf))
+    assert not r["ok"] and r["status"] == ["none", message] and r["gpus"] == []
+
+
+def test_launched_ranks_are_mapped_to_the_gpus_nvml_lists_their_pids_on(libs, tmp_path, runs_dir):
+    """ddptop --gpu auto with real torchrun: once NVML lists each rank's pid
+    on a GPU (crossed over here: rank 0 on GPU 1), the proc and gpu events say
+    so, with mapping "nvml" rather than the LOCAL_RANK guess."""
+    conf = tmp_path / "nvml.conf"
+    conf.write_text(TWO_GPUS)
+    p = subprocess.Popen(ddptop_cmd("--json", "--gpu", "auto", "--sample-interval", "0.5", "torchrun",
+                                    "--nproc-per-node", "2", EXAMPLE, "--steps", "100000", "--step-time", "0.05"),
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=nvml_env(libs["new"], conf), start_new_session=True)
+    seen = []
+    try:
+        pids = {}
+        deadline = time.monotonic() + TIMEOUT
+        status = None
+        while len(pids) < 2 and time.monotonic() < deadline:
+            e = json.loads(p.stdout.readline() or "{}")
+            seen.append(e)
+            if e.get("kind") == "rank" and e.get("alive"):
+                pids[e["rank"]] = e["pid"]
+            if e.get("kind") == "gpu_status":
+                status = e
+        assert len(pids) == 2, seen[-5:]
+        with open(conf, "a") as f:
+            f.write(f"gpu 1 pids {pids[0]}\ngpu 0 pids {pids[1]}\n")
+        procs, gpus = {}, {}
+        while time.monotonic() < deadline:
+            e = json.loads(p.stdout.readline() or "{}")
+            if e.get("kind") == "gpu_status":
+                status = e
+            if e.get("kind") == "proc" and e["gpu_mapping"] == "nvml":
+                procs[e["rank"]] = e
+            if e.get("kind") == "gpu" and e["mapping"] == "nvml":
+                gpus[e["index"]] = e
+            if len(procs) == 2 and len(gpus) == 2:
+                break
+        assert status and status["backend"] == "nvml" and status["count"] == 2 and status["driver"] == "535.104.05"
+        assert {r: (e["gpu"], e["pid"]) for r, e in procs.items()} == {0: (1, pids[0]), 1: (0, pids[1])}
+        assert gpus[1]["ranks"] == [0] and gpus[1]["pids"] == [pids[0]]
+        assert gpus[0]["ranks"] == [1] and gpus[0]["util"] == 97 and not gpus[0]["simulated"]
+        os.killpg(p.pid, signal.SIGTERM)
+        p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate(timeout=30)
+
+
+def test_doctor_reads_gpus_versions_p2p_and_topology_through_the_real_pynvml(libs, tmp_path):
+    conf = tmp_path / "nvml.conf"
+    conf.write_text(TWO_GPUS.replace("gpu 1 name NVIDIA A100-SXM4-80GB", "gpu 1 name NVIDIA H100 80GB HBM3")
+                    .replace("gpu 1 cc 8 0", "gpu 1 cc 9 0")
+                    .replace("driver 535.104.05", "driver 545.23.08").replace("cuda 12020", "cuda 12030"))
+    p = subprocess.run(ddptop_cmd("doctor", "--json"), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
+                       env=nvml_env(libs["new"], conf))
+    rows = {r["name"]: r for r in json.loads(p.stdout)["rows"]}
+    gpus = rows["GPUs"]
+    assert gpus["status"] == "warn" and "mixed" in gpus["summary"]
+    assert [(g["name"], g["cc"], g["pci_bus_id"]) for g in gpus["data"]["gpus"]] == [
+        ("NVIDIA A100-SXM4-80GB", "8.0", "00000000:18:00.0"), ("NVIDIA H100 80GB HBM3", "9.0", "00000000:19:00.0")]
+    assert "driver 545.23.08 (CUDA 12.3)" in rows["Driver / CUDA / NCCL"]["summary"]
+    assert "driver-545.23.08-ddp-p2p-hang" in rows["Known problems"]["summary"]
+    p2p = rows["GPU P2P"]
+    assert p2p["status"] == "warn"
+    assert p2p["evidence"][0] == ("GPU 0 <-> GPU 1: read disabled by regkey, write disabled by regkey, "
+                                  "NVLink not supported; via host bridge")
+    assert p.returncode == 1  # warnings, no failure
