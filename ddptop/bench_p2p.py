@@ -90,9 +90,10 @@ class _Rows(list):
 class Report:
     device: str
     rows: list[Row] = field(default_factory=_Rows)
+    links: list[str] = field(default_factory=list)  # each GPU's links, in words (from NVML)
 
     def to_dict(self) -> dict:
-        return {"device": self.device, "rows": [r.to_dict() for r in self.rows]}
+        return {"device": self.device, "links": self.links, "rows": [r.to_dict() for r in self.rows]}
 
 
 # -- the orchestrator (no torch here) ------------------------------------------------
@@ -126,20 +127,89 @@ def _worker(args: list[str], timeout: float, env: dict | None = None) -> tuple[s
         return "error", None, f"unreadable worker output: {out[-200:]!r}"
 
 
-def _gpu_links() -> dict[int, float | None]:
-    """Theoretical PCIe rate per GPU index, from NVML (empty without a driver)."""
+# NVLink rate per link and direction, GB/s, by GPU architecture (compute
+# capability), from NVIDIA's data sheets: P100 160 GB/s over 4 links (both
+# directions), V100 300/6, A100 600/12, RTX 3090 (8.6) 112.5/4, H100 900/18,
+# B200 1800/18; Turing's NVLink bridge (7.5) 100/2.  Not from
+# nvmlDeviceGetNvLinkVersion: its numbering has differed between drivers (an
+# H100 has been reported as NVLink 5).
+NVLINK_GBS = {"6.0": 20.0, "7.0": 25.0, "7.5": 25.0, "8.0": 25.0, "8.6": 14.0625, "9.0": 25.0, "10": 50.0}
+
+
+def nvlink_link_rate(cc: str | None) -> float | None:
+    if not cc:
+        return None
+    return NVLINK_GBS.get(cc, NVLINK_GBS.get(cc.split(".")[0]))
+
+
+def memory_rate(bus_bits: int | None, clock_mhz: int | None) -> float | None:
+    """Theoretical memory bandwidth in GB/s: bus width x max memory clock x 2
+    (double data rate), e.g. an H100 SXM's 5120 bits at 2619 MHz: 3352 GB/s."""
+    if not bus_bits or not clock_mhz:
+        return None
+    return bus_bits * clock_mhz * 2 / 8 / 1000
+
+
+@dataclass
+class LinkRates:
+    """Theoretical one-direction rates, GB/s, by NVML GPU index."""
+
+    pcie: dict = field(default_factory=dict)  # i -> PCIe (max gen x width)
+    memory: dict = field(default_factory=dict)  # i -> device memory
+    pair: dict = field(default_factory=dict)  # (i, j) -> NVLink between them, else the slower PCIe
+    nvlink: dict = field(default_factory=dict)  # (i, j) -> NVLinks usable between i and j
+    buses: dict = field(default_factory=dict)  # i -> PCI bus id
+    lines: list = field(default_factory=list)  # what each GPU has, in words
+
+
+def link_rates(facts: dict) -> LinkRates:
+    """Rates from NVML's link facts (``NvmlBackend.links()``).  NVLinks that end
+    at another local GPU count for that pair only; the others end at an
+    NVSwitch (or where NVML could not say), and any two GPUs on switches get
+    the smaller of their two switch link counts."""
+    r = LinkRates()
+    local = {f.bus for f in facts.values()}
+    for i, f in sorted(facts.items()):
+        r.buses[i] = f.bus
+        r.pcie[i] = pcie_rate(f.pcie_gen, f.pcie_width)
+        r.memory[i] = memory_rate(f.mem_bus_bits, f.mem_clock_mhz)
+        words = [f"GPU {i}", f"PCIe gen{f.pcie_gen} x{f.pcie_width} ({r.pcie[i]:.1f} GB/s)" if r.pcie[i] else "PCIe ?"]
+        if f.nvlink_remotes:
+            per = nvlink_link_rate(f.cc)
+            switched = sum(1 for b in f.nvlink_remotes if b not in local)
+            words.append(f"NVLink x{len(f.nvlink_remotes)}" + (f" ({switched} to switches)" if switched else "")
+                         + (f" ({len(f.nvlink_remotes) * per:.0f} GB/s)" if per else " (rate unknown for this GPU)"))
+        if r.memory[i]:
+            words.append(f"memory {r.memory[i]:.0f} GB/s")
+        r.lines.append(": ".join([words[0], ", ".join(words[1:])]))
+    for i, a in facts.items():
+        for j, b in facts.items():
+            if i == j:
+                continue
+            switched = min(sum(1 for x in a.nvlink_remotes if x not in local),
+                           sum(1 for x in b.nvlink_remotes if x not in local))
+            n = sum(1 for x in a.nvlink_remotes if x == b.bus) + switched
+            per = [nvlink_link_rate(a.cc), nvlink_link_rate(b.cc)]
+            if n and all(per):
+                r.nvlink[(i, j)] = n
+                r.pair[(i, j)] = n * min(per)
+            else:
+                r.pair[(i, j)] = min(filter(None, [r.pcie[i], r.pcie[j]]), default=None)
+    return r
+
+
+def _link_rates() -> LinkRates:
+    """The link rates of this machine's GPUs (empty without a driver)."""
     try:
         from ddptop.core.gpu.nvml import NvmlBackend
 
         b = NvmlBackend()
-        if not b.init():
-            return {}
         try:
-            return {g.index: pcie_rate(g.pcie_gen, g.pcie_width) for g in b.sample()}
+            return link_rates(b.links())
         finally:
             b.shutdown()
     except Exception:
-        return {}
+        return LinkRates()
 
 
 def run(sizes: list[int] | None = None, timeout: float = 60.0, ranks: int | None = None,
@@ -155,7 +225,11 @@ def run(sizes: list[int] | None = None, timeout: float = 60.0, ranks: int | None
     n = info["gpus"]
     rep = Report(info["device"])
     rep.rows.listener = progress
-    links = _gpu_links() if n else {}
+    rates = _link_rates() if n else LinkRates()
+    rep.links = rates.lines
+    nv = _nvml_index(info, rates)  # CUDA device -> NVML index (they can differ in order)
+    pcie = lambda i: rates.pcie.get(nv[i])  # noqa: E731
+    pair = lambda i, j: rates.pair.get((nv[i], nv[j]))  # noqa: E731
     if n < 2:
         rep.rows.append(Row("copy p2p", "GPU pairs", status="skipped",
                             message=f"{'no CUDA GPU' if n == 0 else 'one GPU'}: no pair to measure"
@@ -163,29 +237,32 @@ def run(sizes: list[int] | None = None, timeout: float = 60.0, ranks: int | None
     for i in range(n):
         for what in ("d2d", "h2d", "d2h"):
             rep.rows.append(_copy_row(what, [what, str(i), str(i), str(copy_mb)], f"gpu {i}", timeout, env,
-                                      links.get(i) if what != "d2d" else None))
+                                      pcie(i) if what != "d2d" else rates.memory.get(nv[i])))
     for i in range(n):
         for j in range(n):
             if i == j:
                 continue
             peer = info["peer"][i][j]
-            theo = min(filter(None, [links.get(i), links.get(j)]), default=None)
             if peer:
                 rep.rows.append(_copy_row("copy p2p", ["p2p", str(i), str(j), str(copy_mb)], f"{i}->{j}", timeout,
-                                          env, theo))
+                                          env, pair(i, j)))
             else:
                 rep.rows.append(Row("copy p2p", f"{i}->{j}", status="skipped",
                                     message="peer access not supported between these GPUs (torch.cuda.can_device_access_peer)"))
+            staged = min(filter(None, [pcie(i), pcie(j)]), default=None)  # through host memory: PCIe both ways
             rep.rows.append(_copy_row("copy staged", ["staged", str(i), str(j), str(copy_mb)], f"{i}->{j}", timeout,
-                                      env, theo))
+                                      env, staged))
             if i < j:
+                theo = pair(i, j) if peer else staged
                 rep.rows.append(_copy_row("bidir", ["bidir", str(i), str(j), str(copy_mb)], f"{i}<->{j}", timeout,
                                           env, 2 * theo if theo else None))
                 rep.rows.append(_copy_row("latency", ["latency", str(i), str(j), "0"], f"{i}->{j}", timeout, env, None))
     nranks = ranks or (n if n >= 2 else 2)
     backend = "nccl" if n >= 2 else "gloo"
     where = f"{nranks} ranks ({backend}{', CPU' if backend == 'gloo' else ''})"
-    theo = min(filter(None, links.values()), default=None) if backend == "nccl" else None
+    # a ring all-reduce runs at the speed of its slowest hop
+    theo = (min(filter(None, (pair(i, j) for i in range(nranks) for j in range(nranks) if i != j)), default=None)
+            if backend == "nccl" and nranks <= n else None)
     for size in sizes:
         st, res, why = _worker(["allreduce", str(nranks), backend, str(size)], timeout, env)
         if st != "ok":
@@ -198,6 +275,17 @@ def run(sizes: list[int] | None = None, timeout: float = 60.0, ranks: int | None
         rep.rows.append(Row("allreduce", where, size, gbs=bw, algbw=algbw(size, secs), latency_us=secs * 1e6,
                             theoretical=theo, pct=percent(bw, theo)))
     return rep
+
+
+def _nvml_index(info: dict, rates: LinkRates) -> dict[int, int]:
+    """CUDA device i -> NVML index, matched by PCI bus id (CUDA orders devices
+    fastest first and CUDA_VISIBLE_DEVICES renumbers them; NVML goes by bus);
+    the same number where the bus id is unknown."""
+    from ddptop.core.gpu.nvml import bus_id
+
+    by_bus = {b: i for i, b in rates.buses.items()}
+    buses = info.get("buses") or [None] * info["gpus"]
+    return {i: by_bus.get(bus_id(buses[i]), i) if buses[i] else i for i in range(info["gpus"])}
 
 
 def _copy_row(test: str, args: list[str], where: str, timeout: float, env, theo: float | None) -> Row:
@@ -220,7 +308,7 @@ def _size(n: int | None) -> str:
 
 
 def format_report(rep: Report) -> str:
-    out = [f"ddptop bench p2p on {rep.device}", "",
+    out = [f"ddptop bench p2p on {rep.device}", *(f"  {line}" for line in rep.links), "",
            f"{'test':<12} {'where':<22} {'size':>9} {'GB/s':>9} {'of link':>8} {'latency':>11}  note"]
     for r in rep.rows:
         gbs = f"{r.gbs:.3g}" if r.gbs is not None else ""
@@ -258,8 +346,10 @@ def main(argv: list[str]) -> int:
 
 
 def _sync(torch):
+    """Wait for every GPU: a copy between two GPUs runs on the source's stream."""
     if torch.cuda.is_available():
-        torch.cuda.synchronize()
+        for d in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(d)
 
 
 def _timed(torch, fn, reps: int) -> float:
@@ -280,7 +370,13 @@ def _worker_main(args: list[str]) -> dict:
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         peer = [[bool(i != j and torch.cuda.can_device_access_peer(i, j)) for j in range(n)] for i in range(n)]
         dev = ", ".join(torch.cuda.get_device_name(i) for i in range(n)) if n else "CPU (no CUDA GPU)"
-        return {"gpus": n, "peer": peer, "device": f"{n} x {torch.cuda.get_device_name(0)}" if n else dev,
+        buses = []
+        for i in range(n):
+            pr = torch.cuda.get_device_properties(i)
+            bus = getattr(pr, "pci_bus_id", None)
+            buses.append(f"{getattr(pr, 'pci_domain_id', 0):04x}:{bus:02x}:{getattr(pr, 'pci_device_id', 0):02x}.0"
+                         if bus is not None else None)
+        return {"gpus": n, "peer": peer, "buses": buses, "device": f"{n} x {torch.cuda.get_device_name(0)}" if n else dev,
                 "why": "" if n else f"torch {torch.__version__}, cuda available: {torch.cuda.is_available()}"}
     if kind == "allreduce":
         return _allreduce(int(args[1]), args[2], int(args[3]))

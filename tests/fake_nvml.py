@@ -26,6 +26,11 @@ class FakeGpu:
     throttle: int = 0
     cc: tuple = (9, 0)  # compute capability
     bus_id: str = ""
+    max_gen: int | None = None  # the link's maximum PCIe generation (default: gen)
+    max_width: int | None = None
+    nvlinks: list = field(default_factory=list)  # per active NVLink, the PCI bus id at its far end
+    mem_bus: int = 5120  # memory bus width, bits
+    mem_clock: int = 2619  # max memory clock, MHz
 
 
 def make(gpus, init_error=None, calls=None, *, driver="550.54.15", cuda=12040, p2p=None,
@@ -93,6 +98,20 @@ def make(gpus, init_error=None, calls=None, *, driver="550.54.15", cuda=12040, p
     fn("nvmlDeviceGetCurrentClocksThrottleReasons", lambda g: g.throttle)
     fn("nvmlDeviceGetComputeRunningProcesses", lambda g: [proc(p) for p in g.procs])
     fn("nvmlDeviceGetGraphicsRunningProcesses", lambda g: [])
+    fn("nvmlDeviceGetMaxPcieLinkGeneration", lambda g: g.max_gen or g.gen)
+    fn("nvmlDeviceGetMaxPcieLinkWidth", lambda g: g.max_width or g.width)
+    fn("nvmlDeviceGetMemoryBusWidth", lambda g: g.mem_bus)
+    fn("nvmlDeviceGetMaxClockInfo", lambda g, t: g.mem_clock if t == pynvml.NVML_CLOCK_MEM else g.sm)
+
+    def nvlink_state(g, link):
+        if not g.nvlinks:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if link >= 18:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return 1 if link < len(g.nvlinks) else 0
+
+    fn("nvmlDeviceGetNvLinkState", nvlink_state)
+    fn("nvmlDeviceGetNvLinkRemotePciInfo", lambda g, link: types.SimpleNamespace(busId=g.nvlinks[link]))
     fn("nvmlEventSetCreate", lambda: object())
     fn("nvmlDeviceRegisterEvents", lambda g, t, s: (_ for _ in ()).throw(pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)))
     fn("nvmlEventSetWait", lambda s, t: (_ for _ in ()).throw(pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)))

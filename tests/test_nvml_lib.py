@@ -270,3 +270,34 @@ def test_doctor_reads_gpus_versions_p2p_and_topology_through_the_real_pynvml(lib
     assert p2p["evidence"][0] == ("GPU 0 <-> GPU 1: read disabled by regkey, write disabled by regkey, "
                                   "NVLink not supported; via host bridge")
     assert p.returncode == 1  # warnings, no failure
+
+
+def test_bench_link_rates_through_the_real_pynvml(libs, tmp_path):
+    """What `ddptop bench p2p` compares its figures with, read through the real
+    pynvml: 4 H100 SXM on NVSwitches (PCIe idling at gen 1) and 2 PCIe GPUs
+    joined by an NVLink bridge of 4 links, next to one without NVLink."""
+    conf = tmp_path / "nvml.conf"
+    lines = ["gpus 7"]
+    for i in range(4):
+        lines += [f"gpu {i} pcie 1 16 0 0", f"gpu {i} pcie_max 5 16", f"gpu {i} nvlink " + " ".join(["switch"] * 18)]
+    for i, other in ((4, 5), (5, 4)):
+        lines += [f"gpu {i} cc 8 6", f"gpu {i} pcie 4 16 0 0", f"gpu {i} membus 384 9751",
+                  f"gpu {i} nvlink " + " ".join([f"00000000:{0x18 + other:02X}:00.0"] * 4)]
+    lines += ["gpu 6 cc 8 6", "gpu 6 pcie 4 8 0 0"]
+    conf.write_text("\n".join(lines) + "\n")
+    r = python("""
+        import json
+        from ddptop.bench_p2p import link_rates
+        from ddptop.core.gpu.nvml import NvmlBackend
+        r = link_rates(NvmlBackend().links())
+        print(json.dumps({"pair": {f"{i}-{j}": v for (i, j), v in r.pair.items()}, "pcie": r.pcie,
+                          "memory": r.memory, "lines": r.lines}))
+    """, nvml_env(libs["new"], conf))
+    assert r["pair"]["0-3"] == pytest.approx(450.0)  # 18 x 25 GB/s
+    assert r["pcie"]["0"] == pytest.approx(63.008)  # gen 5 x16, the maximum, not the idle gen 1
+    assert r["memory"]["0"] == pytest.approx(3352.32)
+    assert r["pair"]["4-5"] == pytest.approx(56.25)  # 4 x 14.0625: an RTX 3090 bridge's 112.5 GB/s both ways
+    assert r["pair"]["4-6"] == pytest.approx(15.752)  # no NVLink: the slower PCIe end, gen4 x8
+    assert r["pair"]["0-4"] == pytest.approx(31.504)  # NVSwitch GPU to a bridged GPU: PCIe gen4 x16
+    assert r["memory"]["4"] == pytest.approx(936.096)  # 384 bits x 9751 MHz x 2 / 8: an RTX 3090, 936 GB/s
+    assert r["lines"][4] == "GPU 4: PCIe gen4 x16 (31.5 GB/s), NVLink x4 (56 GB/s), memory 936 GB/s"

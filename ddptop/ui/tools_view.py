@@ -160,6 +160,7 @@ class BenchScreen(ModalScreen[None]):
         width: 90%; height: 90%; padding: 0 1; background: $panel; border: thick $primary;
     }
     BenchScreen #matrix { height: auto; padding: 0 1; }
+    BenchScreen #links { height: auto; padding: 0 1; color: $text-muted; }
     BenchScreen DataTable { height: 1fr; }
     """
     BINDINGS = [Binding("escape,q", "dismiss(None)", "Close", show=False),
@@ -176,6 +177,7 @@ class BenchScreen(ModalScreen[None]):
         with Vertical():
             yield Label("[b]ddptop bench p2p[/b]  [b $warning]runs on the GPUs the job uses: the job and the "
                         "figures both suffer while it runs.[/]  [b]enter[/b] starts · esc closes", id="title")
+            yield Static("", id="links")
             yield Static("", id="matrix")
             yield DataTable(id="rows", zebra_stripes=True)
 
@@ -201,7 +203,7 @@ class BenchScreen(ModalScreen[None]):
 
         try:
             rep = run(self.sizes, self.timeout, progress=lambda row: self.app.call_from_thread(self._add, row))
-            self.app.call_from_thread(self._done, rep.device, None)
+            self.app.call_from_thread(self._done, rep.device, None, rep.links)
         except Exception as e:
             self.app.call_from_thread(self._done, "", f"{type(e).__name__}: {e}")
 
@@ -220,8 +222,9 @@ class BenchScreen(ModalScreen[None]):
         if m is not None:
             self.query_one("#matrix", Static).update(m)
 
-    def _done(self, device: str, err: str | None) -> None:
+    def _done(self, device: str, err: str | None, links: list[str] = ()) -> None:
         self.running = False
+        self.query_one("#links", Static).update(Text("\n".join(links)))  # each GPU's links, what "of link" is of
         hangs = [r for r in self.rows if r.status == "hang"]
         title = self.query_one("#title", Label)
         if err:

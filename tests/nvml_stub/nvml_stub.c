@@ -19,6 +19,9 @@
  *   gpu 0 ecc 3                   gpu 0 retired 2
  *   gpu 0 throttle 0x44           gpu 0 cc 9 0
  *   gpu 0 bus 00000000:18:00.0
+ *   gpu 0 pcie_max 5 16           (the link's maximum gen and width; default: as pcie)
+ *   gpu 0 nvlink 0000:19:00.0 0000:19:00.0 switch   (per active NVLink: the bus id at its far end)
+ *   gpu 0 membus 5120 2619        (memory bus width in bits, max memory clock in MHz)
  *   gpu 0 pids 1234 5678          (compute processes on this GPU)
  *   gpu 0 unsupported nvmlDeviceGetPowerUsage nvmlDeviceGetTemperature
  *   gpu 0 lost                    (every call on it: NVML_ERROR_GPU_IS_LOST)
@@ -48,8 +51,9 @@ enum {
 };
 
 typedef struct {
-    char name[96], uuid[96], bus[32], unsupported[1024];
-    unsigned util, mem_util, power, limit, temp, sm, gen, width, tx, rx, retired;
+    char name[96], uuid[96], bus[32], unsupported[1024], nvlink[18][32];
+    unsigned util, mem_util, power, limit, temp, sm, gen, width, tx, rx, retired, max_gen, max_width;
+    unsigned nlinks, membus, memclock;
     unsigned long long total, used, ecc, throttle;
     int cc_major, cc_minor, lost, npids, xid, xid_seq, registered;
     unsigned pids[MAXPIDS];
@@ -81,7 +85,7 @@ static void defaults(void) {
         snprintf(d->bus, sizeof d->bus, "00000000:%02X:00.0", 0x18 + i);
         d->total = 85899345920ULL; d->power = 100000; d->limit = 700000;
         d->temp = 40; d->sm = 1980; d->gen = 5; d->width = 16;
-        d->cc_major = 9;
+        d->cc_major = 9; d->membus = 5120; d->memclock = 2619;
         for (int j = 0; j < MAXGPU; j++) {
             p2p[i][j][0] = p2p[i][j][1] = 0; p2p[i][j][2] = 5;
             level[i][j] = 10;
@@ -127,6 +131,18 @@ static int load(void) {
             else if (!strcmp(key, "temp")) sscanf(v, "%u", &d->temp);
             else if (!strcmp(key, "sm")) sscanf(v, "%u", &d->sm);
             else if (!strcmp(key, "pcie")) sscanf(v, "%u %u %u %u", &d->gen, &d->width, &d->tx, &d->rx);
+            else if (!strcmp(key, "pcie_max")) sscanf(v, "%u %u", &d->max_gen, &d->max_width);
+            else if (!strcmp(key, "membus")) sscanf(v, "%u %u", &d->membus, &d->memclock);
+            else if (!strcmp(key, "nvlink")) {
+                int off = 0, k;
+                char far[32];
+                d->nlinks = 0;
+                while (d->nlinks < 18 && sscanf(v + off, "%31s%n", far, &k) == 1) {
+                    /* "switch": a bus id that is no GPU's */
+                    snprintf(d->nvlink[d->nlinks++], 32, "%s", strcmp(far, "switch") ? far : "00000000:C1:00.0");
+                    off += k;
+                }
+            }
             else if (!strcmp(key, "ecc")) sscanf(v, "%llu", &d->ecc);
             else if (!strcmp(key, "retired")) sscanf(v, "%u", &d->retired);
             else if (!strcmp(key, "throttle")) d->throttle = strtoull(v, NULL, 0);
@@ -242,6 +258,23 @@ EXPORT int nvmlDeviceGetClockInfo(void *h, int type, unsigned *v) {
 }
 EXPORT int nvmlDeviceGetCurrPcieLinkGeneration(void *h, unsigned *v) { DEVCALL(h); *v = D->gen; return 0; }
 EXPORT int nvmlDeviceGetCurrPcieLinkWidth(void *h, unsigned *v) { DEVCALL(h); *v = D->width; return 0; }
+EXPORT int nvmlDeviceGetMaxPcieLinkGeneration(void *h, unsigned *v) { DEVCALL(h); *v = D->max_gen ? D->max_gen : D->gen; return 0; }
+EXPORT int nvmlDeviceGetMaxPcieLinkWidth(void *h, unsigned *v) { DEVCALL(h); *v = D->max_width ? D->max_width : D->width; return 0; }
+EXPORT int nvmlDeviceGetMemoryBusWidth(void *h, unsigned *v) { DEVCALL(h); *v = D->membus; return 0; }
+EXPORT int nvmlDeviceGetMaxClockInfo(void *h, int type, unsigned *v) {
+    DEVCALL(h);
+    if (type == 2) *v = D->memclock; /* NVML_CLOCK_MEM */
+    else if (type == 1) *v = D->sm;
+    else return INVALID_ARGUMENT;
+    return 0;
+}
+EXPORT int nvmlDeviceGetNvLinkState(void *h, unsigned link, int *active) {
+    DEVCALL(h);
+    if (!D->nlinks) return NOT_SUPPORTED;
+    if (link >= 18) return INVALID_ARGUMENT;
+    *active = link < D->nlinks;
+    return 0;
+}
 EXPORT int nvmlDeviceGetPcieThroughput(void *h, int counter, unsigned *v) {
     DEVCALL(h);
     if (counter != 0 && counter != 1) return INVALID_ARGUMENT;
@@ -307,6 +340,14 @@ EXPORT int nvmlDeviceGetPciInfo_v3(void *h, pci_t *p) {
     snprintf(p->busId, sizeof p->busId, "%s", D->bus);
     snprintf(p->busIdLegacy, sizeof p->busIdLegacy, "%s", D->bus + (strlen(D->bus) > 12 ? 4 : 0));
     p->pciDeviceId = 0x233010DE;
+    return 0;
+}
+
+EXPORT int nvmlDeviceGetNvLinkRemotePciInfo_v2(void *h, unsigned link, pci_t *p) {
+    DEVCALL(h);
+    if (link >= D->nlinks) return INVALID_ARGUMENT;
+    memset(p, 0, sizeof *p);
+    snprintf(p->busId, sizeof p->busId, "%s", D->nvlink[link]);
     return 0;
 }
 

@@ -27,6 +27,7 @@ _NO_PERMISSION = 4
 _DRIVER_NOT_LOADED = 9
 _LIBRARY_NOT_FOUND = 12
 _FUNCTION_NOT_FOUND = 13
+_INVALID_ARGUMENT = 2
 _GPU_IS_LOST = 15
 
 _THROTTLE_NAMES = {
@@ -360,6 +361,59 @@ class NvmlBackend:
                                      level))
         return Topology(self.driver, _cuda_version(cuda), tuple(gpus), tuple(pairs))
 
+    def links(self) -> dict[int, "LinkFacts"]:
+        """What each GPU's links can carry, read once (for ``ddptop bench p2p``):
+        the PCIe link's maximum generation and width (not the current ones: an
+        idle GPU drops its link to gen 1), the active NVLinks and the PCI bus
+        id at the far end of each, and the memory bus width and maximum memory
+        clock.  Empty without a driver."""
+        if not self.init():
+            return {}
+        nv = self._lib
+
+        def call(fn_name, *args):
+            fn = getattr(nv, fn_name, None)
+            if fn is None:
+                return None
+            try:
+                return fn(*args)
+            except (nv.NVMLError, getattr(nv, "NVMLLibraryMismatchError", nv.NVMLError)):
+                return None
+
+        max_links = _const(nv, "NVML_NVLINK_MAX_LINKS", 18)
+        mem_clock = _const(nv, "NVML_CLOCK_MEM", 2)
+        out = {}
+        for d in self.devices:
+            if d.handle is None or d.lost:
+                continue
+            h = d.handle
+            pci = call("nvmlDeviceGetPciInfo", h)
+            cc = call("nvmlDeviceGetCudaComputeCapability", h)
+            remotes: list[str] = []
+            for link in range(max_links):
+                try:
+                    active = nv.nvmlDeviceGetNvLinkState(h, link)
+                except AttributeError:
+                    break
+                except nv.NVMLError as e:
+                    if getattr(e, "value", None) in (_NOT_SUPPORTED, _INVALID_ARGUMENT, _FUNCTION_NOT_FOUND):
+                        break  # no NVLink on this GPU, or past its last link
+                    continue
+                if active == 1:  # NVML_FEATURE_ENABLED
+                    far = call("nvmlDeviceGetNvLinkRemotePciInfo", h, link)
+                    remotes.append(bus_id(getattr(far, "busId", "")) if far is not None else "")
+            out[d.index] = LinkFacts(
+                index=d.index,
+                bus=bus_id(getattr(pci, "busId", "")) if pci is not None else "",
+                cc=f"{cc[0]}.{cc[1]}" if cc and len(cc) == 2 else None,
+                pcie_gen=call("nvmlDeviceGetMaxPcieLinkGeneration", h),
+                pcie_width=call("nvmlDeviceGetMaxPcieLinkWidth", h),
+                nvlink_remotes=tuple(remotes),
+                mem_bus_bits=call("nvmlDeviceGetMemoryBusWidth", h),
+                mem_clock_mhz=call("nvmlDeviceGetMaxClockInfo", h, mem_clock),
+            )
+        return out
+
     def status(self) -> tuple[str, str]:
         """(backend, message) for the UI."""
         if self.init():
@@ -417,6 +471,29 @@ class GpuPair:
     nvlink: str
     ancestor: str  # TOPOLOGY_LEVELS words
     level: int | None = None
+
+
+@dataclass(frozen=True)
+class LinkFacts:
+    index: int
+    bus: str  # normalised PCI bus id, "0000:18:00.0"
+    cc: str | None
+    pcie_gen: int | None  # the link's maximum, not its current (power-saving) state
+    pcie_width: int | None
+    nvlink_remotes: tuple[str, ...] = ()  # per active NVLink: the bus id at its far end
+    mem_bus_bits: int | None = None
+    mem_clock_mhz: int | None = None  # maximum memory clock
+
+
+def bus_id(v) -> str:
+    """A PCI bus id as "dddd:bb:dd.f" (NVML writes the domain with 8 digits in
+    one place and 4 in another)."""
+    s = _str(v).strip().lower()
+    try:
+        dom, bus, rest = s.split(":")
+        return f"{int(dom, 16):04x}:{bus}:{rest}"
+    except ValueError:
+        return s
 
 
 @dataclass(frozen=True)
