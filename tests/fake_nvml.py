@@ -29,6 +29,7 @@ class FakeGpu:
     max_gen: int | None = None  # the link's maximum PCIe generation (default: gen)
     max_width: int | None = None
     nvlinks: list = field(default_factory=list)  # per active NVLink, the PCI bus id at its far end
+    nvlinks_down: int = 0  # links after the active ones that are not up
     mem_bus: int = 5120  # memory bus width, bits
     mem_clock: int = 2619  # max memory clock, MHz
 
@@ -104,9 +105,9 @@ def make(gpus, init_error=None, calls=None, *, driver="550.54.15", cuda=12040, p
     fn("nvmlDeviceGetMaxClockInfo", lambda g, t: g.mem_clock if t == pynvml.NVML_CLOCK_MEM else g.sm)
 
     def nvlink_state(g, link):
-        if not g.nvlinks:
+        if not g.nvlinks and not g.nvlinks_down:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        if link >= 18:
+        if link >= len(g.nvlinks) + g.nvlinks_down:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return 1 if link < len(g.nvlinks) else 0
 

@@ -477,6 +477,36 @@ def test_env_lists_nccl_and_torch_vars_masks_secrets_and_flags_the_harmful():
     assert d.check_env({}).summary == "no NCCL_* or TORCH_* variables set"
 
 
+def links(gpus, **kw):
+    b = NvmlBackend(lib=fake_nvml.make(gpus, **kw))
+    return b.links(), b.error
+
+
+def test_nvlink_row_names_the_gpu_with_a_link_down():
+    switch = "00000000:C1:00.0"
+    gpus = [fake_nvml.FakeGpu(nvlinks=[switch] * 18) for _ in range(4)]
+    gpus[2] = fake_nvml.FakeGpu(nvlinks=[switch] * 16, nvlinks_down=2)
+    r = d.check_nvlink(*links(gpus))
+    assert r.status == "warn"
+    assert r.summary == f"GPU 2 has 16 NVLinks up, other {H100} GPUs 18"
+    assert r.evidence[2] == f"GPU 2 ({H100}): 16 of 18 NVLinks up, 16 to NVSwitches"
+    assert "nvidia-smi nvlink --status" in r.advice
+    assert r.data["gpus"][2] == {"index": 2, "up": 16, "down": 2, "remotes": ["0000:c1:00.0"] * 16}
+
+
+def test_nvlink_row_when_all_links_are_up_and_when_there_is_none():
+    bus = lambda i: f"00000000:{0x10 + i:02X}:00.0"
+    # a pair of PCIe cards joined by a 4-link bridge: each uses 4 of its links, which is how they are made
+    r = d.check_nvlink(*links([fake_nvml.FakeGpu(name=A100, cc=(8, 0), nvlinks=[bus(1)] * 4, nvlinks_down=8),
+                               fake_nvml.FakeGpu(name=A100, cc=(8, 0), nvlinks=[bus(0)] * 4, nvlinks_down=8)]))
+    assert r.status == "ok" and r.summary == "8 NVLinks up on 2 GPU(s), none down against the others of their model"
+    assert r.evidence[0] == f"GPU 0 ({A100}): 4 of 12 NVLinks up, to GPU 1"
+    r = d.check_nvlink(*links([fake_nvml.FakeGpu(), fake_nvml.FakeGpu()]))
+    assert r.status == "ok" and r.summary == "no NVLink on these 2 GPUs: peer traffic goes over PCIe"
+    r = d.check_nvlink(*links([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
+    assert r.status == "skipped" and "no NVIDIA driver" in r.summary
+
+
 # -- the whole report ---------------------------------------------------------------------
 
 
@@ -496,6 +526,7 @@ def test_run_checks_on_a_mixed_545_box_and_its_text_and_json(tmp_path, runs_dir)
                         backend=backend, packages=d.Packages(torch="2.4.0+cu121", torch_cuda="12.1", nccl="2.20.5"))
     st = {r.name: r.status for r in rows}
     assert st["GPUs"] == "warn" and st["GPU P2P"] == "warn" and st["Known problems"] == "warn"
+    assert st["NVLink"] == "ok"
     assert st["Driver / CUDA / NCCL"] == "ok" and st["IOMMU"] == "warn" and st["NCCL network"] == "fail"
     assert st["/dev/shm"] == "warn"  # no dev/shm under the fixture root
     assert d.exit_code(rows) == 2
@@ -530,7 +561,7 @@ def test_real_doctor_on_this_machine(runs_dir):
     assert r.returncode in (0, 1, 2), r.stderr
     doc = json.loads(r.stdout)
     rows = {row["name"]: row for row in doc["rows"]}
-    assert list(rows) == ["GPUs", "Driver / CUDA / NCCL", "Known problems", "GPU P2P", "PCIe ACS", "IOMMU",
+    assert list(rows) == ["GPUs", "Driver / CUDA / NCCL", "Known problems", "GPU P2P", "NVLink", "PCIe ACS", "IOMMU",
                           "/dev/shm", "ulimit -l", "Run directory disk", "CPU budget", "InfiniBand", "NCCL network",
                           "Master port", "Environment"]
     statuses = {row["status"] for row in doc["rows"]}

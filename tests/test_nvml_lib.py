@@ -269,6 +269,7 @@ def test_doctor_reads_gpus_versions_p2p_and_topology_through_the_real_pynvml(lib
     assert p2p["status"] == "warn"
     assert p2p["evidence"][0] == ("GPU 0 <-> GPU 1: read disabled by regkey, write disabled by regkey, "
                                   "NVLink not supported; via host bridge")
+    assert rows["NVLink"]["summary"] == "no NVLink on these 2 GPUs: peer traffic goes over PCIe"
     assert p.returncode == 1  # warnings, no failure
 
 
@@ -301,3 +302,14 @@ def test_bench_link_rates_through_the_real_pynvml(libs, tmp_path):
     assert r["pair"]["0-4"] == pytest.approx(31.504)  # NVSwitch GPU to a bridged GPU: PCIe gen4 x16
     assert r["memory"]["4"] == pytest.approx(936.096)  # 384 bits x 9751 MHz x 2 / 8: an RTX 3090, 936 GB/s
     assert r["lines"][4] == "GPU 4: PCIe gen4 x16 (31.5 GB/s), NVLink x4 (56 GB/s), memory 936 GB/s"
+
+
+def test_doctor_names_a_gpu_with_an_nvlink_down_through_the_real_pynvml(libs, tmp_path):
+    conf = tmp_path / "nvml.conf"
+    lines = ["gpus 4"] + [f"gpu {i} nvlink " + " ".join(["switch"] * (18 if i != 1 else 17)) for i in range(4)]
+    conf.write_text("\n".join(lines) + "\ngpu 1 nvlink_down 1\n")
+    p = subprocess.run(ddptop_cmd("doctor", "--json"), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
+                       env=nvml_env(libs["new"], conf))
+    (row,) = [r for r in json.loads(p.stdout)["rows"] if r["name"] == "NVLink"]
+    assert row["status"] == "warn" and row["summary"] == "GPU 1 has 17 NVLinks up, other NVIDIA H100 80GB HBM3 GPUs 18"
+    assert row["evidence"][1] == "GPU 1 (NVIDIA H100 80GB HBM3): 17 of 18 NVLinks up, 17 to NVSwitches"

@@ -408,6 +408,45 @@ def check_p2p(topo: Topology | None, error: str | None) -> Row:
                ev, "", data)
 
 
+def check_nvlink(links: dict | None, error: str | None) -> Row:
+    """NVLinks per GPU: a GPU with fewer links up than the others of its model
+    has a link down (a failed link, a bad cable or bridge, a GPU that needs a
+    reset): every collective through it slows down, or hangs."""
+    if links is None or (not links and error):
+        return Row("NVLink", SKIPPED, error or "no NVIDIA driver")
+    if not links:
+        return Row("NVLink", SKIPPED, "no GPU")
+    with_nvl = {i: f for i, f in sorted(links.items()) if f.nvlink_remotes or f.nvlink_inactive}
+    if not with_nvl:
+        return Row("NVLink", OK, f"no NVLink on {'this GPU' if len(links) == 1 else f'these {len(links)} GPUs'}: "
+                                 "peer traffic goes over PCIe")
+    local = {f.bus for f in links.values()}
+    ev, short = [], []
+    by_model: dict[str, int] = {}
+    for f in with_nvl.values():
+        by_model[f.name] = max(by_model.get(f.name, 0), len(f.nvlink_remotes))
+    for i, f in with_nvl.items():
+        up = len(f.nvlink_remotes)
+        peers = sorted({b for b in f.nvlink_remotes if b in local})
+        switched = sum(1 for b in f.nvlink_remotes if b not in local)
+        ev.append(f"GPU {i} ({f.name}): {up} of {up + f.nvlink_inactive} NVLinks up"
+                  + (f", {switched} to NVSwitches" if switched else "")
+                  + (f", to {', '.join('GPU ' + str(j) for j, g in sorted(links.items()) if g.bus in peers)}" if peers else ""))
+        if up < by_model[f.name]:
+            short.append((i, f, by_model[f.name]))
+    data = {"gpus": [{"index": i, "up": len(f.nvlink_remotes), "down": f.nvlink_inactive, "remotes": list(f.nvlink_remotes)}
+                     for i, f in with_nvl.items()]}
+    if short:
+        return Row("NVLink", WARN, "; ".join(f"GPU {i} has {len(f.nvlink_remotes)} NVLinks up, "
+                                             f"other {f.name} GPUs {best}" for i, f, best in short), ev,
+                   "a link that is down slows every collective through that GPU and can hang NCCL: check "
+                   "`nvidia-smi nvlink --status` and the error counters (`nvidia-smi nvlink -e`); a GPU reset "
+                   "(`nvidia-smi -r`) or a reseated bridge/board often brings it back", data)
+    total = sum(len(f.nvlink_remotes) for f in with_nvl.values())
+    return Row("NVLink", OK, f"{total} NVLinks up on {len(with_nvl)} GPU(s), none down against the others of their model",
+               ev, "", data)
+
+
 # ACS control register bits (PCIe spec, ACS extended capability, offset 6)
 _ACS_BITS = {0: "SV", 1: "TB", 2: "RR", 3: "CR", 4: "UF", 5: "EC", 6: "DT"}
 _ACS_CAP_ID = 0x000D
@@ -842,6 +881,7 @@ def run_checks(*, workers: int | None = None, master_port: int = 29500, root: Pa
         backend = NvmlBackend()
     try:
         topo = backend.topology()
+        links = backend.links() if topo is not None else None
         error = backend.error
     finally:
         backend.shutdown()
@@ -852,7 +892,7 @@ def run_checks(*, workers: int | None = None, master_port: int = 29500, root: Pa
     rows = [check_gpus(topo, error), check_versions(topo, error, pk)]
     kp = check_known_problems(problems, topo, error, pk.nccl, env)
     rows.append(kp)
-    rows += [check_p2p(topo, error), check_acs(root, n_gpus), check_iommu(root, n_gpus)]
+    rows += [check_p2p(topo, error), check_nvlink(links, error), check_acs(root, n_gpus), check_iommu(root, n_gpus)]
     from ddptop.core.journal import runs_home
 
     rows += [check_shm(str(root / "dev/shm")), check_memlock(list(ib)), check_disk(runs_home())]

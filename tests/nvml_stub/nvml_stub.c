@@ -21,6 +21,7 @@
  *   gpu 0 bus 00000000:18:00.0
  *   gpu 0 pcie_max 5 16           (the link's maximum gen and width; default: as pcie)
  *   gpu 0 nvlink 0000:19:00.0 0000:19:00.0 switch   (per active NVLink: the bus id at its far end)
+ *   gpu 0 nvlink_down 2           (links after the active ones that are not up)
  *   gpu 0 membus 5120 2619        (memory bus width in bits, max memory clock in MHz)
  *   gpu 0 pids 1234 5678          (compute processes on this GPU)
  *   gpu 0 unsupported nvmlDeviceGetPowerUsage nvmlDeviceGetTemperature
@@ -53,7 +54,7 @@ enum {
 typedef struct {
     char name[96], uuid[96], bus[32], unsupported[1024], nvlink[18][32];
     unsigned util, mem_util, power, limit, temp, sm, gen, width, tx, rx, retired, max_gen, max_width;
-    unsigned nlinks, membus, memclock;
+    unsigned nlinks, nlinks_down, membus, memclock;
     unsigned long long total, used, ecc, throttle;
     int cc_major, cc_minor, lost, npids, xid, xid_seq, registered;
     unsigned pids[MAXPIDS];
@@ -132,6 +133,7 @@ static int load(void) {
             else if (!strcmp(key, "sm")) sscanf(v, "%u", &d->sm);
             else if (!strcmp(key, "pcie")) sscanf(v, "%u %u %u %u", &d->gen, &d->width, &d->tx, &d->rx);
             else if (!strcmp(key, "pcie_max")) sscanf(v, "%u %u", &d->max_gen, &d->max_width);
+            else if (!strcmp(key, "nvlink_down")) sscanf(v, "%u", &d->nlinks_down);
             else if (!strcmp(key, "membus")) sscanf(v, "%u %u", &d->membus, &d->memclock);
             else if (!strcmp(key, "nvlink")) {
                 int off = 0, k;
@@ -270,8 +272,8 @@ EXPORT int nvmlDeviceGetMaxClockInfo(void *h, int type, unsigned *v) {
 }
 EXPORT int nvmlDeviceGetNvLinkState(void *h, unsigned link, int *active) {
     DEVCALL(h);
-    if (!D->nlinks) return NOT_SUPPORTED;
-    if (link >= 18) return INVALID_ARGUMENT;
+    if (!D->nlinks && !D->nlinks_down) return NOT_SUPPORTED;
+    if (link >= D->nlinks + D->nlinks_down) return INVALID_ARGUMENT;
     *active = link < D->nlinks;
     return 0;
 }

@@ -390,6 +390,7 @@ class NvmlBackend:
             pci = call("nvmlDeviceGetPciInfo", h)
             cc = call("nvmlDeviceGetCudaComputeCapability", h)
             remotes: list[str] = []
+            inactive = 0
             for link in range(max_links):
                 try:
                     active = nv.nvmlDeviceGetNvLinkState(h, link)
@@ -402,13 +403,17 @@ class NvmlBackend:
                 if active == 1:  # NVML_FEATURE_ENABLED
                     far = call("nvmlDeviceGetNvLinkRemotePciInfo", h, link)
                     remotes.append(bus_id(getattr(far, "busId", "")) if far is not None else "")
+                else:
+                    inactive += 1
             out[d.index] = LinkFacts(
                 index=d.index,
+                name=d.name,
                 bus=bus_id(getattr(pci, "busId", "")) if pci is not None else "",
                 cc=f"{cc[0]}.{cc[1]}" if cc and len(cc) == 2 else None,
                 pcie_gen=call("nvmlDeviceGetMaxPcieLinkGeneration", h),
                 pcie_width=call("nvmlDeviceGetMaxPcieLinkWidth", h),
                 nvlink_remotes=tuple(remotes),
+                nvlink_inactive=inactive,
                 mem_bus_bits=call("nvmlDeviceGetMemoryBusWidth", h),
                 mem_clock_mhz=call("nvmlDeviceGetMaxClockInfo", h, mem_clock),
             )
@@ -481,6 +486,8 @@ class LinkFacts:
     pcie_gen: int | None  # the link's maximum, not its current (power-saving) state
     pcie_width: int | None
     nvlink_remotes: tuple[str, ...] = ()  # per active NVLink: the bus id at its far end
+    nvlink_inactive: int = 0  # links the GPU has that are not up
+    name: str = ""
     mem_bus_bits: int | None = None
     mem_clock_mhz: int | None = None  # maximum memory clock
 
