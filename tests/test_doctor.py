@@ -168,7 +168,7 @@ def test_the_real_probe_reads_torch_in_a_subprocess():
 ])
 def test_torch_cuda_against_the_driver(torch_cuda, driver_cuda, status, words):
     t, err = topo([fake_nvml.FakeGpu()], cuda=int(driver_cuda.split(".")[0]) * 1000 + int(driver_cuda.split(".")[1]) * 10)
-    r = d.check_versions(t, err, d.Packages(torch=f"2.4.0", torch_cuda=torch_cuda, nccl="2.20.5"))
+    r = d.check_versions(t, err, d.Packages(torch="2.4.0", torch_cuda=torch_cuda, nccl="2.20.5"))
     assert r.status == status, r
     assert words in r.advice
     assert f"supports CUDA {driver_cuda} (NVML)" in r.evidence[0]

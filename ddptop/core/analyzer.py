@@ -12,7 +12,7 @@ import time
 from ddptop.core.events import (FINAL_STATES, AlarmEvent, Event, GpuEvent, LogEvent, ProcEvent,
                                 ProgressEvent, RankEvent, StateEvent)
 from ddptop.core.progress import OTHER, parse_progress
-from ddptop.core.signatures import CAUSE, GENERIC, TIMEOUT, Finding, SignatureMatcher, root_cause
+from ddptop.core.signatures import CAUSE, GENERIC, Finding, SignatureMatcher, root_cause
 from ddptop.core.stall import StallDetector
 
 

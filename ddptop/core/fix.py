@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddptop.core import journal
-from ddptop.core.events import AlarmEvent, FINAL_STATES
+from ddptop.core.events import AlarmEvent
 from ddptop.core.model import JobModel
 from ddptop.core.profiles import Profile, load_all
 from ddptop.core.session import Session

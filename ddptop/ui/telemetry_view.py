@@ -14,7 +14,6 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.content import Content
 from textual.markup import escape
-from textual.widget import Widget
 from textual.widgets import DataTable, Static
 
 from ddptop.core.model import JobModel
