@@ -17,11 +17,13 @@ failed and throttle reasons were never shown.
 
 import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -213,24 +215,31 @@ def test_launched_ranks_are_mapped_to_the_gpus_nvml_lists_their_pids_on(libs, tm
                                     "--nproc-per-node", "2", EXAMPLE, "--steps", "100000", "--step-time", "0.05"),
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=nvml_env(libs["new"], conf), start_new_session=True)
-    seen = []
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(l) for l in p.stdout], daemon=True).start()
+    deadline = time.monotonic() + TIMEOUT
+
+    def events():  # ddptop's JSON events as they come, until the deadline
+        while time.monotonic() < deadline:
+            try:
+                yield json.loads(lines.get(timeout=max(0.1, deadline - time.monotonic())))
+            except queue.Empty:
+                return
+
     try:
-        pids = {}
-        deadline = time.monotonic() + TIMEOUT
-        status = None
-        while len(pids) < 2 and time.monotonic() < deadline:
-            e = json.loads(p.stdout.readline() or "{}")
-            seen.append(e)
+        pids, status = {}, None
+        for e in events():
             if e.get("kind") == "rank" and e.get("alive"):
                 pids[e["rank"]] = e["pid"]
             if e.get("kind") == "gpu_status":
                 status = e
-        assert len(pids) == 2, seen[-5:]
+            if len(pids) == 2:
+                break
+        assert len(pids) == 2, f"no two ranks started: {pids}"
         with open(conf, "a") as f:
             f.write(f"gpu 1 pids {pids[0]}\ngpu 0 pids {pids[1]}\n")
         procs, gpus = {}, {}
-        while time.monotonic() < deadline:
-            e = json.loads(p.stdout.readline() or "{}")
+        for e in events():
             if e.get("kind") == "gpu_status":
                 status = e
             if e.get("kind") == "proc" and e["gpu_mapping"] == "nvml":
