@@ -30,6 +30,10 @@ class FakeGpu:
     max_width: int | None = None
     nvlinks: list = field(default_factory=list)  # per active NVLink, the PCI bus id at its far end
     nvlinks_down: int = 0  # links after the active ones that are not up
+    ecc: int = 0  # uncorrected volatile ECC errors
+    retired: int = 0  # retired pages (double-bit)
+    retired_pending: int = 0
+    remap: tuple = (0, 0, 0, 0)  # remapped rows: correctable, uncorrectable, pending, failure
     mem_bus: int = 5120  # memory bus width, bits
     mem_clock: int = 2619  # max memory clock, MHz
 
@@ -93,8 +97,10 @@ def make(gpus, init_error=None, calls=None, *, driver="550.54.15", cuda=12040, p
     fn("nvmlDeviceGetCurrPcieLinkGeneration", lambda g: g.gen)
     fn("nvmlDeviceGetCurrPcieLinkWidth", lambda g: g.width)
     fn("nvmlDeviceGetPcieThroughput", lambda g, c: 1000)
-    fn("nvmlDeviceGetTotalEccErrors", lambda g, a, b: 0)
-    fn("nvmlDeviceGetRetiredPages", lambda g, c: [])
+    fn("nvmlDeviceGetTotalEccErrors", lambda g, a, b: g.ecc)
+    fn("nvmlDeviceGetRetiredPages", lambda g, c: [0x1000 * (k + 1) for k in range(g.retired)])
+    fn("nvmlDeviceGetRetiredPagesPendingStatus", lambda g: g.retired_pending)
+    fn("nvmlDeviceGetRemappedRows", lambda g: g.remap)
     fn("nvmlDeviceGetCurrentClocksEventReasons", lambda g: g.throttle)
     fn("nvmlDeviceGetCurrentClocksThrottleReasons", lambda g: g.throttle)
     fn("nvmlDeviceGetComputeRunningProcesses", lambda g: [proc(p) for p in g.procs])

@@ -477,6 +477,35 @@ def test_env_lists_nccl_and_torch_vars_masks_secrets_and_flags_the_harmful():
     assert d.check_env({}).summary == "no NCCL_* or TORCH_* variables set"
 
 
+def health(gpus, **kw):
+    b = NvmlBackend(lib=fake_nvml.make(gpus, **kw))
+    return b.health(), b.error
+
+
+def test_gpu_health_ok_warn_and_fail():
+    r = d.check_gpu_health(*health([fake_nvml.FakeGpu(), fake_nvml.FakeGpu()]))
+    assert r.status == "ok"
+    assert r.summary == "2 GPU(s): no uncorrected memory errors, nothing pending, no hardware throttling"
+    assert r.evidence[0] == (f"GPU 0 ({H100}): uncorrected ECC errors 0, retired pages 0, "
+                             "rows remapped after uncorrectable errors 0")
+    # GPU 1 has a row remap waiting for a reset; GPU 2 runs hot enough for the hardware to slow it
+    gpus = [fake_nvml.FakeGpu(), fake_nvml.FakeGpu(ecc=2, remap=(0, 1, 1, 0)), fake_nvml.FakeGpu(throttle=0x40)]
+    r = d.check_gpu_health(*health(gpus))
+    assert r.status == "warn"
+    assert r.summary == "GPU 1: a memory row remap waits for a reset; GPU 2: throttled by hw-thermal"
+    assert "(one pending)" in r.evidence[1] and "nvidia-smi -r" in r.advice
+    # a failed remap is a hardware fault; a GPU without ECC (a consumer card) is n/a, not an error
+    gpus = [fake_nvml.FakeGpu(remap=(0, 3, 0, 1)),
+            fake_nvml.FakeGpu(name="NVIDIA GeForce RTX 4090", unsupported={"nvmlDeviceGetTotalEccErrors",
+                              "nvmlDeviceGetRetiredPages", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPagesPendingStatus"})]
+    r = d.check_gpu_health(*health(gpus))
+    assert r.status == "fail" and r.summary == "GPU 0: a row remap failed"
+    assert r.evidence[1] == ("GPU 1 (NVIDIA GeForce RTX 4090): uncorrected ECC errors n/a, retired pages n/a, "
+                             "rows remapped after uncorrectable errors n/a")
+    r = d.check_gpu_health(*health([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
+    assert r.status == "skipped"
+
+
 def links(gpus, **kw):
     b = NvmlBackend(lib=fake_nvml.make(gpus, **kw))
     return b.links(), b.error
@@ -561,7 +590,7 @@ def test_real_doctor_on_this_machine(runs_dir):
     assert r.returncode in (0, 1, 2), r.stderr
     doc = json.loads(r.stdout)
     rows = {row["name"]: row for row in doc["rows"]}
-    assert list(rows) == ["GPUs", "Driver / CUDA / NCCL", "Known problems", "GPU P2P", "NVLink", "PCIe ACS", "IOMMU",
+    assert list(rows) == ["GPUs", "GPU health", "Driver / CUDA / NCCL", "Known problems", "GPU P2P", "NVLink", "PCIe ACS", "IOMMU",
                           "/dev/shm", "ulimit -l", "Run directory disk", "CPU budget", "InfiniBand", "NCCL network",
                           "Master port", "Environment"]
     statuses = {row["status"] for row in doc["rows"]}

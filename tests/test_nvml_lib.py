@@ -279,6 +279,12 @@ def test_doctor_reads_gpus_versions_p2p_and_topology_through_the_real_pynvml(lib
     assert p2p["evidence"][0] == ("GPU 0 <-> GPU 1: read disabled by regkey, write disabled by regkey, "
                                   "NVLink not supported; via host bridge")
     assert rows["NVLink"]["summary"] == "no NVLink on these 2 GPUs: peer traffic goes over PCIe"
+    # TWO_GPUS: GPU 0 has 3 uncorrected ECC errors, 2 retired pages and runs throttled by hw-thermal
+    health = rows["GPU health"]
+    assert health["status"] == "warn"
+    assert health["summary"] == ("GPU 0: 3 uncorrected ECC error(s) since the driver loaded; "
+                                 "GPU 0: throttled by hw-thermal")
+    assert health["evidence"][1].startswith("GPU 1 (NVIDIA H100 80GB HBM3): uncorrected ECC errors n/a, retired pages 0")
     assert p.returncode == 1  # warnings, no failure
 
 
@@ -316,9 +322,12 @@ def test_bench_link_rates_through_the_real_pynvml(libs, tmp_path):
 def test_doctor_names_a_gpu_with_an_nvlink_down_through_the_real_pynvml(libs, tmp_path):
     conf = tmp_path / "nvml.conf"
     lines = ["gpus 4"] + [f"gpu {i} nvlink " + " ".join(["switch"] * (18 if i != 1 else 17)) for i in range(4)]
-    conf.write_text("\n".join(lines) + "\ngpu 1 nvlink_down 1\n")
+    conf.write_text("\n".join(lines) + "\ngpu 1 nvlink_down 1\ngpu 2 remap 0 1 1 0\ngpu 3 remap 0 4 0 1\n")
     p = subprocess.run(ddptop_cmd("doctor", "--json"), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
                        env=nvml_env(libs["new"], conf))
-    (row,) = [r for r in json.loads(p.stdout)["rows"] if r["name"] == "NVLink"]
+    rows = {r["name"]: r for r in json.loads(p.stdout)["rows"]}
+    assert rows["GPU health"]["status"] == "fail" and p.returncode == 2
+    assert rows["GPU health"]["summary"] == "GPU 3: a row remap failed; GPU 2: a memory row remap waits for a reset"
+    row = rows["NVLink"]
     assert row["status"] == "warn" and row["summary"] == "GPU 1 has 17 NVLinks up, other NVIDIA H100 80GB HBM3 GPUs 18"
     assert row["evidence"][1] == "GPU 1 (NVIDIA H100 80GB HBM3): 17 of 18 NVLinks up, 17 to NVSwitches"

@@ -408,6 +408,53 @@ def check_p2p(topo: Topology | None, error: str | None) -> Row:
                ev, "", data)
 
 
+_HW_THROTTLE = {"hw-slowdown", "hw-thermal", "hw-power-brake", "sw-thermal"}
+
+
+def check_gpu_health(health: dict | None, error: str | None) -> Row:
+    """Memory errors that crash jobs on one GPU only (Xid 48, 63, 64, 94, 95 in
+    the kernel log) and hardware throttling that makes one rank the straggler."""
+    if health is None or (not health and error):
+        return Row("GPU health", SKIPPED, error or "no NVIDIA driver")
+    if not health:
+        return Row("GPU health", SKIPPED, "no GPU")
+    na = lambda v: "n/a" if v is None else v  # noqa: E731
+    ev, fail, warn = [], [], []
+    for i, h in sorted(health.items()):
+        if h.lost:
+            ev.append(f"GPU {i}: lost (fell off the bus)")
+            fail.append(f"GPU {i} is lost")
+            continue
+        hw = [t for t in h.throttle if t in _HW_THROTTLE]
+        ev.append(f"GPU {i} ({h.name}): uncorrected ECC errors {na(h.ecc_uncorrected)}, retired pages {na(h.retired_pages)}"
+                  + (" (one pending)" if h.retired_pending else "")
+                  + f", rows remapped after uncorrectable errors {na(h.remapped_uncorrectable)}"
+                  + (" (one pending)" if h.remap_pending else "") + (" (a remap FAILED)" if h.remap_failure else "")
+                  + (f", throttled by {', '.join(hw)}" if hw else ""))
+        if h.remap_failure:
+            fail.append(f"GPU {i}: a row remap failed")
+        if h.remap_pending or h.retired_pending:
+            warn.append(f"GPU {i}: a memory {'row remap' if h.remap_pending else 'page retirement'} waits for a reset")
+        elif h.ecc_uncorrected:
+            warn.append(f"GPU {i}: {h.ecc_uncorrected} uncorrected ECC error(s) since the driver loaded")
+        if hw:
+            warn.append(f"GPU {i}: throttled by {', '.join(hw)}")
+    data = {"gpus": [{k: getattr(h, k) for k in ("index", "ecc_uncorrected", "retired_pages", "retired_pending",
+                                                "remapped_uncorrectable", "remap_pending", "remap_failure", "throttle", "lost")}
+                     for _, h in sorted(health.items())]}
+    if fail:
+        return Row("GPU health", FAIL, "; ".join(fail + warn), ev,
+                   "take the GPU out of jobs (CUDA_VISIBLE_DEVICES without it) and have it serviced: a lost GPU or a failed "
+                   "row remap is a hardware fault, and jobs on it crash (Xid 64/79 in `dmesg`)", data)
+    if warn:
+        return Row("GPU health", WARN, "; ".join(warn), ev,
+                   "memory errors crash jobs on that GPU only (Xid 48/63/94/95 in `dmesg`): drain it and reset it "
+                   "(`nvidia-smi -r -i N`) or reboot so the pending remap or retirement takes effect; a throttled GPU "
+                   "makes its rank the straggler: check cooling and power (`nvidia-smi -q -d PERFORMANCE`)", data)
+    return Row("GPU health", OK, f"{len(health)} GPU(s): no uncorrected memory errors, nothing pending, no hardware throttling",
+               ev, "", data)
+
+
 def check_nvlink(links: dict | None, error: str | None) -> Row:
     """NVLinks per GPU: a GPU with fewer links up than the others of its model
     has a link down (a failed link, a bad cable or bridge, a GPU that needs a
@@ -882,6 +929,7 @@ def run_checks(*, workers: int | None = None, master_port: int = 29500, root: Pa
     try:
         topo = backend.topology()
         links = backend.links() if topo is not None else None
+        health = backend.health() if topo is not None else None
         error = backend.error
     finally:
         backend.shutdown()
@@ -889,7 +937,7 @@ def run_checks(*, workers: int | None = None, master_port: int = 29500, root: Pa
     pk = packages if packages is not None else read_packages(probe=probe_torch)
     problems = load_known_problems() if problems is None else problems
     ib = infiniband_devices(root)
-    rows = [check_gpus(topo, error), check_versions(topo, error, pk)]
+    rows = [check_gpus(topo, error), check_gpu_health(health, error), check_versions(topo, error, pk)]
     kp = check_known_problems(problems, topo, error, pk.nccl, env)
     rows.append(kp)
     rows += [check_p2p(topo, error), check_nvlink(links, error), check_acs(root, n_gpus), check_iommu(root, n_gpus)]

@@ -17,6 +17,7 @@
  *   gpu 0 temp 61                 gpu 0 sm 1980
  *   gpu 0 pcie 5 16 1200 3400     (gen, width, tx KB/s, rx KB/s)
  *   gpu 0 ecc 3                   gpu 0 retired 2
+ *   gpu 0 retired_pending 1       gpu 0 remap 0 2 1 0 (rows: correctable, uncorrectable, pending, failure)
  *   gpu 0 throttle 0x44           gpu 0 cc 9 0
  *   gpu 0 bus 00000000:18:00.0
  *   gpu 0 pcie_max 5 16           (the link's maximum gen and width; default: as pcie)
@@ -54,7 +55,7 @@ enum {
 typedef struct {
     char name[96], uuid[96], bus[32], unsupported[1024], nvlink[18][32];
     unsigned util, mem_util, power, limit, temp, sm, gen, width, tx, rx, retired, max_gen, max_width;
-    unsigned nlinks, nlinks_down, membus, memclock;
+    unsigned nlinks, nlinks_down, membus, memclock, retired_pending, remap[4];
     unsigned long long total, used, ecc, throttle;
     int cc_major, cc_minor, lost, npids, xid, xid_seq, registered;
     unsigned pids[MAXPIDS];
@@ -133,6 +134,8 @@ static int load(void) {
             else if (!strcmp(key, "sm")) sscanf(v, "%u", &d->sm);
             else if (!strcmp(key, "pcie")) sscanf(v, "%u %u %u %u", &d->gen, &d->width, &d->tx, &d->rx);
             else if (!strcmp(key, "pcie_max")) sscanf(v, "%u %u", &d->max_gen, &d->max_width);
+            else if (!strcmp(key, "retired_pending")) sscanf(v, "%u", &d->retired_pending);
+            else if (!strcmp(key, "remap")) sscanf(v, "%u %u %u %u", &d->remap[0], &d->remap[1], &d->remap[2], &d->remap[3]);
             else if (!strcmp(key, "nvlink_down")) sscanf(v, "%u", &d->nlinks_down);
             else if (!strcmp(key, "membus")) sscanf(v, "%u %u", &d->membus, &d->memclock);
             else if (!strcmp(key, "nvlink")) {
@@ -298,6 +301,12 @@ EXPORT int nvmlDeviceGetRetiredPages(void *h, int cause, unsigned *count, unsign
     }
     for (unsigned i = 0; i < D->retired; i++) addrs[i] = 0x1000ULL * (i + 1);
     *count = D->retired;
+    return 0;
+}
+EXPORT int nvmlDeviceGetRetiredPagesPendingStatus(void *h, int *v) { DEVCALL(h); *v = D->retired_pending ? 1 : 0; return 0; }
+EXPORT int nvmlDeviceGetRemappedRows(void *h, unsigned *corr, unsigned *unc, unsigned *pending, unsigned *failure) {
+    DEVCALL(h);
+    *corr = D->remap[0]; *unc = D->remap[1]; *pending = D->remap[2]; *failure = D->remap[3];
     return 0;
 }
 #ifndef OLD_DRIVER

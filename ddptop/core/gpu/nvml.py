@@ -317,16 +317,7 @@ class NvmlBackend:
         if not self.init():
             return None
         nv = self._lib
-
-        def call(fn_name, *args):
-            fn = getattr(nv, fn_name, None)
-            if fn is None:
-                return None
-            try:
-                return fn(*args)
-            except nv.NVMLError:
-                return None
-
+        call = self._call
         cuda = call("nvmlSystemGetCudaDriverVersion_v2") or call("nvmlSystemGetCudaDriverVersion")
         gpus = []
         for d in self.devices:
@@ -361,6 +352,52 @@ class NvmlBackend:
                                      level))
         return Topology(self.driver, _cuda_version(cuda), tuple(gpus), tuple(pairs))
 
+    def _call(self, fn_name: str, *args):
+        """One NVML call for a report (doctor, bench): None when this pynvml or
+        this driver lacks it, or the GPU does not support it."""
+        nv = self._lib
+        fn = getattr(nv, fn_name, None)
+        if fn is None:
+            return None
+        try:
+            return fn(*args)
+        except (nv.NVMLError, getattr(nv, "NVMLLibraryMismatchError", nv.NVMLError)):
+            return None
+
+    def health(self) -> dict[int, "GpuHealth"]:
+        """Memory errors and hardware throttling per GPU, read once (for
+        ``ddptop doctor``).  A field the GPU does not have (no ECC on most
+        consumer cards, no row remapping before A100) is None."""
+        if not self.init():
+            return {}
+        call = self._call
+        nv = self._lib
+        out = {}
+        for d in self.devices:
+            if d.handle is None or d.lost:
+                out[d.index] = GpuHealth(d.index, d.name, lost=True)
+                continue
+            h = d.handle
+            retired = call("nvmlDeviceGetRetiredPages", h, _const(nv, "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", 1))
+            rows = call("nvmlDeviceGetRemappedRows", h)
+            fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            reasons = call("nvmlDeviceGetCurrentClocksEventReasons", h) if fn else None
+            if reasons is None:
+                reasons = call("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+            pending = call("nvmlDeviceGetRetiredPagesPendingStatus", h)
+            out[d.index] = GpuHealth(
+                d.index, d.name,
+                ecc_uncorrected=call("nvmlDeviceGetTotalEccErrors", h, _const(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
+                                     _const(nv, "NVML_VOLATILE_ECC", 0)),
+                retired_pages=len(retired) if retired is not None else None,
+                retired_pending=bool(pending) if pending is not None else None,
+                remapped_uncorrectable=rows[1] if rows else None,
+                remap_pending=bool(rows[2]) if rows else None,
+                remap_failure=bool(rows[3]) if rows else None,
+                throttle=_throttle(reasons) if reasons is not None else (),
+            )
+        return out
+
     def links(self) -> dict[int, "LinkFacts"]:
         """What each GPU's links can carry, read once (for ``ddptop bench p2p``):
         the PCIe link's maximum generation and width (not the current ones: an
@@ -370,16 +407,7 @@ class NvmlBackend:
         if not self.init():
             return {}
         nv = self._lib
-
-        def call(fn_name, *args):
-            fn = getattr(nv, fn_name, None)
-            if fn is None:
-                return None
-            try:
-                return fn(*args)
-            except (nv.NVMLError, getattr(nv, "NVMLLibraryMismatchError", nv.NVMLError)):
-                return None
-
+        call = self._call
         max_links = _const(nv, "NVML_NVLINK_MAX_LINKS", 18)
         mem_clock = _const(nv, "NVML_CLOCK_MEM", 2)
         out = {}
@@ -476,6 +504,20 @@ class GpuPair:
     nvlink: str
     ancestor: str  # TOPOLOGY_LEVELS words
     level: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    index: int
+    name: str
+    ecc_uncorrected: int | None = None  # volatile: since the last driver load or reset
+    retired_pages: int | None = None  # double-bit ECC page retirements
+    retired_pending: bool | None = None  # a retirement waiting for a reset
+    remapped_uncorrectable: int | None = None  # rows remapped after uncorrectable errors (A100 and later)
+    remap_pending: bool | None = None  # a remap waiting for a reset
+    remap_failure: bool | None = None  # a remap that failed: the GPU needs service
+    throttle: tuple[str, ...] = ()
+    lost: bool = False
 
 
 @dataclass(frozen=True)
