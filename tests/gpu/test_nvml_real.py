@@ -76,3 +76,19 @@ def test_sampling_cost_on_real_gpus():
         tel.tick([])
     per = (time.process_time() - c0) / 50
     print(f"real NVML tick over {len(backend.devices)} GPU(s): {per * 1000:.2f} ms CPU = {per * 100:.2f}% of a core at 1 Hz")
+
+
+def test_link_facts_and_health_of_every_gpu():
+    from ddptop.bench_p2p import link_rates
+
+    facts = backend.links()
+    health = backend.health()
+    assert set(facts) == set(health) == {d.index for d in backend.devices if not d.lost}
+    rates = link_rates(facts)
+    print("\n" + "\n".join(rates.lines))
+    for i, f in facts.items():
+        cur = next(e for e in backend.sample() if e.index == i)
+        assert f.pcie_gen and f.pcie_width and f.pcie_gen >= (cur.pcie_gen or 0)  # the maximum, not the idle state
+        assert rates.memory[i] and 100 < rates.memory[i] < 20000  # GB/s: any GPU from a T4 to a B200
+        assert f.bus and f.bus == f.bus.lower() and f.cc
+        print(f"GPU {i} health: {health[i]}")
