@@ -12,7 +12,6 @@ the process tree on a node with a thousand processes.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import statistics
@@ -101,7 +100,6 @@ asyncio.run(main())
 '''
     times = []
     for _ in range(3):
-        t0 = time.perf_counter()
         r = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             print("first frame: could not measure:", r.stderr.strip().splitlines()[-1:] )

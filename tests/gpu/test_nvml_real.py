@@ -40,7 +40,7 @@ def test_static_facts_and_fields_of_every_gpu():
 
 
 def test_matmul_child_is_mapped_to_its_gpu_and_utilisation_rises():
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     p = subprocess.Popen([sys.executable, "-c", MATMUL], stdout=subprocess.PIPE, text=True,
                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0")))
     try:
