@@ -95,6 +95,8 @@ def test_two_attached_nodes_one_view(tmp_path, sshd):
             table = app.query_one("#ranks", DataTable)
             await wait_until(pilot, lambda: "node-a ● up" in header_text(app) and "node-b ● up" in header_text(app)
                              and table.row_count == 2 and "rank1 step 2" in log_text(app, "merged")
+                             and "rank0 step 2" in log_text(app, "merged")  # each link's lines come after its "up"
+                             and "node-a torchrun" in log_text(app, "merged")
                              and "node-b torchrun" in log_text(app, "merged"),
                              what="both links up, both ranks and their lines")
             head = header_text(app)
@@ -111,7 +113,8 @@ def test_two_attached_nodes_one_view(tmp_path, sshd):
             assert "node-a: link up" in merged
             # GPUs: one row per node's GPU 0, labelled by node, grouped by node
             gpus = app.query_one("#gpus", DataTable)
-            await wait_until(pilot, lambda: gpus.row_count == 2, what="both nodes' GPUs")
+            await wait_until(pilot, lambda: gpus.row_count == 2
+                             and "r1" in [str(c) for c in gpus.get_row("node-b:0")], what="both nodes' GPUs")
             labels = [str(gpus.get_row(k)[0]) for k in ("node-a:0", "node-b:0")]
             assert labels == ["node-a/0", "node-b/0"]
             assert "r1" in [str(c) for c in gpus.get_row("node-b:0")]
