@@ -169,6 +169,7 @@ def link_rates(facts: dict) -> LinkRates:
     the smaller of their two switch link counts."""
     r = LinkRates()
     local = {f.bus for f in facts.values()}
+    switched = {i: sum(1 for b in f.nvlink_remotes if b not in local) for i, f in facts.items()}  # to NVSwitches
     for i, f in sorted(facts.items()):
         r.buses[i] = f.bus
         r.pcie[i] = pcie_rate(f.pcie_gen, f.pcie_width)
@@ -176,8 +177,7 @@ def link_rates(facts: dict) -> LinkRates:
         words = [f"GPU {i}", f"PCIe gen{f.pcie_gen} x{f.pcie_width} ({r.pcie[i]:.1f} GB/s)" if r.pcie[i] else "PCIe ?"]
         if f.nvlink_remotes:
             per = nvlink_link_rate(f.cc)
-            switched = sum(1 for b in f.nvlink_remotes if b not in local)
-            words.append(f"NVLink x{len(f.nvlink_remotes)}" + (f" ({switched} to switches)" if switched else "")
+            words.append(f"NVLink x{len(f.nvlink_remotes)}" + (f" ({switched[i]} to switches)" if switched[i] else "")
                          + (f" ({len(f.nvlink_remotes) * per:.0f} GB/s)" if per else " (rate unknown for this GPU)"))
         if r.memory[i]:
             words.append(f"memory {r.memory[i]:.0f} GB/s")
@@ -186,9 +186,7 @@ def link_rates(facts: dict) -> LinkRates:
         for j, b in facts.items():
             if i == j:
                 continue
-            switched = min(sum(1 for x in a.nvlink_remotes if x not in local),
-                           sum(1 for x in b.nvlink_remotes if x not in local))
-            n = sum(1 for x in a.nvlink_remotes if x == b.bus) + switched
+            n = a.nvlink_remotes.count(b.bus) + min(switched[i], switched[j])
             per = [nvlink_link_rate(a.cc), nvlink_link_rate(b.cc)]
             if n and all(per):
                 r.nvlink[(i, j)] = n

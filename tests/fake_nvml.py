@@ -1,8 +1,11 @@
 """A fake at the NVML boundary: the real pynvml module's constants and error
 classes, with the functions that would call libnvidia-ml replaced."""
 
+import shutil
+import subprocess
 import types
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pynvml
 
@@ -123,3 +126,17 @@ def make(gpus, init_error=None, calls=None, *, driver="550.54.15", cuda=12040, p
     fn("nvmlDeviceRegisterEvents", lambda g, t, s: (_ for _ in ()).throw(pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)))
     fn("nvmlEventSetWait", lambda s, t: (_ for _ in ()).throw(pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)))
     return nv
+
+
+STUB = Path(__file__).resolve().parent / "nvml_stub" / "nvml_stub.c"
+
+
+def build_stub(out_dir, old_driver: bool = False, cc: str | None = None) -> Path:
+    """The C stand-in for libnvidia-ml.so.1 (tests/nvml_stub), built into
+    ``out_dir``; put that directory on LD_LIBRARY_PATH and the real pynvml loads
+    it.  ``old_driver``: without the entry points newer than driver ~510."""
+    cc = cc or shutil.which("gcc") or shutil.which("cc") or "gcc"
+    lib = Path(out_dir) / "libnvidia-ml.so.1"
+    subprocess.run([cc, "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-fvisibility=hidden",
+                    *(["-DOLD_DRIVER"] if old_driver else []), "-o", str(lib), str(STUB)], check=True, timeout=120)
+    return lib

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 
+import fake_nvml
 from conftest import EXAMPLE, ROOT, TIMEOUT, ddptop_cmd
 
-STUB = ROOT / "tests" / "nvml_stub" / "nvml_stub.c"
 GiB = 1024**3
 
 TWO_GPUS = """\
@@ -69,11 +69,8 @@ def libs(tmp_path_factory):
             pytest.fail("no C compiler: the NVML library tests need gcc")
         pytest.skip("no C compiler to build the NVML stand-in")
     out = {}
-    for kind, flags in (("new", []), ("old", ["-DOLD_DRIVER"])):
-        d = tmp_path_factory.mktemp(f"nvml-{kind}")
-        subprocess.run([cc, "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-fvisibility=hidden", *flags,
-                        "-o", str(d / "libnvidia-ml.so.1"), str(STUB)], check=True, timeout=120)
-        out[kind] = d
+    for kind in ("new", "old"):
+        out[kind] = fake_nvml.build_stub(tmp_path_factory.mktemp(f"nvml-{kind}"), old_driver=kind == "old", cc=cc).parent
     return out
 
 

@@ -158,9 +158,7 @@ def bench_telemetry(gpus: int = 8, ranks: int = 8, ticks: int = 200) -> None:
         print(f"telemetry tick, {gpus} GPUs (fake NVML) + {ranks} ranks (real psutil): {cpu * 1000:.2f} ms CPU per tick "
               f"= {cpu * 100:.2f}% of one core at 1 Hz (fake NVML calls cost ~0; real ones add the driver's time)")
         with tempfile.TemporaryDirectory() as d:
-            lib = Path(d) / "libnvidia-ml.so.1"
-            subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-o", str(lib),
-                            str(ROOT / "tests" / "nvml_stub" / "nvml_stub.c")], check=True, timeout=120)
+            fake_nvml.build_stub(d)
             conf = Path(d) / "nvml.conf"
             conf.write_text(f"gpus {gpus}\n" + "".join(f"gpu {i} util 90 30\ngpu {i} pids {p.pid}\n"
                                                       for i, p in enumerate(procs[:gpus])))

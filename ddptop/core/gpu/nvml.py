@@ -86,6 +86,10 @@ class _Device:
     power_limit_w: float | None = None
     unsupported: set[str] = field(default_factory=set)
     lost: bool = False
+    # read on first use by the reports (doctor, bench), then kept: they never change
+    cc: str | None = None  # compute capability, "9.0"
+    pci_bus: str | None = None  # as NVML writes it, "00000000:18:00.0"
+    facts_read: bool = False
 
 
 @dataclass(frozen=True)
@@ -319,23 +323,7 @@ class NvmlBackend:
         nv = self._lib
         call = self._call
         cuda = call("nvmlSystemGetCudaDriverVersion_v2") or call("nvmlSystemGetCudaDriverVersion")
-        gpus = []
-        for d in self.devices:
-            cc = None
-            if d.handle is not None and not d.lost:
-                try:
-                    cc = nv.nvmlDeviceGetCudaComputeCapability(d.handle)
-                except nv.NVMLError as e:
-                    if getattr(e, "value", None) == _GPU_IS_LOST:
-                        d.lost = True
-                        self.newly_lost.append(d.index)
-                except AttributeError:  # an nvidia-ml-py without it
-                    pass
-            pci = call("nvmlDeviceGetPciInfo", d.handle) if d.handle is not None and not d.lost else None
-            bus = getattr(pci, "busId", None)
-            gpus.append(GpuInfo(d.index, d.name, d.uuid,
-                                f"{cc[0]}.{cc[1]}" if cc and len(cc) == 2 else None,
-                                _str(bus) if bus is not None else None, d.lost))
+        gpus = [GpuInfo(d.index, d.name, d.uuid, d.cc, d.pci_bus, d.lost) for d in map(self._facts, self.devices)]
         idx = {name: _const(nv, f"NVML_P2P_CAPS_INDEX_{name.upper()}", i)
                for i, name in ((0, "read"), (1, "write"), (2, "nvlink"))}
         pairs = []
@@ -351,6 +339,18 @@ class NvmlBackend:
                                      TOPOLOGY_LEVELS.get(level, (f"level {level}", "?"))[0] if level is not None else "unknown",
                                      level))
         return Topology(self.driver, _cuda_version(cuda), tuple(gpus), tuple(pairs))
+
+    def _facts(self, d: _Device) -> _Device:
+        """The device with its compute capability and PCI bus id read (once)."""
+        if not d.facts_read and d.handle is not None and not d.lost:
+            nv = self._lib
+            cc = self._field(d, "cc", getattr(nv, "nvmlDeviceGetCudaComputeCapability", None))
+            d.cc = f"{cc[0]}.{cc[1]}" if cc and len(cc) == 2 else None
+            pci = self._call("nvmlDeviceGetPciInfo", d.handle) if not d.lost else None
+            bus = getattr(pci, "busId", None)
+            d.pci_bus = _str(bus) if bus is not None else None
+            d.facts_read = True
+        return d
 
     def _call(self, fn_name: str, *args):
         """One NVML call for a report (doctor, bench): None when this pynvml or
@@ -371,30 +371,24 @@ class NvmlBackend:
         if not self.init():
             return {}
         call = self._call
-        nv = self._lib
+        seen = {e.index: e for e in self.sample()}  # ECC, retired pages, throttle: as the telemetry reads them
         out = {}
         for d in self.devices:
-            if d.handle is None or d.lost:
+            e = seen.get(d.index)
+            if d.handle is None or d.lost or e is None or e.lost:
                 out[d.index] = GpuHealth(d.index, d.name, lost=True)
                 continue
-            h = d.handle
-            retired = call("nvmlDeviceGetRetiredPages", h, _const(nv, "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", 1))
-            rows = call("nvmlDeviceGetRemappedRows", h)
-            fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
-            reasons = call("nvmlDeviceGetCurrentClocksEventReasons", h) if fn else None
-            if reasons is None:
-                reasons = call("nvmlDeviceGetCurrentClocksThrottleReasons", h)
-            pending = call("nvmlDeviceGetRetiredPagesPendingStatus", h)
+            rows = call("nvmlDeviceGetRemappedRows", d.handle)
+            pending = call("nvmlDeviceGetRetiredPagesPendingStatus", d.handle)
             out[d.index] = GpuHealth(
                 d.index, d.name,
-                ecc_uncorrected=call("nvmlDeviceGetTotalEccErrors", h, _const(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
-                                     _const(nv, "NVML_VOLATILE_ECC", 0)),
-                retired_pages=len(retired) if retired is not None else None,
+                ecc_uncorrected=e.ecc_uncorrected,
+                retired_pages=e.retired_pages,
                 retired_pending=bool(pending) if pending is not None else None,
                 remapped_uncorrectable=rows[1] if rows else None,
                 remap_pending=bool(rows[2]) if rows else None,
                 remap_failure=bool(rows[3]) if rows else None,
-                throttle=_throttle(reasons) if reasons is not None else (),
+                throttle=e.throttle,
             )
         return out
 
@@ -414,9 +408,7 @@ class NvmlBackend:
         for d in self.devices:
             if d.handle is None or d.lost:
                 continue
-            h = d.handle
-            pci = call("nvmlDeviceGetPciInfo", h)
-            cc = call("nvmlDeviceGetCudaComputeCapability", h)
+            h = self._facts(d).handle
             remotes: list[str] = []
             inactive = 0
             for link in range(max_links):
@@ -436,8 +428,8 @@ class NvmlBackend:
             out[d.index] = LinkFacts(
                 index=d.index,
                 name=d.name,
-                bus=bus_id(getattr(pci, "busId", "")) if pci is not None else "",
-                cc=f"{cc[0]}.{cc[1]}" if cc and len(cc) == 2 else None,
+                bus=bus_id(d.pci_bus or ""),
+                cc=d.cc,
                 pcie_gen=call("nvmlDeviceGetMaxPcieLinkGeneration", h),
                 pcie_width=call("nvmlDeviceGetMaxPcieLinkWidth", h),
                 nvlink_remotes=tuple(remotes),
