@@ -432,6 +432,7 @@ def _worker_main(args: list[str]) -> dict:
 
 
 def _allreduce(nranks: int, backend: str, nbytes: int) -> dict:
+    import queue
     import socket
 
     import torch.multiprocessing as mp
@@ -440,18 +441,42 @@ def _allreduce(nranks: int, backend: str, nbytes: int) -> dict:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
+    q = ctx.Queue()
     procs = [ctx.Process(target=_allreduce_rank, args=(r, nranks, backend, nbytes, port, q), daemon=True)
              for r in range(nranks)]
     for p in procs:
         p.start()
-    res = [q.get() for _ in range(nranks)]
+    res: dict[int, dict] = {}
+    while len(res) < nranks:
+        try:
+            r = q.get(timeout=0.5)
+            res[r["rank"]] = r
+            continue
+        except queue.Empty:
+            pass
+        # a rank that died without a word (SIGSEGV, OOM killer) is an error, not a hang of the others
+        dead = [(r, p.exitcode) for r, p in enumerate(procs) if r not in res and p.exitcode is not None]
+        if dead and q.empty():
+            for p in procs:
+                p.kill()
+            r, code = dead[0]
+            how = f"killed by {_signame(-code)}" if code < 0 else f"exit code {code}"
+            raise SystemExit(f"rank {r} died ({how}) during the all-reduce")
     for p in procs:
         p.join()
-    errs = [r for r in res if "error" in r]
+    errs = [r for r in res.values() if "error" in r]
     if errs:
         raise SystemExit(f"rank {errs[0]['rank']}: {errs[0]['error']}")
-    return {"seconds": max(r["seconds"] for r in res)}
+    return {"seconds": max(r["seconds"] for r in res.values())}
+
+
+def _signame(num: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
 
 
 def _allreduce_rank(rank: int, n: int, backend: str, nbytes: int, port: int, q) -> None:
@@ -468,6 +493,10 @@ def _allreduce_rank(rank: int, n: int, backend: str, nbytes: int, port: int, q) 
             torch.cuda.set_device(dev)
         if os.environ.get("DDPTOP_BENCH_HANG_RANK") == str(rank):
             time.sleep(10 ** 6)  # a test's stand-in for a rank that never joins
+        if os.environ.get("DDPTOP_BENCH_CRASH_RANK") == str(rank):
+            import signal
+
+            os.kill(os.getpid(), signal.SIGSEGV)  # a test's stand-in for a rank that crashes in NCCL
         x = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=dev)
         reps = 20 if nbytes <= 1 << 20 else 5
         dist.all_reduce(x)  # warm-up

@@ -104,11 +104,24 @@ def test_a_hanging_all_reduce_is_reported_as_a_hang_within_its_timeout():
     # one hang ends the sweep: a collective that hangs once hangs for every size
     assert len(ar) == 1 and ar[0]["status"] == "hang" and "no answer in 20 s" in ar[0]["message"], ar
     # the hung worker and its ranks were killed, by process group
-    left = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.environ().get("DDPTOP_TEST_TAG") == tag:
-                left.append(p.pid)
-        except psutil.Error:
-            pass
+    left = [p.pid for p in psutil.process_iter() if _tagged(p, tag)]
     assert not left, f"benchmark processes left behind: {left}"
+
+
+def test_a_rank_that_crashes_in_the_all_reduce_is_an_error_naming_it_not_a_hang():
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, DDPTOP_BENCH_CRASH_RANK="1", DDPTOP_TEST_TAG=tag)
+    code, rep, err = run_bench("--sizes", "4096", "--timeout", "60", env=env)
+    (ar,) = [r for r in rep["rows"] if r["test"] == "allreduce"]
+    assert code == 1, err  # an error, not a hang (2)
+    # noticed when the rank died: at the 60 s timeout it would say "hang"
+    assert ar["status"] == "error" and "rank 1 died (killed by SIGSEGV)" in ar["message"], ar
+    left = [p.pid for p in psutil.process_iter() if _tagged(p, tag)]
+    assert not left, f"benchmark processes left behind: {left}"
+
+
+def _tagged(p, tag) -> bool:
+    try:
+        return p.environ().get("DDPTOP_TEST_TAG") == tag
+    except psutil.Error:
+        return False
