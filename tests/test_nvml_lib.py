@@ -328,3 +328,40 @@ def test_doctor_names_a_gpu_with_an_nvlink_down_through_the_real_pynvml(libs, tm
     row = rows["NVLink"]
     assert row["status"] == "warn" and row["summary"] == "GPU 1 has 17 NVLinks up, other NVIDIA H100 80GB HBM3 GPUs 18"
     assert row["evidence"][1] == "GPU 1 (NVIDIA H100 80GB HBM3): 17 of 18 NVLinks up, 17 to NVSwitches"
+
+
+def test_a_driver_upgraded_without_a_reboot_is_a_failure_with_the_fix_not_no_gpu(libs, tmp_path):
+    """nvmlInit answers NVML_ERROR_LIB_RM_VERSION_MISMATCH (18) after a driver
+    upgrade without a reboot (nvidia-smi: "Driver/library version mismatch").
+    CUDA fails the same way, so it must not read as a machine without GPUs."""
+    conf = tmp_path / "nvml.conf"
+    conf.write_text("init_error 18\n")
+    env = nvml_env(libs["new"], conf)
+    p = subprocess.run(ddptop_cmd("doctor", "--json"), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
+                       env=env)
+    gpus = {r["name"]: r for r in json.loads(p.stdout)["rows"]}["GPUs"]
+    assert gpus["status"] == "fail" and "version mismatch" in gpus["summary"], gpus
+    assert "upgraded without a reboot" in gpus["advice"] and "reboot" in gpus["advice"]
+    assert p.returncode == 2
+    # the live view says so too, as an error note next to the GPU status
+    r = python("""
+        import json
+        from ddptop.core.telemetry import Telemetry, make_backend
+        evs = Telemetry(make_backend("auto")).tick([])
+        print(json.dumps([e.to_dict() for e in evs]))
+    """, env)
+    status = [e for e in r if e["kind"] == "gpu_status"][0]
+    (note,) = [e for e in r if e["kind"] == "note"]
+    assert status["backend"] == "none" and "version mismatch" in status["message"]
+    assert note["level"] == "error" and "GPUs not monitored" in note["message"] and "reboot" in note["message"]
+
+
+@pytest.mark.parametrize("conf_text", ["init_error 9\n", None])
+def test_no_driver_is_skipped_by_doctor_not_failed(libs, tmp_path, conf_text):
+    conf = tmp_path / "nvml.conf"
+    if conf_text is not None:
+        conf.write_text(conf_text)
+    p = subprocess.run(ddptop_cmd("doctor", "--json"), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
+                       env=nvml_env(libs["new"], conf))
+    gpus = {r["name"]: r for r in json.loads(p.stdout)["rows"]}["GPUs"]
+    assert gpus["status"] == "skipped" and "no NVIDIA driver" in gpus["summary"]

@@ -80,8 +80,10 @@ def _vcmp(a: tuple[int, ...], b: tuple[int, ...]) -> int:
 # -- GPUs ------------------------------------------------------------------------
 
 
-def check_gpus(topo: Topology | None, error: str | None) -> Row:
+def check_gpus(topo: Topology | None, error: str | None, fault: str | None = None) -> Row:
     if topo is None:
+        if fault:  # a driver that is there but broken: no job can use these GPUs
+            return Row("GPUs", FAIL, error or "NVML failed", [], fault)
         return Row("GPUs", SKIPPED, error or "no NVIDIA driver")
     if not topo.gpus:
         return Row("GPUs", SKIPPED, "NVML found no GPU", [f"driver {topo.driver or '?'}"])
@@ -929,14 +931,17 @@ def run_checks(*, workers: int | None = None, master_port: int = 29500, root: Pa
     try:
         topo = backend.topology()
         links, health = backend.links(), backend.health()  # {} without a driver
-        error = backend.error
+        error, fault = backend.error, getattr(backend, "fault", None)
     finally:
         backend.shutdown()
     n_gpus = len(topo.gpus) if topo else 0
     pk = packages if packages is not None else read_packages(probe=probe_torch)
     problems = load_known_problems() if problems is None else problems
     ib = infiniband_devices(root)
-    rows = [check_gpus(topo, error), check_gpu_health(health, error), check_versions(topo, error, pk)]
+    rows = [check_gpus(topo, error, fault)]
+    if fault:
+        error = "NVML failed to start (see GPUs)"
+    rows += [check_gpu_health(health, error), check_versions(topo, error, pk)]
     kp = check_known_problems(problems, topo, error, pk.nccl, env)
     rows.append(kp)
     rows += [check_p2p(topo, error), check_nvlink(links, error), check_acs(root, n_gpus), check_iommu(root, n_gpus)]

@@ -30,6 +30,20 @@ _FUNCTION_NOT_FOUND = 13
 _INVALID_ARGUMENT = 2
 _GPU_IS_LOST = 15
 
+# nvmlInit failures on a machine whose driver is there but broken (anything
+# but "no driver"): what to do.  CUDA fails the same way, so a job cannot start.
+_INIT_FAULTS = {
+    18: "the NVIDIA kernel module and the driver's libraries are different versions: the driver was upgraded "
+        "without a reboot (or a container carries another driver's libraries); reboot, or unload and reload the "
+        "nvidia kernel modules once nothing uses the GPUs",
+    _NO_PERMISSION: "no permission to open the GPUs (/dev/nvidia*): check those files' permissions, or give the "
+                    "container the GPUs (docker --gpus all)",
+    _GPU_IS_LOST: "a GPU fell off the bus: `dmesg` shows the Xid; the GPU needs a reset or a reboot",
+    16: "a GPU needs a reset (nvidia-smi -r) or a reboot",
+    11: "the driver has an interrupt problem (IRQ): see `dmesg`",
+}
+_INIT_FAULT_OTHER = "the NVIDIA driver is installed but failed: see `nvidia-smi` and `dmesg`"
+
 _THROTTLE_NAMES = {
     0x1: "idle",
     0x2: "app-clocks",
@@ -106,6 +120,7 @@ class NvmlBackend:
         self._lib = lib
         self.node = node
         self.error: str | None = None
+        self.fault: str | None = None  # set when a driver is there but failed: what to do
         self.driver: str | None = None
         self.devices: list[_Device] = []
         self._ready = False
@@ -137,10 +152,12 @@ class NvmlBackend:
             elif code == _DRIVER_NOT_LOADED:
                 self.error = "no NVIDIA driver loaded"
             else:
-                self.error = f"NVML unavailable: {e}"
+                self.error = f"NVML failed to start: {str(e).rstrip('.')}"
+                self.fault = _INIT_FAULTS.get(code, _INIT_FAULT_OTHER)
             return False
         except OSError as e:  # a broken library on the path
-            self.error = f"NVML unavailable: {e}"
+            self.error = f"NVML failed to start: {e}"
+            self.fault = f"the NVIDIA driver library could not be loaded ({e}); reinstall the driver"
             return False
         try:
             self.driver = _str(nv.nvmlSystemGetDriverVersion())
@@ -150,6 +167,7 @@ class NvmlBackend:
             n = nv.nvmlDeviceGetCount()
         except nv.NVMLError as e:
             self.error = f"NVML could not count GPUs: {e}"
+            self.fault = _INIT_FAULT_OTHER
             return False
         for i in range(n):
             try:
