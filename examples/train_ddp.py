@@ -17,6 +17,13 @@ Faults (``--fault KIND --fault-rank R --fault-step S``):
   straggler  rank R becomes 5x slower from step S
   mismatch   rank R builds a model with a different shape (DDP parameter
              mismatch at start-up)
+  unused-param
+             from step S the model's second head gets no gradient on any rank
+             (DDP without find_unused_parameters fails at the next step)
+  worker-killed
+             at step S, rank R's data-loader worker is killed with SIGKILL,
+             as the kernel's OOM killer does when workers exhaust host memory
+             (uses a data loader with --workers, at least 1)
 """
 
 from __future__ import annotations
@@ -29,6 +36,39 @@ import signal
 import sys
 import time
 
+import torch
+import torch.nn as nn
+
+
+class TwoHeads(nn.Module):
+    """A small MLP with two heads, averaged (one is left out by --fault unused-param)."""
+
+    def __init__(self, hidden):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(32, hidden), nn.ReLU())
+        self.head = nn.Linear(hidden, 1)
+        self.head2 = nn.Linear(hidden, 1)
+
+    def forward(self, x, both=True):
+        h = self.body(x)
+        return (self.head(h) + self.head2(h)) / 2 if both else self.head(h)
+
+
+class Batches(torch.utils.data.IterableDataset):
+    """Random batches, different on every rank; with data-loader workers, each
+    worker makes every n-th batch."""
+
+    def __init__(self, rank, steps):
+        self.rank, self.steps = rank, steps
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker, n = (info.id, info.num_workers) if info else (0, 1)
+        g = torch.Generator()
+        for i in range(worker, self.steps, n):
+            g.manual_seed(self.rank * 1_000_003 + i)
+            yield torch.randn(64, 32, generator=g)
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -36,7 +76,9 @@ def parse_args(argv=None):
     p.add_argument("--step-time", type=float, default=0.05, help="extra seconds per step (default 0.05)")
     p.add_argument("--first-step-time", type=float, default=0.0, help="extra seconds before the first step (model load)")
     p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--fault", choices=["none", "hang", "p2p-hang", "segv", "straggler", "mismatch"], default="none")
+    p.add_argument("--fault", choices=["none", "hang", "p2p-hang", "segv", "straggler", "mismatch",
+                                           "unused-param", "worker-killed"], default="none")
+    p.add_argument("--workers", type=int, default=0, help="data-loader worker processes per rank (default 0)")
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=10)
     p.add_argument("--backend", default=None, help="process-group backend (default: nccl with CUDA, else gloo)")
@@ -48,9 +90,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    import torch
     import torch.distributed as dist
-    import torch.nn as nn
 
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -67,22 +107,30 @@ def main(argv=None):
     hidden = args.hidden
     if args.fault == "mismatch" and rank == args.fault_rank:
         hidden += 1
-    model = nn.Sequential(nn.Linear(32, hidden), nn.ReLU(), nn.Linear(hidden, 1)).to(device)
+    model = TwoHeads(hidden).to(device)
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     if args.first_step_time:
         time.sleep(args.first_step_time)
 
-    g = torch.Generator().manual_seed(rank)
+    workers = max(args.workers, 1 if args.fault == "worker-killed" else 0)
+    batches = iter(torch.utils.data.DataLoader(Batches(rank, args.steps), batch_size=None, num_workers=workers))
     for step in range(1, args.steps + 1):
         if rank == args.fault_rank and step == args.fault_step:
             if args.fault == "segv":
                 print(f"rank {rank} segfaults now (injected fault)", flush=True)
                 ctypes.string_at(0)  # SIGSEGV
                 os.kill(os.getpid(), signal.SIGSEGV)
-        x = torch.randn(64, 32, generator=g).to(device)
+            if args.fault == "worker-killed":
+                import psutil
+
+                for w in psutil.Process().children():
+                    print(f"rank {rank} kills its data-loader worker {w.pid} (injected fault)", flush=True)
+                    w.kill()
+        x = next(batches).to(device)
         y = x.sum(dim=1, keepdim=True)
-        loss = nn.functional.mse_loss(ddp(x), y)
+        both = not (args.fault == "unused-param" and step >= args.fault_step)
+        loss = nn.functional.mse_loss(ddp(x, both), y)
         opt.zero_grad()
         loss.backward()  # DDP all-reduces the gradients here
         opt.step()

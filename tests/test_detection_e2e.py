@@ -91,3 +91,29 @@ def test_stall_captures_every_rank_stack_and_runs_the_notify_command(runs_dir, t
     hang_line = 1 + next(i for i, l in enumerate(open(EXAMPLE)) if "time.sleep(3600)" in l)
     assert f"train_ddp.py:{hang_line})" in stack1.read_text()  # rank 1 sits in the injected hang
     assert f"train_ddp.py:{hang_line})" not in stack0.read_text()  # rank 0 is elsewhere (the spin)
+
+
+def test_a_parameter_without_gradient_is_named_with_the_ddp_fix(runs_dir):
+    """DDP without find_unused_parameters, and a head that stops taking part
+    in the loss at step 3: every rank fails at the next step."""
+    r = run_ddptop("--json", "torchrun", "--nproc-per-node", "2", EXAMPLE, "--steps", "20", "--step-time", "0",
+                   "--fault", "unused-param", "--fault-step", "3")
+    assert r.returncode == 1
+    found = [a for a in alarms(json_events(r.stdout)) if a["id"] == "ddp-unused-params"]
+    assert sorted(a["ranks"][0] for a in found) == [0, 1], found
+    assert "find_unused_parameters=True" in found[0]["message"] and "nccl-debug" in found[0]["suggested_profiles"]
+    # no bare "python-exception" alarm for a rank the signature explains
+    assert not [a for a in alarms(json_events(r.stdout)) if a["id"] == "python-exception"]
+    rep = json.loads(run_ddptop("diagnose", "--json", str(only_run(runs_dir))).stdout)
+    assert rep["root_cause"]["signature"] == "ddp-unused-params"
+
+
+def test_a_data_loader_worker_killed_like_the_oom_killer_does_is_named(runs_dir):
+    r = run_ddptop("--json", "torchrun", "--nproc-per-node", "2", EXAMPLE, "--steps", "50", "--step-time", "0",
+                   "--workers", "1", "--fault", "worker-killed", "--fault-rank", "1", "--fault-step", "3")
+    assert r.returncode == 1
+    (a,) = [a for a in alarms(json_events(r.stdout)) if a["id"] == "dataloader-worker-died"]
+    assert a["ranks"] == [1] and a["culprits"] == [1]
+    assert "OOM killer" in a["message"] and a["suggested_profiles"] == ["fewer-workers"]
+    rep = json.loads(run_ddptop("diagnose", "--json", str(only_run(runs_dir))).stdout)
+    assert rep["root_cause"]["signature"] == "dataloader-worker-died" and rep["root_cause"]["rank"] == 1

@@ -21,11 +21,111 @@ REAL = {
     "xid": "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.",
 }
 
+# more real lines (from the users' logs quoted in the public issues named, or
+# from this machine's torch), each with the signature it must raise
+REAL_MORE = [
+    # pytorch reducer.cpp, as torch 2.13 prints it here (examples/train_ddp.py --fault unused-param)
+    ("ddp-unused-params", "[rank0]: RuntimeError: Expected to have finished reduction in the prior iteration before "
+                          "starting a new one. This error indicates that your module has parameters that were not used "
+                          "in producing loss."),
+    ("ddp-marked-twice", "RuntimeError: Expected to mark a variable ready only once. This error is caused by one of the "
+                         "following reasons: 1) Use of a module parameter outside the `forward` function."),
+    ("ddp-marked-twice", "[rank0]: Parameter at index 286 with name model.layers.23.mlp.down_proj.weight has been marked "
+                         "as ready twice. This means that multiple autograd engine  hooks have fired"),
+    # NVIDIA/Megatron-LM#661, horovod/horovod#3929
+    ("nccl-duplicate-gpu", "Duplicate GPU detected : rank 3 and rank 0 both on CUDA device f000"),
+    ("nccl-duplicate-gpu", "smc-gpu-03:29880:30398 [0] init.cc:497 NCCL WARN Duplicate GPU detected : rank 2 and rank 0 "
+                           "both on CUDA device 1000"),
+    ("nccl-invalid-usage", "torch.distributed.DistBackendError: NCCL error in: /opt/pytorch/pytorch/torch/csrc/distributed/"
+                           "c10d/ProcessGroupNCCL.cpp:1727, invalid usage (run with NCCL_DEBUG=WARN for details), NCCL "
+                           "version 2.19.3"),
+    # NVIDIA/nccl#2076
+    ("nccl-remote-error", "torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
+                          "NCCLUtils.hpp:268, remote process exited or there was a network error, NCCL version 2.21.5"),
+    ("nccl-remote-error", "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting "
+                          "prematurely."),
+    # NVIDIA/nccl#902, #1814, and the newest format
+    ("nccl-ib-error", "NCCL WARN NET/IB : Got completion with error 12, opcode 0, len 0, vendor err 129"),
+    ("nccl-ib-error", "NCCL WARN NET/IB : Got completion from peer 10.0.3.4<55921> with status=12 opcode=1 len=0 "
+                      "vendor err 129 (Send) localGid ::ffff:29.87.4.221"),
+    ("nccl-ib-error", "NET/IB: Got completion from peer 100.126.0.9<4431> with status=IBV_WC_RETRY_EXC_ERR(12) "
+                      "opcode=IBV_WC_RECV_RDMA_WITH_IMM(129) vendor_err=129  hca mlx5_3"),
+    # torch/csrc/DataLoader.cpp (Megatron-LM#1657) and dataloader.py (azadis/MC-GAN#19)
+    ("dataloader-worker-died", "[rank0]: RuntimeError: DataLoader worker (pid 2637) is killed by signal: Killed. "),
+    ("dataloader-worker-died", "RuntimeError: DataLoader worker (pid(s) 18360) exited unexpectedly"),
+    ("cuda-fork", "RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, "
+                  "you must use the 'spawn' start method"),
+    # Bing-su/adetailer#346, the newest torch.AcceleratorError form, layumi/Person_reID_baseline_pytorch#372
+    ("cuda-illegal-address", "RuntimeError: CUDA error: an illegal memory access was encountered"),
+    ("cuda-illegal-address", "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"),
+    ("cuda-device-assert", "RuntimeError: CUDA error: device-side assert triggered"),
+    # kohya-ss/sd-scripts#1434
+    ("cuda-ecc", "[E ProcessGroupNCCL.cpp:916] [Rank 1] NCCL watchdog thread terminated with exception: CUDA error: "
+                 "uncorrectable ECC error encountered"),
+    # microsoft/lisa#2823, huggingface/huggingface_hub#4134, pytorch/pytorch#35710
+    ("cuda-fabric-manager", "UserWarning: CUDA initialization: Unexpected error from cudaGetDeviceCount(). Did you run "
+                            "some cuda functions before calling NumCudaDevices() that might have already set an error? "
+                            "Error 802: system not yet initialized (Triggered internally at  "
+                            "../c10/cuda/CUDAFunctions.cpp:112.)"),
+    ("cuda-fabric-manager", "RuntimeError: cuda runtime error (802) : system not yet initialized at /opt/conda/"
+                            "conda-bld/pytorch_1579022034529/work/aten/src/THC/THCGeneral.cpp:50"),
+    # easydiffusion/easydiffusion#379, nvidia-smi, pynvml (rapidsai/dask-cuda#949)
+    ("cuda-driver-mismatch", "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions "
+                             "before calling NumCudaDevices() that might have already set an error? Error 803: system "
+                             "has unsupported display driver / cuda driver combination"),
+    ("cuda-driver-mismatch", "Failed to initialize NVML: Driver/library version mismatch"),
+    ("cuda-driver-mismatch", "pynvml.nvml.NVMLError_LibRmVersionMismatch: RM has detected an NVML/RM version mismatch."),
+    # lllyasviel/Fooocus#1313, nagadomi/nunif#702
+    ("cuda-driver-too-old", "RuntimeError: The NVIDIA driver on your system is too old (found version 11040). Please "
+                            "update your GPU driver by downloading and installing a new version"),
+    ("cuda-driver-too-old", "RuntimeError: CUDA error: CUDA driver version is insufficient for CUDA runtime version"),
+    ("cuda-oom", "RuntimeError: CUDA error: out of memory"),
+    # torch on a CPU-only build asked for nccl; torchrun's failure summary
+    ("nccl-not-available", "RuntimeError: Distributed package doesn't have NCCL built in"),
+    ("child-failed", "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"),
+    # AILab-CVC/YOLO-World#163, GRL-Image-Restoration#27
+    ("rendezvous-timeout", "[E socket.cpp:957] [c10d] The client socket has timed out after 600s while trying to "
+                           "connect to (127.0.0.1, 3333)."),
+    ("rendezvous-timeout", "[E socket.cpp:610] [c10d] The client socket has failed to connect to any network address "
+                           "of (05, 40323)."),
+]
 
-@pytest.mark.parametrize("sig,line", sorted(REAL.items()))
+
+@pytest.mark.parametrize("sig,line", sorted(REAL.items()) + REAL_MORE)
 def test_each_signature_matches_its_real_text(sig, line):
     found = {f.signature for f in SignatureMatcher().feed(line, 1)}
     assert sig in found, found
+
+
+def test_every_signature_has_a_real_line_and_names_only_profiles_that_exist():
+    from ddptop.core.profiles import BUILTIN
+    from ddptop.core.signatures import CATALOG
+
+    tested = set(REAL) | {s for s, _ in REAL_MORE}
+    untested = [s.id for s in CATALOG if s.id not in tested]
+    assert not untested, f"signatures with no real line in the tests: {untested}"
+    names = {p.name for p in BUILTIN}
+    assert {p for s in CATALOG for p in s.profiles} <= names
+
+
+@pytest.mark.parametrize("line", [
+    # a per-address connect warning that torch retries (often harmless)
+    "[W socket.cpp:558] [c10d] The client socket has failed to connect to [localhost]:29500 (errno: 99 - Cannot "
+    "assign requested address).",
+    "INFO logging system not yet initialized, buffering messages",
+    "Loading checkpoint shards: the fabric of the dataset",
+])
+def test_near_misses_raise_nothing(line):
+    assert SignatureMatcher().feed(line, 1) == []
+
+
+def test_two_ranks_on_one_gpu_is_the_root_cause_not_nccls_invalid_usage():
+    m = SignatureMatcher()
+    fs = m.feed(dict((s, l) for s, l in REAL_MORE if s == "nccl-invalid-usage")["nccl-invalid-usage"], 1)
+    fs += m.feed("ncclInvalidUsage: This usually reflects invalid usage of NCCL library.", 1)
+    fs += m.feed("Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000", 1)
+    rc = root_cause(fs)
+    assert rc.signature == "nccl-duplicate-gpu" and rc.detail == {"a": "1", "b": "0"}
 
 
 def test_watchdog_reports_the_sequence_number():

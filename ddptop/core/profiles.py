@@ -72,6 +72,9 @@ BUILTIN: list[Profile] = [
     Profile("nccl-debug", "NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,P2P,NET, TORCH_DISTRIBUTED_DEBUG=DETAIL",
             "`unhandled system error` and friends",
             env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,P2P,NET", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}),
+    Profile("cuda-sync", "CUDA_LAUNCH_BLOCKING=1: every GPU kernel runs synchronously, so a CUDA error names "
+            "the op that caused it (slow)", "illegal memory access, device-side assert",
+            env={"CUDA_LAUNCH_BLOCKING": "1"}),
     Profile("flight-recorder", "PyTorch's flight recorder with dump on timeout, dumps in RUN/flight/",
             "find the collective that diverged",
             env={"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",

@@ -66,14 +66,15 @@ CATALOG: list[Signature] = [
        "A rank lost its connection to another: almost always because that other rank died first. "
        "Look for the first rank that failed.",
        (), CONSEQUENCE),
-    _s("cuda-oom", r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError: CUDA",
+    _s("cuda-oom", r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError: CUDA|CUDA error: out of memory",
        "A rank ran out of GPU memory.", ("single-gpu",)),
     _s("port-in-use", r"errno: 98 - Address already in use|EADDRINUSE|[Aa]ddress already in use",
        "The rendezvous/master port is taken (often a previous run still alive). Pick another --master-port "
        "or --rdzv-endpoint, or stop the old job.", ()),
     _s("rendezvous-timeout",
        r"RendezvousTimeoutError|[Rr]endezvous.*timed? ?out|Timed out initializing process group|"
-       r"TCPStore.*[Tt]imed? ?out|wait timeout after \d+ms, keys:",
+       r"TCPStore.*[Tt]imed? ?out|wait timeout after \d+ms, keys:|"
+       r"The client socket has (?:timed out after|failed to connect to any network address)",
        "Ranks did not all arrive at the rendezvous in time (a node did not start, wrong address or port, "
        "or a firewall).", ("fail-fast",)),
     _s("ddp-param-mismatch",
@@ -96,6 +97,69 @@ CATALOG: list[Signature] = [
     _s("nccl-not-available", r"Distributed package doesn't have NCCL built in|NCCL is not available|ProcessGroupNCCL is only supported with GPUs",
        "The script asks for the nccl backend but this PyTorch or machine has no NCCL/GPU. Run it on gloo.",
        ("gloo",)),
+    _s("nccl-duplicate-gpu", r"Duplicate GPU detected : rank (?P<a>\d+) and rank (?P<b>\d+) both on CUDA device",
+       "Two ranks on this node use the same GPU. The script does not call torch.cuda.set_device(LOCAL_RANK) "
+       "before its first collective (or hard-codes cuda:0), or CUDA_VISIBLE_DEVICES gives every rank the same GPU, "
+       "or there are more ranks per node than GPUs.", ()),
+    _s("nccl-invalid-usage", r"ncclInvalidUsage|invalid usage \(run with NCCL_DEBUG",
+       "NCCL was called in a way it does not allow; its 'Last error:' line says how (two ranks on one GPU, "
+       "mismatched collectives, a communicator used after abort).", ("nccl-debug",), GENERIC),
+    _s("nccl-remote-error", r"remote process exited or there was a network error|ncclRemoteError",
+       "NCCL lost a peer: another rank died first (look for the first rank that failed), or, if none did, the "
+       "network between nodes failed (the NET/IB or socket warning above it says which).",
+       ("nccl-debug",), CONSEQUENCE),
+    _s("nccl-ib-error",
+       r"NET/IB ?: Got completion (?:from peer \S+ )?with (?:error |status=)(?:IBV_WC_\w+\()?(?P<status>\d+)",
+       "An InfiniBand/RoCE transfer failed. Status 12 (retry exceeded) means the two NICs cannot reach each other "
+       "or the link is bad or congested: check `ibstat` and the port counters, the RoCE GID index "
+       "(NCCL_IB_GID_INDEX), or raise NCCL_IB_TIMEOUT. Status 5 follows an earlier error. ib-off runs on TCP "
+       "sockets to confirm.", ("ib-off", "nccl-debug")),
+    _s("ddp-unused-params", r"Expected to have finished reduction in the prior iteration before starting a new one",
+       "A parameter got no gradient in the last step (an unused head, a branch not taken, an output left out of "
+       "the loss), so DDP never finished reducing. Pass find_unused_parameters=True to DistributedDataParallel, or "
+       "make every parameter take part in the loss (or freeze it). The line 'Parameter indices which did not "
+       "receive grad' lists them; nccl-debug (TORCH_DISTRIBUTED_DEBUG=DETAIL) names them.", ("nccl-debug",)),
+    _s("ddp-marked-twice", r"Expected to mark a variable ready only once|has been marked as ready twice",
+       "A parameter's gradient hook fired twice in one backward: usually reentrant activation checkpointing "
+       "(use use_reentrant=False), or a parameter shared between forward passes. static_graph=True in DDP is "
+       "the other way out; nccl-debug (TORCH_DISTRIBUTED_DEBUG=DETAIL) names the parameter.", ("nccl-debug",)),
+    _s("dataloader-worker-died",
+       r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?P<signal>[\w ]+)|"
+       r"DataLoader worker \(pid\(s\) [\d, ]+\) exited unexpectedly|"
+       r"DataLoader worker \(pid \d+\) exited unexpectedly with exit code",
+       "A data-loader worker process died. 'Killed' is almost always the kernel's OOM killer: the workers used up "
+       "host memory (`dmesg` shows 'Out of memory: Killed process'); use fewer workers or a smaller "
+       "prefetch_factor. 'Bus error' means /dev/shm is too small.", ("fewer-workers",)),
+    _s("cuda-fork", r"Cannot re-initialize CUDA in forked subprocess",
+       "CUDA was used before a fork and then again in the child (a data-loader worker or a multiprocessing pool "
+       "touching the GPU). Keep CUDA out of data-loader workers, or use the 'spawn' start method.", ()),
+    _s("cuda-illegal-address", r"an illegal memory access was encountered|cudaErrorIllegalAddress",
+       "A GPU kernel read or wrote outside its memory (a bad index, a custom or Triton kernel, a library bug). "
+       "CUDA reports errors late, so the stack trace may name the wrong op: cuda-sync (CUDA_LAUNCH_BLOCKING=1) "
+       "finds the real one. If it happens on one GPU or node only, suspect the hardware.", ("cuda-sync", "single-gpu")),
+    _s("cuda-device-assert", r"device-side assert triggered",
+       "A GPU kernel's assertion failed, almost always an index out of range: a label >= the number of classes, "
+       "a negative index, a token id past the embedding table. The 'Assertion ... failed' line names the kernel; "
+       "cuda-sync (CUDA_LAUNCH_BLOCKING=1) names the op.", ("cuda-sync",)),
+    _s("cuda-ecc", r"uncorrectable ECC error encountered|CUDA_ERROR_ECC_UNCORRECTABLE|cudaErrorECCUncorrectable",
+       "The GPU's memory had an uncorrectable error: a hardware fault, not a code bug. Take the GPU or node out "
+       "of service; `ddptop doctor` (GPU health) and `nvidia-smi -q -d ECC` show retired pages and remapped rows; "
+       "it may need a reset or a reboot.", ("single-gpu",)),
+    _s("cuda-fabric-manager",
+       r"(?:Error 802: |CUDA error: |\(802\) : )system not yet initialized|code=802\b|cudaErrorSystemNotReady",
+       "CUDA cannot start (error 802): on an NVSwitch system (HGX/DGX) the nvidia-fabricmanager service is not "
+       "running, has not finished, or is a different version from the driver. `systemctl status "
+       "nvidia-fabricmanager`; install the fabric manager of the driver's exact version.", ()),
+    _s("cuda-driver-mismatch",
+       r"system has unsupported display driver / cuda driver combination|Driver/library version mismatch|"
+       r"NVML/RM version mismatch",
+       "The NVIDIA kernel module and the driver's libraries are different versions: the driver was upgraded "
+       "without a reboot (or a container carries another driver's libraries). Reboot, or reload the nvidia "
+       "kernel modules once nothing uses the GPUs.", ()),
+    _s("cuda-driver-too-old",
+       r"CUDA driver version is insufficient for CUDA runtime version|The NVIDIA driver on your system is too old",
+       "This PyTorch build needs a newer NVIDIA driver than the one installed. Upgrade the driver, or install a "
+       "PyTorch build for an older CUDA (the driver supports up to the CUDA version nvidia-smi shows).", ()),
     _s("child-failed", r"ChildFailedError|torch\.distributed\.elastic\.multiprocessing\.errors",
        "torchrun's summary that a rank failed (see the root cause it names).", (), CONSEQUENCE),
 ]
