@@ -590,7 +590,8 @@ def test_real_doctor_on_this_machine(runs_dir):
     assert r.returncode in (0, 1, 2), r.stderr
     doc = json.loads(r.stdout)
     rows = {row["name"]: row for row in doc["rows"]}
-    assert list(rows) == ["GPUs", "GPU health", "Driver / CUDA / NCCL", "Known problems", "GPU P2P", "NVLink", "PCIe ACS", "IOMMU",
+    assert list(rows) == ["GPUs", "GPU health", "Driver / CUDA / NCCL", "Known problems", "GPU P2P", "NVLink", "NVSwitch fabric",
+                          "PCIe ACS", "IOMMU",
                           "/dev/shm", "ulimit -l", "Run directory disk", "CPU budget", "InfiniBand", "NCCL network",
                           "Master port", "Environment"]
     statuses = {row["status"] for row in doc["rows"]}

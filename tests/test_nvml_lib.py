@@ -365,3 +365,46 @@ def test_no_driver_is_skipped_by_doctor_not_failed(libs, tmp_path, conf_text):
                        env=nvml_env(libs["new"], conf))
     gpus = {r["name"]: r for r in json.loads(p.stdout)["rows"]}["GPUs"]
     assert gpus["status"] == "skipped" and "no NVIDIA driver" in gpus["summary"]
+
+
+SWITCHED_4 = "gpus 4\n" + "".join(f"gpu {i} nvlink " + " ".join(["switch"] * 18) + "\n" for i in range(4))
+
+
+@pytest.mark.parametrize("lib, fabric, status, summary", [
+    # 0 completed; 1 never registered; 2 registration failed (NVML_ERROR_UNKNOWN); 3 completed, bandwidth degraded
+    ("new", ["3 0 2", "1 0 0", "3 999 2", "3 0 1"], "fail", "GPU 1, 2 not registered with the NVSwitch fabric"),
+    ("new", ["3 0 2", "2 0 0", "3 0 2", "3 0 2"], "warn", "GPU 1: fabric registration in progress"),
+    ("new", ["3 0 2", "3 0 2", "3 0 1", "3 0 2"], "warn", "GPU 2: NVLink bandwidth degraded (fabric health)"),
+    ("new", ["3 0 2"] * 4, "ok", "4 GPU(s) registered with the NVSwitch fabric"),
+    # a driver without nvmlDeviceGetGpuFabricInfoV
+    ("old", ["3 0 2"] * 4, "skipped", "GPU 0, 1, 2, 3 on NVSwitches, but NVML reports no fabric state for them "
+                                      "(before Hopper, or an older driver)"),
+])
+def test_doctor_reads_each_gpus_nvswitch_fabric_registration(libs, tmp_path, lib, fabric, status, summary):
+    """Until nvidia-fabricmanager registers a GPU with the NVSwitch fabric,
+    CUDA fails on it with error 802; read through the real pynvml (whose
+    struct gives the one-byte state four bytes: the stand-in fills the
+    padding, as a driver may)."""
+    conf = tmp_path / "nvml.conf"
+    conf.write_text(SWITCHED_4 + "".join(f"gpu {i} fabric {f}\n" for i, f in enumerate(fabric)))
+    p = subprocess.run(ddptop_cmd("doctor", "--json"), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
+                       env=nvml_env(libs[lib], conf))
+    row = {r["name"]: r for r in json.loads(p.stdout)["rows"]}["NVSwitch fabric"]
+    assert (row["status"], row["summary"]) == (status, summary), row
+    if status == "fail":
+        assert row["evidence"][1] == "GPU 1 (NVIDIA H100 80GB HBM3): registration not started"
+        assert row["evidence"][2].startswith("GPU 2 (NVIDIA H100 80GB HBM3): registration completed, failed: Unknown")
+        assert row["evidence"][3].endswith("registration completed, NVLink bandwidth degraded")
+        assert "error 802" in row["advice"] and "nvidia-fabricmanager" in row["advice"] and "550.54.15" in row["advice"]
+        assert p.returncode == 2
+    if status == "skipped":
+        assert "nvidia-fabricmanager" in row["advice"]
+
+
+def test_gpus_without_a_fabric_skip_the_fabric_row(libs, tmp_path):
+    conf = tmp_path / "nvml.conf"
+    conf.write_text("gpus 2\ngpu 0 fabric 0 0 0\n")  # state NOT_SUPPORTED, or (GPU 1) NVML_ERROR_NOT_SUPPORTED
+    p = subprocess.run(ddptop_cmd("doctor", "--json"), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
+                       env=nvml_env(libs["new"], conf))
+    row = {r["name"]: r for r in json.loads(p.stdout)["rows"]}["NVSwitch fabric"]
+    assert (row["status"], row["summary"]) == ("skipped", "no NVSwitch fabric on these GPUs")

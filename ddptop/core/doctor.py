@@ -496,6 +496,46 @@ def check_nvlink(links: dict | None, error: str | None) -> Row:
                ev, "", data)
 
 
+def check_fabric(links: dict | None, error: str | None, driver: str | None = None) -> Row:
+    """On NVSwitch systems (HGX/DGX) each GPU must be registered with the
+    fabric by nvidia-fabricmanager before CUDA will start on it: until then
+    every CUDA call fails with error 802, "system not yet initialized"."""
+    name = "NVSwitch fabric"
+    if links is None or (not links and error):
+        return Row(name, SKIPPED, error or "no NVIDIA driver")
+    local = {f.bus for f in links.values()}
+    switched = [i for i, f in sorted(links.items()) if any(b not in local for b in f.nvlink_remotes)]
+    reg = {i: f for i, f in sorted(links.items()) if f.fabric}
+    fm = ("`systemctl status nvidia-fabricmanager` and its log (/var/log/fabricmanager.log); it must run at the "
+          f"driver's exact version{f' ({driver})' if driver else ''}")
+    if not reg:
+        if switched:
+            return Row(name, SKIPPED, f"GPU {', '.join(map(str, switched))} on NVSwitches, but NVML reports no fabric "
+                                      "state for them (before Hopper, or an older driver)", [],
+                       f"if CUDA fails with error 802 ('system not yet initialized'): {fm}")
+        return Row(name, SKIPPED, "no NVSwitch fabric on these GPUs" if links else "no GPU")
+    ev = [f"GPU {i} ({f.name}): registration {f.fabric}" + (f", failed: {f.fabric_error}" if f.fabric_error else "")
+          + (", NVLink bandwidth degraded" if f.fabric_degraded else "") for i, f in reg.items()]
+    data = {"gpus": [{"index": i, "state": f.fabric, "error": f.fabric_error, "degraded": f.fabric_degraded}
+                     for i, f in reg.items()]}
+    bad = [i for i, f in reg.items() if f.fabric == "not started" or f.fabric_error]
+    if bad:
+        return Row(name, FAIL, f"GPU {', '.join(map(str, bad))} not registered with the NVSwitch fabric", ev,
+                   "CUDA fails on these GPUs with error 802 ('system not yet initialized') until nvidia-fabricmanager "
+                   f"registers them: {fm}", data)
+    waiting = [i for i, f in reg.items() if f.fabric == "in progress"]
+    if waiting:
+        return Row(name, WARN, f"GPU {', '.join(map(str, waiting))}: fabric registration in progress", ev,
+                   "usual for a minute after boot or a GPU reset, and CUDA fails with error 802 meanwhile; "
+                   f"run doctor again, and if it stays: {fm}", data)
+    slow = [i for i, f in reg.items() if f.fabric_degraded]
+    if slow:
+        return Row(name, WARN, f"GPU {', '.join(map(str, slow))}: NVLink bandwidth degraded (fabric health)", ev,
+                   "an NVLink or an NVSwitch of the fabric is down, so collectives through these GPUs run slower: "
+                   "`nvidia-smi nvlink --status`, the fabric manager log; a reset or a reboot of the node", data)
+    return Row(name, OK, f"{len(reg)} GPU(s) registered with the NVSwitch fabric", ev, "", data)
+
+
 # ACS control register bits (PCIe spec, ACS extended capability, offset 6)
 _ACS_BITS = {0: "SV", 1: "TB", 2: "RR", 3: "CR", 4: "UF", 5: "EC", 6: "DT"}
 _ACS_CAP_ID = 0x000D
@@ -944,7 +984,8 @@ def run_checks(*, workers: int | None = None, master_port: int = 29500, root: Pa
     rows += [check_gpu_health(health, error), check_versions(topo, error, pk)]
     kp = check_known_problems(problems, topo, error, pk.nccl, env)
     rows.append(kp)
-    rows += [check_p2p(topo, error), check_nvlink(links, error), check_acs(root, n_gpus), check_iommu(root, n_gpus)]
+    rows += [check_p2p(topo, error), check_nvlink(links, error), check_fabric(links, error, topo.driver if topo else None),
+             check_acs(root, n_gpus), check_iommu(root, n_gpus)]
     from ddptop.core.journal import runs_home
 
     rows += [check_shm(str(root / "dev/shm")), check_memlock(list(ib)), check_disk(runs_home())]

@@ -24,6 +24,7 @@
  *   gpu 0 nvlink 0000:19:00.0 0000:19:00.0 switch   (per active NVLink: the bus id at its far end)
  *   gpu 0 nvlink_down 2           (links after the active ones that are not up)
  *   gpu 0 membus 5120 2619        (memory bus width in bits, max memory clock in MHz)
+ *   gpu 0 fabric 3 0 2            (NVSwitch fabric: nvmlGpuFabricState_t, status, healthMask)
  *   gpu 0 pids 1234 5678          (compute processes on this GPU)
  *   gpu 0 unsupported nvmlDeviceGetPowerUsage nvmlDeviceGetTemperature
  *   gpu 0 lost                    (every call on it: NVML_ERROR_GPU_IS_LOST)
@@ -34,7 +35,8 @@
  * With DDPTOP_FAKE_NVML_LOG set, every call appends its function name to that
  * file (what a test reads to see that a field is no longer asked for).
  * Built with -DOLD_DRIVER it lacks the entry points newer than driver ~470
- * (the _v3 process lists, nvmlDeviceGetCurrentClocksEventReasons), as an old
+ * (the _v3 process lists, nvmlDeviceGetCurrentClocksEventReasons,
+ * nvmlDeviceGetGpuFabricInfoV), as an old
  * driver does.
  */
 
@@ -57,7 +59,8 @@ typedef struct {
     unsigned util, mem_util, power, limit, temp, sm, gen, width, tx, rx, retired, max_gen, max_width;
     unsigned nlinks, nlinks_down, membus, memclock, retired_pending, remap[4];
     unsigned long long total, used, ecc, throttle;
-    int cc_major, cc_minor, lost, npids, xid, xid_seq, registered;
+    int cc_major, cc_minor, lost, npids, xid, xid_seq, registered, fabric, fabric_state, fabric_status;
+    unsigned fabric_health;
     unsigned pids[MAXPIDS];
 } dev_t_;
 
@@ -138,6 +141,8 @@ static int load(void) {
             else if (!strcmp(key, "remap")) sscanf(v, "%u %u %u %u", &d->remap[0], &d->remap[1], &d->remap[2], &d->remap[3]);
             else if (!strcmp(key, "nvlink_down")) sscanf(v, "%u", &d->nlinks_down);
             else if (!strcmp(key, "membus")) sscanf(v, "%u %u", &d->membus, &d->memclock);
+            else if (!strcmp(key, "fabric"))
+                d->fabric = sscanf(v, "%d %d %u", &d->fabric_state, &d->fabric_status, &d->fabric_health) >= 1;
             else if (!strcmp(key, "nvlink")) {
                 int off = 0, k;
                 char far[32];
@@ -310,6 +315,28 @@ EXPORT int nvmlDeviceGetRemappedRows(void *h, unsigned *corr, unsigned *unc, uns
     return 0;
 }
 #ifndef OLD_DRIVER
+/* nvmlGpuFabricInfo_v2_t as nvml.h lays it out: the state is one byte */
+typedef struct {
+    unsigned version;
+    unsigned char clusterUuid[16];
+    int status;
+    unsigned cliqueId;
+    unsigned char state;
+    unsigned char pad[3];
+    unsigned healthMask;
+} fabric_v2_t;
+EXPORT int nvmlDeviceGetGpuFabricInfoV(void *h, fabric_v2_t *info) {
+    DEVCALL(h);
+    if (info->version != 0x02000024) return 25; /* NVML_ERROR_ARGUMENT_VERSION_MISMATCH */
+    if (!D->fabric) return NOT_SUPPORTED;
+    memset(info->clusterUuid, 0x11, sizeof info->clusterUuid);
+    info->status = D->fabric_status;
+    info->cliqueId = 1;
+    info->state = (unsigned char)D->fabric_state;
+    memset(info->pad, 0xAB, sizeof info->pad); /* padding is not zero on a real driver either */
+    info->healthMask = D->fabric_health;
+    return 0;
+}
 EXPORT int nvmlDeviceGetCurrentClocksEventReasons(void *h, unsigned long long *v) { DEVCALL(h); *v = D->throttle; return 0; }
 #endif
 EXPORT int nvmlDeviceGetCurrentClocksThrottleReasons(void *h, unsigned long long *v) { DEVCALL(h); *v = D->throttle; return 0; }

@@ -15,6 +15,7 @@ Every NVML call in ddptop goes through :class:`NvmlBackend`:
 
 from __future__ import annotations
 
+import ctypes
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -454,8 +455,28 @@ class NvmlBackend:
                 nvlink_inactive=inactive,
                 mem_bus_bits=call("nvmlDeviceGetMemoryBusWidth", h),
                 mem_clock_mhz=call("nvmlDeviceGetMaxClockInfo", h, mem_clock),
+                **self._fabric(h),
             )
         return out
+
+    def _fabric(self, h) -> dict:
+        """The GPU's registration with the NVSwitch fabric manager (until it
+        completes, CUDA fails with error 802), from nvmlDeviceGetGpuFabricInfoV."""
+        nv = self._lib
+        cls = getattr(nv, "c_nvmlGpuFabricInfoV_t", None)
+        if cls is None:
+            return {}
+        info = cls()  # its version field set by pynvml
+        if self._call("nvmlDeviceGetGpuFabricInfoV", h, ctypes.byref(info)) is None:
+            return {}
+        state = FABRIC_STATES.get(info.state & 0xFF)  # one byte in nvml.h, four in pynvml: the rest is padding
+        if state is None:
+            return {}
+        error = None
+        if state == "completed" and info.status != 0:
+            error = str(nv.NVMLError(info.status))
+        return {"fabric": state, "fabric_error": error,
+                "fabric_degraded": {1: True, 2: False}.get(info.healthMask & 0x3)}
 
     def status(self) -> tuple[str, str]:
         """(backend, message) for the UI."""
@@ -472,6 +493,9 @@ class NvmlBackend:
                 pass
             self._ready = False
 
+
+# nvmlGpuFabricState_t (0: the GPU has no fabric)
+FABRIC_STATES = {1: "not started", 2: "in progress", 3: "completed"}
 
 # nvmlDeviceGetP2PStatus answers (nvmlGpuP2PStatus_t)
 P2P_STATUS = {
@@ -542,6 +566,11 @@ class LinkFacts:
     name: str = ""
     mem_bus_bits: int | None = None
     mem_clock_mhz: int | None = None  # maximum memory clock
+    # registration with the NVSwitch fabric manager (Hopper and newer): None
+    # where there is no fabric or NVML cannot say
+    fabric: str | None = None  # FABRIC_STATES words
+    fabric_error: str | None = None  # a registration that completed with an error
+    fabric_degraded: bool | None = None  # NVLink bandwidth degraded (fabric health)
 
 
 def bus_id(v) -> str:
