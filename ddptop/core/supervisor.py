@@ -424,7 +424,9 @@ class Supervisor:
         diverged, and run torch's torchfrtrace on the dumps."""
         from ddptop.core import flight
 
-        if not self._flight_busy.acquire(blocking=False):
+        # one capture at a time; a stall that comes while an earlier one's capture
+        # still waits for dumps (a start-up stall, say) gets its own after it
+        if not self._flight_busy.acquire(timeout=2 * wait + 60):
             return
         try:
             d = Path(self.env_set["DDPTOP_FR_DIR"])
