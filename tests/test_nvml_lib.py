@@ -343,17 +343,17 @@ def test_a_driver_upgraded_without_a_reboot_is_a_failure_with_the_fix_not_no_gpu
     assert gpus["status"] == "fail" and "version mismatch" in gpus["summary"], gpus
     assert "upgraded without a reboot" in gpus["advice"] and "reboot" in gpus["advice"]
     assert p.returncode == 2
-    # the live view says so too, as an error note next to the GPU status
+    # the live view says so too: the GPU status carries the fault and the fix
     r = python("""
         import json
+        from ddptop.core.headless import format_text
         from ddptop.core.telemetry import Telemetry, make_backend
-        evs = Telemetry(make_backend("auto")).tick([])
-        print(json.dumps([e.to_dict() for e in evs]))
+        (ev,) = Telemetry(make_backend("auto")).tick([])
+        print(json.dumps([ev.to_dict(), format_text(ev)]))
     """, env)
-    status = [e for e in r if e["kind"] == "gpu_status"][0]
-    (note,) = [e for e in r if e["kind"] == "note"]
-    assert status["backend"] == "none" and "version mismatch" in status["message"]
-    assert note["level"] == "error" and "GPUs not monitored" in note["message"] and "reboot" in note["message"]
+    status, line = r
+    assert status["backend"] == "none" and "version mismatch" in status["message"] and "reboot" in status["fault"]
+    assert line.startswith("!! ddptop: GPUs not monitored, NVML failed to start: ") and "reboot" in line
 
 
 @pytest.mark.parametrize("conf_text", ["init_error 9\n", None])

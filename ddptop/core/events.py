@@ -158,6 +158,7 @@ class GpuStatusEvent(Event):
     kind: ClassVar[str] = "gpu_status"
     backend: str = "none"  # nvml | sim | none
     message: str = ""
+    fault: str = ""  # a driver that is there but failed: what to do
     driver: str | None = None
     count: int = 0
     node: str = ""

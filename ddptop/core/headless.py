@@ -50,6 +50,8 @@ def format_text(ev: Event) -> str | None:
     if ev.kind == "progress":
         return None
     if isinstance(ev, GpuStatusEvent):
+        if ev.fault:  # a driver that is there but broken is a problem, not "no GPU"
+            return f"!! ddptop: GPUs not monitored, {ev.message}: {ev.fault}"
         return f"== ddptop: GPUs ({ev.backend}): {ev.message} =="
     if isinstance(ev, AlarmEvent):
         return f"!! ddptop ALARM [{ev.type}/{ev.id}] {ev.message}"

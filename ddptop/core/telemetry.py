@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import psutil
 
 from ddptop.core import procs
-from ddptop.core.events import AlarmEvent, Event, GpuEvent, GpuStatusEvent, NoteEvent, ProcEvent
+from ddptop.core.events import AlarmEvent, Event, GpuEvent, GpuStatusEvent, ProcEvent
 
 
 @dataclass(frozen=True)
@@ -80,12 +80,10 @@ class Telemetry:
         out: list[Event] = []
         if not self._status_sent:
             backend, msg = self.backend.status()
-            out.append(GpuStatusEvent(now, backend=backend, message=msg,
+            fault = getattr(self.backend, "fault", None) or ""
+            out.append(GpuStatusEvent(now, backend=backend, message=msg, fault=fault,
                                       driver=getattr(self.backend, "driver", None),
                                       count=len(getattr(self.backend, "devices", ())), node=self.node))
-            fault = getattr(self.backend, "fault", None)
-            if fault:  # a driver that is there but broken is a problem, not "no GPU"
-                out.append(NoteEvent(now, level="error", message=f"GPUs not monitored, {msg}: {fault}", node=self.node))
             self._status_sent = True
         children_of: dict[int, list[int]] | None = None  # the whole process table, only where needed
         stats: dict[int, tuple] = {}

@@ -279,6 +279,7 @@ class GpuPane(Vertical):
     GpuPane #gpus.-off { display: none; }
     GpuPane #gpu-note { height: auto; padding: 0 1; color: $text-muted; display: none; }
     GpuPane #gpu-note.-on { display: block; }
+    GpuPane #gpu-note.-fault { color: $error; }
     """
 
     def __init__(self, **kw) -> None:
@@ -325,12 +326,14 @@ class GpuPane(Vertical):
             t.set_class(simulated, "-sim")
         guess = any(g.mapping == "guess" for g in model.gpus.values()) or any(
             i.proc is not None and i.proc.gpu_mapping == "guess" for i in model.ranks.values())
-        note = f"* {GUESS_NOTE}" if guess else ""
+        fault = status.fault if status is not None and not model.gpus else ""
+        note = f"✗ {fault}" if fault else f"* {GUESS_NOTE}" if guess else ""
         if note != self._note:
             self._note = note
             n = self.query_one("#gpu-note", Static)
             n.update(Text(note))
             n.set_class(bool(note), "-on")
+            n.set_class(bool(fault), "-fault")
         table.set_class(not model.gpus, "-off")
         if model.gpus:
             self._sync(table, gpu_rows(model, theme))
