@@ -350,14 +350,27 @@ def _sync(torch):
             torch.cuda.synchronize(d)
 
 
-def _timed(torch, fn, reps: int) -> float:
-    fn()  # warm-up
+def _timed(torch, fn, reps: int, target: float = 0.1, most: int = 2000) -> float:
+    """Seconds per call of ``fn``: at least ``reps`` calls, and as many more as
+    fill about ``target`` seconds (judged from one timed call after a warm-up), so the
+    first launch and the final synchronisation are a small part of the time
+    even on links that move 256 MiB in a tenth of a millisecond."""
+    return _timed_reps(torch, fn, reps, target, most)[0]
+
+
+def _timed_reps(torch, fn, reps: int, target: float = 0.1, most: int = 2000) -> tuple[float, int]:
+    fn()  # warm-up: the first call pays for set-up (peer access, allocator, caches)
     _sync(torch)
+    t0 = time.perf_counter()
+    fn()  # an estimate
+    _sync(torch)
+    one = time.perf_counter() - t0
+    reps = max(reps, min(most, int(target / one) if one > 0 else most))
     t0 = time.perf_counter()
     for _ in range(reps):
         fn()
     _sync(torch)
-    return (time.perf_counter() - t0) / reps
+    return (time.perf_counter() - t0) / reps, reps
 
 
 def _worker_main(args: list[str]) -> dict:
