@@ -51,7 +51,6 @@ def test_existing_sitecustomize_still_runs_and_a_broken_hook_never_breaks_the_sc
     assert "user sitecustomize ran: 1" in texts and "done" in texts
     assert progress(events, 0)[-1] == 3
     # a beat directory that cannot be written: the hook disables itself, the script runs on
-    run = only_run(runs_dir)
     r2 = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
                         env=dict(env, PYTHONPATH=f"{ROOT / 'ddptop' / '_inject'}{os.pathsep}{user_site}",
                                  DDPTOP_BEAT_DIR=str(tmp_path / "missing" / "dir"), RANK="0"))

@@ -4,10 +4,7 @@ import json
 import os
 import signal
 import subprocess
-import time
-from pathlib import Path
 
-import pytest
 
 from conftest import (EXAMPLE, ROOT, TIMEOUT, alive, ddptop_cmd, json_events, journal_events,
                       only_run, rank_pids, run_ddptop, wait_for)

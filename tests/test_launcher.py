@@ -1,12 +1,9 @@
 import os
-import shutil
-import sys
 from pathlib import Path
 
-import pytest
 
-from conftest import EXAMPLE, ROOT, run_ddptop
-from ddptop.core.launcher import TORCHRUN_FLAGS, LaunchError, parse_torchrun_args, plan_launch
+from conftest import EXAMPLE, run_ddptop
+from ddptop.core.launcher import TORCHRUN_FLAGS, parse_torchrun_args, plan_launch
 
 
 def test_torchrun_args_pass_through_unchanged(tmp_path):

@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pynvml
-import pytest
 
 import fake_nvml
 from ddptop.core.events import AlarmEvent, GpuEvent, GpuStatusEvent, ProcEvent
