@@ -192,3 +192,22 @@ def test_python_exception_is_the_final_traceback_line():
     fs = SignatureMatcher().feed("[rank1]: ValueError: bad config key 'lr'", 1)
     assert [(f.signature, f.rank) for f in fs] == [("python-exception", 1)]
     assert root_cause(fs).signature == "python-exception"
+
+
+def test_the_literal_prefilter_finds_what_every_pattern_finds():
+    """Lines are searched only by the signatures whose literal hints they
+    contain; on every real line the result equals searching with all of them."""
+    from ddptop.core.progress import clean
+    from ddptop.core.signatures import CATALOG, literal_hints
+
+    assert all(s.hints for s in CATALOG), [s.id for s in CATALOG if not s.hints]  # no signature searched on every line
+    lines = list(REAL.values()) + [line for _, line in REAL_MORE] + TORCHRUN_SUMMARY.splitlines()
+    for line in lines:
+        everything = {s.id for s in CATALOG if s.pattern.search(clean(line))}
+        found = {f.signature for f in SignatureMatcher().feed(line, 1)} - {"rank-signal", "rank-exit", "python-exception"}
+        assert found == everything, line
+    # the hints themselves: per top-level alternative, its longest literal run
+    assert literal_hints(r"[Hh]eartbeat monitor timed out|watchdog got stuck for \d+ seconds") == (
+        "eartbeat monitor timed out", "watchdog got stuck for ")
+    assert literal_hints(r"DataLoader worker \(pid \d+\)|DataLoader worker \(pid\(s\)") == ("DataLoader worker (pid",)
+    assert literal_hints(r"\bXid\b|ab") is None  # an alternative without 3 literal characters: no prefilter

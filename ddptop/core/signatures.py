@@ -24,10 +24,44 @@ class Signature:
     explanation: str
     profiles: tuple[str, ...] = ()
     level: int = CAUSE
+    # substrings one of which every match contains (None: no such set): a line
+    # with none of them is not searched, which most training lines are not
+    hints: tuple[str, ...] | None = None
 
 
 def _s(id, rx, explanation, profiles=(), level=CAUSE, flags=0):
-    return Signature(id, re.compile(rx, flags), explanation, tuple(profiles), level)
+    return Signature(id, re.compile(rx, flags), explanation, tuple(profiles), level, literal_hints(rx, flags))
+
+
+def literal_hints(rx: str, flags: int = 0, shortest: int = 3) -> tuple[str, ...] | None:
+    """For each top-level alternative of ``rx``, its longest run of literal
+    characters: any match contains one of them.  None when an alternative has
+    no run of ``shortest`` characters (or the pattern ignores case)."""
+    try:
+        from re import _constants as C, _parser as P  # Python 3.11+
+    except ImportError:  # 3.10
+        import sre_constants as C
+        import sre_parse as P
+    if flags & re.IGNORECASE:
+        return None
+    try:
+        tree = P.parse(rx, flags)
+    except Exception:
+        return None
+    items = list(tree)
+    alternatives = items[0][1][1] if len(items) == 1 and items[0][0] is C.BRANCH else [items]
+    hints = []
+    for alt in alternatives:
+        best, run = "", ""
+        for op, av in list(alt) + [(None, None)]:
+            if op is C.LITERAL:
+                run += chr(av)
+                continue
+            best, run = max(best, run, key=len), ""
+        if len(best) < shortest:
+            return None
+        hints.append(best)
+    return tuple(hints)
 
 
 CATALOG: list[Signature] = [
@@ -164,6 +198,10 @@ CATALOG: list[Signature] = [
        "torchrun's summary that a rank failed (see the root cause it names).", (), CONSEQUENCE),
 ]
 
+# the prefilter: (hint, catalogue index), and the signatures searched on every line
+_HINTS = [(h, i) for i, sig in enumerate(CATALOG) if sig.hints is not None for h in sig.hints]
+_ALWAYS = frozenset(i for i, sig in enumerate(CATALOG) if sig.hints is None)
+
 _SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>SIG\w+)\) received by PID (?P<pid>\d+)")
 _EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): (?P<msg>.*)$")
 _ROOT_BLOCK = re.compile(r"Root Cause \(first observed failure\)")
@@ -256,7 +294,8 @@ class SignatureMatcher:
             out.append(Finding("rank-signal", rank, line, t.strip(), f"A rank was killed by {name}.",
                                RANK_SIGNAL_PROFILES if level == CAUSE else (), level, source,
                                {"signal": name, "signum": int(m.group("num"))}))
-        for sig in CATALOG:
+        for i in sorted(_ALWAYS | {i for h, i in _HINTS if h in t}):  # in catalogue order
+            sig = CATALOG[i]
             m = sig.pattern.search(t)
             if m:
                 detail = {k: v for k, v in m.groupdict().items() if v is not None}
