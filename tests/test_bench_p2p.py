@@ -109,14 +109,19 @@ def test_a_hanging_all_reduce_is_reported_as_a_hang_within_its_timeout():
     assert not left, f"benchmark processes left behind: {left}"
 
 
-def test_a_rank_that_crashes_in_the_all_reduce_is_an_error_naming_it_not_a_hang():
+@pytest.mark.parametrize("how, said", [
+    ("CRASH", "rank 1 died (killed by SIGSEGV) during the all-reduce"),
+    # an exception on one rank while rank 0 waits in the collective
+    ("FAIL", "rank 1: RuntimeError: injected failure"),
+])
+def test_a_rank_that_fails_in_the_all_reduce_is_an_error_naming_it_not_a_hang(how, said):
     tag = uuid.uuid4().hex
-    env = dict(os.environ, DDPTOP_BENCH_CRASH_RANK="1", DDPTOP_TEST_TAG=tag)
+    env = dict(os.environ, DDPTOP_TEST_TAG=tag, **{f"DDPTOP_BENCH_{how}_RANK": "1"})
     code, rep, err = run_bench("--sizes", "4096", "--timeout", "60", env=env)
     (ar,) = [r for r in rep["rows"] if r["test"] == "allreduce"]
     assert code == 1, err  # an error, not a hang (2)
-    # noticed when the rank died: at the 60 s timeout it would say "hang"
-    assert ar["status"] == "error" and "rank 1 died (killed by SIGSEGV)" in ar["message"], ar
+    # noticed when the rank failed: at the 60 s timeout it would say "hang"
+    assert ar["status"] == "error" and said in ar["message"], ar
     left = [p.pid for p in psutil.process_iter() if _tagged(p, tag)]
     assert not left, f"benchmark processes left behind: {left}"
 

@@ -99,8 +99,9 @@ def test_a_parameter_without_gradient_is_named_with_the_ddp_fix(runs_dir):
     r = run_ddptop("--json", "torchrun", "--nproc-per-node", "2", EXAMPLE, "--steps", "20", "--step-time", "0",
                    "--fault", "unused-param", "--fault-step", "3")
     assert r.returncode == 1
+    # every rank fails at step 4; torchrun may stop the second before it prints why
     found = [a for a in alarms(json_events(r.stdout)) if a["id"] == "ddp-unused-params"]
-    assert sorted(a["ranks"][0] for a in found) == [0, 1], found
+    assert found and {a["ranks"][0] for a in found} <= {0, 1}, found
     assert "find_unused_parameters=True" in found[0]["message"] and "nccl-debug" in found[0]["suggested_profiles"]
     # no bare "python-exception" alarm for a rank the signature explains
     assert not [a for a in alarms(json_events(r.stdout)) if a["id"] == "python-exception"]

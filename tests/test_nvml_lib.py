@@ -90,6 +90,13 @@ def python(script: str, env: dict, timeout: float = 60):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def doctor(env: dict) -> tuple[dict, int]:
+    """`ddptop doctor --json` in this environment: its rows by name, and its exit code."""
+    p = subprocess.run(ddptop_cmd("doctor", "--json"), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
+                       env=env)
+    return {r["name"]: r for r in json.loads(p.stdout)["rows"]}, p.returncode
+
+
 SAMPLE = """
     import json, pynvml
     from dataclasses import asdict
@@ -262,9 +269,7 @@ def test_doctor_reads_gpus_versions_p2p_and_topology_through_the_real_pynvml(lib
     conf.write_text(TWO_GPUS.replace("gpu 1 name NVIDIA A100-SXM4-80GB", "gpu 1 name NVIDIA H100 80GB HBM3")
                     .replace("gpu 1 cc 8 0", "gpu 1 cc 9 0")
                     .replace("driver 535.104.05", "driver 545.23.08").replace("cuda 12020", "cuda 12030"))
-    p = subprocess.run(ddptop_cmd("doctor", "--json"), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
-                       env=nvml_env(libs["new"], conf))
-    rows = {r["name"]: r for r in json.loads(p.stdout)["rows"]}
+    rows, code = doctor(nvml_env(libs["new"], conf))
     gpus = rows["GPUs"]
     assert gpus["status"] == "warn" and "mixed" in gpus["summary"]
     assert [(g["name"], g["cc"], g["pci_bus_id"]) for g in gpus["data"]["gpus"]] == [
@@ -282,7 +287,7 @@ def test_doctor_reads_gpus_versions_p2p_and_topology_through_the_real_pynvml(lib
     assert health["summary"] == ("GPU 0: 3 uncorrected ECC error(s) since the driver loaded; "
                                  "GPU 0: throttled by hw-thermal")
     assert health["evidence"][1].startswith("GPU 1 (NVIDIA H100 80GB HBM3): uncorrected ECC errors n/a, retired pages 0")
-    assert p.returncode == 1  # warnings, no failure
+    assert code == 1  # warnings, no failure
 
 
 def test_bench_link_rates_through_the_real_pynvml(libs, tmp_path):
@@ -320,10 +325,8 @@ def test_doctor_names_a_gpu_with_an_nvlink_down_through_the_real_pynvml(libs, tm
     conf = tmp_path / "nvml.conf"
     lines = ["gpus 4"] + [f"gpu {i} nvlink " + " ".join(["switch"] * (18 if i != 1 else 17)) for i in range(4)]
     conf.write_text("\n".join(lines) + "\ngpu 1 nvlink_down 1\ngpu 2 remap 0 1 1 0\ngpu 3 remap 0 4 0 1\n")
-    p = subprocess.run(ddptop_cmd("doctor", "--json"), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
-                       env=nvml_env(libs["new"], conf))
-    rows = {r["name"]: r for r in json.loads(p.stdout)["rows"]}
-    assert rows["GPU health"]["status"] == "fail" and p.returncode == 2
+    rows, code = doctor(nvml_env(libs["new"], conf))
+    assert rows["GPU health"]["status"] == "fail" and code == 2
     assert rows["GPU health"]["summary"] == "GPU 3: a row remap failed; GPU 2: a memory row remap waits for a reset"
     row = rows["NVLink"]
     assert row["status"] == "warn" and row["summary"] == "GPU 1 has 17 NVLinks up, other NVIDIA H100 80GB HBM3 GPUs 18"
@@ -337,12 +340,11 @@ def test_a_driver_upgraded_without_a_reboot_is_a_failure_with_the_fix_not_no_gpu
     conf = tmp_path / "nvml.conf"
     conf.write_text("init_error 18\n")
     env = nvml_env(libs["new"], conf)
-    p = subprocess.run(ddptop_cmd("doctor", "--json"), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
-                       env=env)
-    gpus = {r["name"]: r for r in json.loads(p.stdout)["rows"]}["GPUs"]
+    rows, code = doctor(env)
+    gpus = rows["GPUs"]
     assert gpus["status"] == "fail" and "version mismatch" in gpus["summary"], gpus
     assert "upgraded without a reboot" in gpus["advice"] and "reboot" in gpus["advice"]
-    assert p.returncode == 2
+    assert code == 2
     # the live view says so too: the GPU status carries the fault and the fix
     r = python("""
         import json
@@ -361,9 +363,8 @@ def test_no_driver_is_skipped_by_doctor_not_failed(libs, tmp_path, conf_text):
     conf = tmp_path / "nvml.conf"
     if conf_text is not None:
         conf.write_text(conf_text)
-    p = subprocess.run(ddptop_cmd("doctor", "--json"), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
-                       env=nvml_env(libs["new"], conf))
-    gpus = {r["name"]: r for r in json.loads(p.stdout)["rows"]}["GPUs"]
+    rows, code = doctor(nvml_env(libs["new"], conf))
+    gpus = rows["GPUs"]
     assert gpus["status"] == "skipped" and "no NVIDIA driver" in gpus["summary"]
 
 
@@ -387,16 +388,15 @@ def test_doctor_reads_each_gpus_nvswitch_fabric_registration(libs, tmp_path, lib
     padding, as a driver may)."""
     conf = tmp_path / "nvml.conf"
     conf.write_text(SWITCHED_4 + "".join(f"gpu {i} fabric {f}\n" for i, f in enumerate(fabric)))
-    p = subprocess.run(ddptop_cmd("doctor", "--json"), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
-                       env=nvml_env(libs[lib], conf))
-    row = {r["name"]: r for r in json.loads(p.stdout)["rows"]}["NVSwitch fabric"]
+    rows, code = doctor(nvml_env(libs[lib], conf))
+    row = rows["NVSwitch fabric"]
     assert (row["status"], row["summary"]) == (status, summary), row
     if status == "fail":
         assert row["evidence"][1] == "GPU 1 (NVIDIA H100 80GB HBM3): registration not started"
         assert row["evidence"][2].startswith("GPU 2 (NVIDIA H100 80GB HBM3): registration completed, failed: Unknown")
         assert row["evidence"][3].endswith("registration completed, NVLink bandwidth degraded")
         assert "error 802" in row["advice"] and "nvidia-fabricmanager" in row["advice"] and "550.54.15" in row["advice"]
-        assert p.returncode == 2
+        assert code == 2
     if status == "skipped":
         assert "nvidia-fabricmanager" in row["advice"]
 
@@ -404,7 +404,6 @@ def test_doctor_reads_each_gpus_nvswitch_fabric_registration(libs, tmp_path, lib
 def test_gpus_without_a_fabric_skip_the_fabric_row(libs, tmp_path):
     conf = tmp_path / "nvml.conf"
     conf.write_text("gpus 2\ngpu 0 fabric 0 0 0\n")  # state NOT_SUPPORTED, or (GPU 1) NVML_ERROR_NOT_SUPPORTED
-    p = subprocess.run(ddptop_cmd("doctor", "--json"), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
-                       env=nvml_env(libs["new"], conf))
-    row = {r["name"]: r for r in json.loads(p.stdout)["rows"]}["NVSwitch fabric"]
+    rows, code = doctor(nvml_env(libs["new"], conf))
+    row = rows["NVSwitch fabric"]
     assert (row["status"], row["summary"]) == ("skipped", "no NVSwitch fabric on these GPUs")

@@ -28,6 +28,7 @@ REAL_MORE = [
     ("ddp-unused-params", "[rank0]: RuntimeError: Expected to have finished reduction in the prior iteration before "
                           "starting a new one. This error indicates that your module has parameters that were not used "
                           "in producing loss."),
+    # johnsmith0031/alpaca_lora_4bit#46, shibing624/MedicalGPT#408
     ("ddp-marked-twice", "RuntimeError: Expected to mark a variable ready only once. This error is caused by one of the "
                          "following reasons: 1) Use of a module parameter outside the `forward` function."),
     ("ddp-marked-twice", "[rank0]: Parameter at index 286 with name model.layers.23.mlp.down_proj.weight has been marked "
@@ -36,6 +37,7 @@ REAL_MORE = [
     ("nccl-duplicate-gpu", "Duplicate GPU detected : rank 3 and rank 0 both on CUDA device f000"),
     ("nccl-duplicate-gpu", "smc-gpu-03:29880:30398 [0] init.cc:497 NCCL WARN Duplicate GPU detected : rank 2 and rank 0 "
                            "both on CUDA device 1000"),
+    # NVIDIA/Megatron-LM#661 (the line before "Duplicate GPU detected")
     ("nccl-invalid-usage", "torch.distributed.DistBackendError: NCCL error in: /opt/pytorch/pytorch/torch/csrc/distributed/"
                            "c10d/ProcessGroupNCCL.cpp:1727, invalid usage (run with NCCL_DEBUG=WARN for details), NCCL "
                            "version 2.19.3"),
@@ -50,15 +52,21 @@ REAL_MORE = [
                       "vendor err 129 (Send) localGid ::ffff:29.87.4.221"),
     ("nccl-ib-error", "NET/IB: Got completion from peer 100.126.0.9<4431> with status=IBV_WC_RETRY_EXC_ERR(12) "
                       "opcode=IBV_WC_RECV_RDMA_WITH_IMM(129) vendor_err=129  hca mlx5_3"),
+    # a flush after the connection failed (a watchdog log quoted with NVIDIA/nccl#2076's kind of failure)
+    ("nccl-ib-flushed", "NET/IB : Got completion from peer 10.42.0.2<47534> with error 5, opcode 48, len 32764, "
+                        "vendor err 244"),
     # torch/csrc/DataLoader.cpp (Megatron-LM#1657) and dataloader.py (azadis/MC-GAN#19)
     ("dataloader-worker-died", "[rank0]: RuntimeError: DataLoader worker (pid 2637) is killed by signal: Killed. "),
     ("dataloader-worker-died", "RuntimeError: DataLoader worker (pid(s) 18360) exited unexpectedly"),
+    # open-mmlab/mmsegmentation#2085: a worker stopped with its rank
+    ("dataloader-worker-stopped", "RuntimeError: DataLoader worker (pid 2911) is killed by signal: Terminated. "),
+    # vllm-project/vllm#8893, flairNLP/flair#1316
     ("cuda-fork", "RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, "
                   "you must use the 'spawn' start method"),
     # Bing-su/adetailer#346, the newest torch.AcceleratorError form, layumi/Person_reID_baseline_pytorch#372
     ("cuda-illegal-address", "RuntimeError: CUDA error: an illegal memory access was encountered"),
     ("cuda-illegal-address", "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"),
-    ("cuda-device-assert", "RuntimeError: CUDA error: device-side assert triggered"),
+    ("cuda-device-assert", "RuntimeError: CUDA error: device-side assert triggered"),  # layumi/Person_reID_baseline_pytorch#372
     # kohya-ss/sd-scripts#1434
     ("cuda-ecc", "[E ProcessGroupNCCL.cpp:916] [Rank 1] NCCL watchdog thread terminated with exception: CUDA error: "
                  "uncorrectable ECC error encountered"),
@@ -67,6 +75,7 @@ REAL_MORE = [
                             "some cuda functions before calling NumCudaDevices() that might have already set an error? "
                             "Error 802: system not yet initialized (Triggered internally at  "
                             "../c10/cuda/CUDAFunctions.cpp:112.)"),
+    ("cuda-fabric-manager", "node1:1234:1290 [0] NCCL WARN Cuda failure 'system not yet initialized'"),
     ("cuda-fabric-manager", "RuntimeError: cuda runtime error (802) : system not yet initialized at /opt/conda/"
                             "conda-bld/pytorch_1579022034529/work/aten/src/THC/THCGeneral.cpp:50"),
     # easydiffusion/easydiffusion#379, nvidia-smi, pynvml (rapidsai/dask-cuda#949)
@@ -79,6 +88,7 @@ REAL_MORE = [
     ("cuda-driver-too-old", "RuntimeError: The NVIDIA driver on your system is too old (found version 11040). Please "
                             "update your GPU driver by downloading and installing a new version"),
     ("cuda-driver-too-old", "RuntimeError: CUDA error: CUDA driver version is insufficient for CUDA runtime version"),
+    # c10/cuda/CUDAException.cpp's "CUDA error: " + cudaGetErrorString(cudaErrorMemoryAllocation)
     ("cuda-oom", "RuntimeError: CUDA error: out of memory"),
     # torch on a CPU-only build asked for nccl; torchrun's failure summary
     ("nccl-not-available", "RuntimeError: Distributed package doesn't have NCCL built in"),
@@ -113,7 +123,10 @@ def test_every_signature_has_a_real_line_and_names_only_profiles_that_exist():
     "[W socket.cpp:558] [c10d] The client socket has failed to connect to [localhost]:29500 (errno: 99 - Cannot "
     "assign requested address).",
     "INFO logging system not yet initialized, buffering messages",
-    "Loading checkpoint shards: the fabric of the dataset",
+    # NCCL's InfiniBand set-up lines, and a connect retry torch recovers from
+    "node1:1:1 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB ib0:10.0.0.1<0>",
+    "[W socket.cpp:663] [c10d] The client socket has failed to connect to [node0]:29500 (errno: 110 - Connection "
+    "timed out).",
 ])
 def test_near_misses_raise_nothing(line):
     assert SignatureMatcher().feed(line, 1) == []
@@ -121,7 +134,7 @@ def test_near_misses_raise_nothing(line):
 
 def test_two_ranks_on_one_gpu_is_the_root_cause_not_nccls_invalid_usage():
     m = SignatureMatcher()
-    fs = m.feed(dict((s, l) for s, l in REAL_MORE if s == "nccl-invalid-usage")["nccl-invalid-usage"], 1)
+    fs = m.feed(next(line for sig, line in REAL_MORE if sig == "nccl-invalid-usage"), 1)
     fs += m.feed("ncclInvalidUsage: This usually reflects invalid usage of NCCL library.", 1)
     fs += m.feed("Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000", 1)
     rc = root_cause(fs)
@@ -211,3 +224,17 @@ def test_the_literal_prefilter_finds_what_every_pattern_finds():
         "eartbeat monitor timed out", "watchdog got stuck for ")
     assert literal_hints(r"DataLoader worker \(pid \d+\)|DataLoader worker \(pid\(s\)") == ("DataLoader worker (pid",)
     assert literal_hints(r"\bXid\b|ab") is None  # an alternative without 3 literal characters: no prefilter
+
+
+def test_teardown_noise_after_a_failure_is_not_the_root_cause():
+    """torchrun stops the other ranks by process group, so their data-loader
+    workers die of SIGTERM; InfiniBand work is flushed after a failed link."""
+    m = SignatureMatcher()
+    fs = m.feed("RuntimeError: DataLoader worker (pid 2911) is killed by signal: Terminated. ", 0)
+    fs += m.feed("NET/IB : Got completion from peer 10.0.0.2<47534> with error 5, opcode 48, len 32764, vendor err 244", 0)
+    fs += m.feed("NET/IB : Got completion from peer 10.0.0.3<5521> with error 12, opcode 0, len 0, vendor err 129", 1)
+    fs += m.feed("RuntimeError: DataLoader worker (pid 2937) is killed by signal: Killed. ", 2)
+    assert [f.signature for f in fs if f.signature != "python-exception"] == [
+        "dataloader-worker-stopped", "nccl-ib-flushed", "nccl-ib-error", "dataloader-worker-died"]
+    rc = root_cause(fs)
+    assert (rc.signature, rc.rank) == ("nccl-ib-error", 1)

@@ -172,7 +172,10 @@ def analyse(dumps: dict[int, dict], expected: list[int] | None = None) -> Flight
     return rep
 
 
-def run_torchfrtrace(d: Path, timeout: float = 60) -> tuple[str | None, str]:
+TORCHFRTRACE_TIMEOUT = 60.0  # seconds torch's analyser may take
+
+
+def run_torchfrtrace(d: Path, timeout: float = TORCHFRTRACE_TIMEOUT) -> tuple[str | None, str]:
     """Run torch's analyser on the dumps; (path of its output or None, a one-line summary)."""
     exe = shutil.which("torchfrtrace")
     argv = [exe] if exe else [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace"]

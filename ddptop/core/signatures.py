@@ -143,11 +143,15 @@ CATALOG: list[Signature] = [
        "network between nodes failed (the NET/IB or socket warning above it says which).",
        ("nccl-debug",), CONSEQUENCE),
     _s("nccl-ib-error",
-       r"NET/IB ?: Got completion (?:from peer \S+ )?with (?:error |status=)(?:IBV_WC_\w+\()?(?P<status>\d+)",
+       r"NET/IB ?: Got completion (?:from peer \S+ )?with (?:error |status=)(?:IBV_WC_\w+\()?(?!5\b)(?P<status>\d+)",
        "An InfiniBand/RoCE transfer failed. Status 12 (retry exceeded) means the two NICs cannot reach each other "
        "or the link is bad or congested: check `ibstat` and the port counters, the RoCE GID index "
-       "(NCCL_IB_GID_INDEX), or raise NCCL_IB_TIMEOUT. Status 5 follows an earlier error. ib-off runs on TCP "
-       "sockets to confirm.", ("ib-off", "nccl-debug")),
+       "(NCCL_IB_GID_INDEX), or raise NCCL_IB_TIMEOUT. ib-off runs on TCP sockets to confirm.",
+       ("ib-off", "nccl-debug")),
+    _s("nccl-ib-flushed",
+       r"NET/IB ?: Got completion (?:from peer \S+ )?with (?:error |status=)(?:IBV_WC_\w+\()?5\b",
+       "InfiniBand work was flushed (status 5) because its connection had already failed: look for the first "
+       "error before it, on this rank or a peer.", (), CONSEQUENCE),
     _s("ddp-unused-params", r"Expected to have finished reduction in the prior iteration before starting a new one",
        "A parameter got no gradient in the last step (an unused head, a branch not taken, an output left out of "
        "the loss), so DDP never finished reducing. Pass find_unused_parameters=True to DistributedDataParallel, or "
@@ -158,12 +162,16 @@ CATALOG: list[Signature] = [
        "(use use_reentrant=False), or a parameter shared between forward passes. static_graph=True in DDP is "
        "the other way out; nccl-debug (TORCH_DISTRIBUTED_DEBUG=DETAIL) names the parameter.", ("nccl-debug",)),
     _s("dataloader-worker-died",
-       r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?P<signal>[\w ]+)|"
+       r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?!Terminated|Interrupt)(?P<signal>[\w ]+)|"
        r"DataLoader worker \(pid\(s\) [\d, ]+\) exited unexpectedly|"
        r"DataLoader worker \(pid \d+\) exited unexpectedly with exit code",
        "A data-loader worker process died. 'Killed' is almost always the kernel's OOM killer: the workers used up "
        "host memory (`dmesg` shows 'Out of memory: Killed process'); use fewer workers or a smaller "
        "prefetch_factor. 'Bus error' means /dev/shm is too small.", ("fewer-workers",)),
+    _s("dataloader-worker-stopped",
+       r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?P<signal>Terminated|Interrupt)",
+       "A data-loader worker was stopped with the rest of its rank (torchrun stops a failed job's ranks by "
+       "process group): a consequence; look for the first failure.", (), CONSEQUENCE),
     _s("cuda-fork", r"Cannot re-initialize CUDA in forked subprocess",
        "CUDA was used before a fork and then again in the child (a data-loader worker or a multiprocessing pool "
        "touching the GPU). Keep CUDA out of data-loader workers, or use the 'spawn' start method.", ()),
@@ -180,7 +188,8 @@ CATALOG: list[Signature] = [
        "of service; `ddptop doctor` (GPU health) and `nvidia-smi -q -d ECC` show retired pages and remapped rows; "
        "it may need a reset or a reboot.", ("single-gpu",)),
     _s("cuda-fabric-manager",
-       r"(?:Error 802: |CUDA error: |\(802\) : )system not yet initialized|code=802\b|cudaErrorSystemNotReady",
+       r"(?:Error 802: |CUDA error: |\(802\) : |Cuda failure (?:802 )?')system not yet initialized|code=802\b|"
+       r"cudaErrorSystemNotReady",
        "CUDA cannot start (error 802): on an NVSwitch system (HGX/DGX) the nvidia-fabricmanager service is not "
        "running, has not finished, or is a different version from the driver. `systemctl status "
        "nvidia-fabricmanager`; install the fabric manager of the driver's exact version.", ()),

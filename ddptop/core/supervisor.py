@@ -426,7 +426,9 @@ class Supervisor:
 
         # one capture at a time; a stall that comes while an earlier one's capture
         # still waits for dumps (a start-up stall, say) gets its own after it
-        if not self._flight_busy.acquire(timeout=2 * wait + 60):
+        if not self._flight_busy.acquire(timeout=2 * (wait + flight.TORCHFRTRACE_TIMEOUT)):
+            self.emit(NoteEvent(time.time(), "warning", "flight recorder: an earlier capture is still running; "
+                                                        "this stall's dumps were not asked for"))
             return
         try:
             d = Path(self.env_set["DDPTOP_FR_DIR"])

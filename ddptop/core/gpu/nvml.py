@@ -466,7 +466,9 @@ class NvmlBackend:
         cls = getattr(nv, "c_nvmlGpuFabricInfoV_t", None)
         if cls is None:
             return {}
-        info = cls()  # its version field set by pynvml
+        info = cls()
+        if hasattr(info, "version") and not info.version:  # set by pynvml's constructor, but not by every release
+            info.version = getattr(nv, "nvmlGpuFabricInfo_v2", 0x02000024)
         if self._call("nvmlDeviceGetGpuFabricInfoV", h, ctypes.byref(info)) is None:
             return {}
         state = FABRIC_STATES.get(info.state & 0xFF)  # one byte in nvml.h, four in pynvml: the rest is padding
@@ -476,7 +478,7 @@ class NvmlBackend:
         if state == "completed" and info.status != 0:
             error = str(nv.NVMLError(info.status))
         return {"fabric": state, "fabric_error": error,
-                "fabric_degraded": {1: True, 2: False}.get(info.healthMask & 0x3)}
+                "fabric_degraded": {1: True, 2: False}.get(getattr(info, "healthMask", 0) & 0x3)}
 
     def status(self) -> tuple[str, str]:
         """(backend, message) for the UI."""
