@@ -67,7 +67,10 @@ class Batches(torch.utils.data.IterableDataset):
         g = torch.Generator()
         for i in range(worker, self.steps, n):
             g.manual_seed(self.rank * 1_000_003 + i)
-            yield torch.randn(64, 32, generator=g)
+            x = torch.randn(64, 32, generator=g)
+            # as plain numbers: a tensor would travel as a file descriptor the
+            # worker serves, and --fault worker-killed would race that transfer
+            yield x.tolist() if info else x
 
 
 def parse_args(argv=None):
@@ -127,7 +130,7 @@ def main(argv=None):
                 for w in psutil.Process().children():
                     print(f"rank {rank} kills its data-loader worker {w.pid} (injected fault)", flush=True)
                     w.kill()
-        x = next(batches).to(device)
+        x = torch.as_tensor(next(batches)).to(device)
         y = x.sum(dim=1, keepdim=True)
         both = not (args.fault == "unused-param" and step >= args.fault_step)
         loss = nn.functional.mse_loss(ddp(x, both), y)

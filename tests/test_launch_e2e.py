@@ -96,8 +96,10 @@ def test_stopping_from_ddptop_leaves_no_rank_behind(runs_dir):
     events = json_events(out.decode())
     assert events[-1]["kind"] == "state" and events[-1]["state"] == "stopped"
     assert p.returncode == events[-1]["exit_code"] != 0
-    for pid in [*pids.values(), torchrun_pid, sup, *workers]:
+    for pid in [*pids.values(), torchrun_pid, *workers]:  # gone before "stopped" is said
         assert not alive(pid), f"pid {pid} survived the stop"
+    # the supervisor says "stopped", then exits
+    wait_for(lambda: not alive(sup), timeout=10, what=f"the supervisor (pid {sup}) to exit")
 
 
 def test_ranks_left_by_a_killed_torchrun_are_stopped(runs_dir):

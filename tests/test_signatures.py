@@ -58,6 +58,11 @@ REAL_MORE = [
     # torch/csrc/DataLoader.cpp (Megatron-LM#1657) and dataloader.py (azadis/MC-GAN#19)
     ("dataloader-worker-died", "[rank0]: RuntimeError: DataLoader worker (pid 2637) is killed by signal: Killed. "),
     ("dataloader-worker-died", "RuntimeError: DataLoader worker (pid(s) 18360) exited unexpectedly"),
+    # this machine's CI: a worker killed while it handed a tensor over (the frame line of the traceback);
+    # pytorch/pytorch#973: out of file descriptors
+    ("dataloader-transfer-failed", '[rank1]:   File "/tmp/ci/.venv/lib/python3.11/site-packages/torch/multiprocessing/'
+                                   'reductions.py", line 538, in rebuild_storage_fd'),
+    ("dataloader-transfer-failed", "RuntimeError: received 0 items of ancdata"),
     # open-mmlab/mmsegmentation#2085: a worker stopped with its rank
     ("dataloader-worker-stopped", "RuntimeError: DataLoader worker (pid 2911) is killed by signal: Terminated. "),
     # vllm-project/vllm#8893, flairNLP/flair#1316

@@ -168,6 +168,10 @@ CATALOG: list[Signature] = [
        "A data-loader worker process died. 'Killed' is almost always the kernel's OOM killer: the workers used up "
        "host memory (`dmesg` shows 'Out of memory: Killed process'); use fewer workers or a smaller "
        "prefetch_factor. 'Bus error' means /dev/shm is too small.", ("fewer-workers",)),
+    _s("dataloader-transfer-failed", r"in rebuild_storage_fd$|received 0 items of ancdata",
+       "A tensor from a data-loader worker could not be received: the worker died while handing it over (often "
+       "the OOM killer; the traceback ends in a connection error), or the process ran out of file descriptors "
+       "(`ulimit -n`; torch.multiprocessing.set_sharing_strategy('file_system') avoids them).", ("fewer-workers",)),
     _s("dataloader-worker-stopped",
        r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?P<signal>Terminated|Interrupt)",
        "A data-loader worker was stopped with the rest of its rank (torchrun stops a failed job's ranks by "
