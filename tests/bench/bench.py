@@ -7,7 +7,8 @@ Figures: `ddptop --help` wall time; time to the TUI's first frame; headless
 ingest throughput (lines/s) for a synthetic multi-rank burst; ddptop's CPU use
 (viewer and supervisor) while supervising a quiet 2-rank job; `ddptop attach`
 over a loopback sshd: agent CPU use and line latency; the cost of watching
-the process tree on a node with a thousand processes.
+the process tree on a node with a thousand processes; the failure-signature
+matcher's cost per log line.
 """
 
 from __future__ import annotations
@@ -420,9 +421,36 @@ def bench_busy_node(others: int = 1000, ranks: int = 8, ticks: int = 50) -> None
             p.wait()
 
 
+def bench_signatures(lines: int = 50_000) -> None:
+    """The failure-signature matcher (run on every log line by the detection
+    thread): microseconds per line for ordinary training lines, NCCL INFO
+    lines (NCCL_DEBUG=INFO floods them at start-up) and the error lines of a
+    crash."""
+    from ddptop.core.signatures import SignatureMatcher
+
+    kinds = {
+        "training": [f"[rank0]: step {i} loss 0.{i % 97:04d} lr 3e-4 grad_norm 1.23 tokens/s 152344" for i in range(lines)],
+        "NCCL INFO": [f"node1:12345:12400 [0] NCCL INFO Channel {i % 32:02d}/0 : 0[0] -> 1[0] via P2P/IPC/read"
+                      for i in range(lines)],
+        "errors": [("RuntimeError: DataLoader worker (pid 2637) is killed by signal: Killed. ",
+                    "[rank1]: RuntimeError: Expected to have finished reduction in the prior iteration before starting",
+                    "NCCL WARN NET/IB : Got completion with error 12, opcode 0, len 0, vendor err 129")[i % 3]
+                   for i in range(lines // 10)],
+    }
+    for kind, ls in kinds.items():
+        best = float("inf")
+        for _ in range(3):
+            m = SignatureMatcher()
+            t0 = time.perf_counter()
+            for line in ls:
+                m.feed(line, 0)
+            best = min(best, (time.perf_counter() - t0) / len(ls))
+        print(f"signatures: {kind:<10} {best * 1e6:6.2f} us/line ({1 / best:,.0f} lines/s on one core)")
+
+
 BENCHES = {"help": bench_help, "ingest": bench_ingest, "frame": bench_first_frame, "supervise": bench_supervise,
            "telemetry": bench_telemetry, "hook": bench_hook, "alarm": bench_alarm_latency, "attach": bench_attach, "relaunch": bench_relaunch,
-           "busy-node": bench_busy_node}
+           "busy-node": bench_busy_node, "signatures": bench_signatures}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(BENCHES)
