@@ -167,9 +167,10 @@ def link_rates(facts: dict) -> LinkRates:
     at another local GPU count for that pair only; the others end at an
     NVSwitch (or where NVML could not say), and any two GPUs on switches get
     the smaller of their two switch link counts."""
+    from ddptop.core.gpu.nvml import switch_links
+
     r = LinkRates()
-    local = {f.bus for f in facts.values()}
-    switched = {i: sum(1 for b in f.nvlink_remotes if b not in local) for i, f in facts.items()}  # to NVSwitches
+    switched = switch_links(facts)
     for i, f in sorted(facts.items()):
         r.buses[i] = f.bus
         r.pcie[i] = pcie_rate(f.pcie_gen, f.pcie_width)
@@ -350,15 +351,12 @@ def _sync(torch):
             torch.cuda.synchronize(d)
 
 
-def _timed(torch, fn, reps: int, target: float = 0.1, most: int = 2000) -> float:
-    """Seconds per call of ``fn``: at least ``reps`` calls, and as many more as
-    fill about ``target`` seconds (judged from the quickest of three timed calls after a warm-up), so the
-    first launch and the final synchronisation are a small part of the time
-    even on links that move 256 MiB in a tenth of a millisecond."""
-    return _timed_reps(torch, fn, reps, target, most)[0]
-
-
-def _timed_reps(torch, fn, reps: int, target: float = 0.1, most: int = 2000) -> tuple[float, int]:
+def _timed(torch, fn, reps: int, target: float = 0.1, most: int = 2000) -> tuple[float, int]:
+    """(seconds per call of ``fn``, calls timed): at least ``reps`` calls, and
+    as many more as fill about ``target`` seconds (judged from the quickest of
+    three timed calls after a warm-up), so the first launch and the final
+    synchronisation are a small part of the time even on links that move
+    256 MiB in a tenth of a millisecond."""
     fn()  # warm-up: the first call pays for set-up (peer access, allocator, caches)
     _sync(torch)
     one = float("inf")
@@ -398,16 +396,16 @@ def _worker_main(args: list[str]) -> dict:
     a = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{i}")
     if kind == "d2d":
         b = torch.empty_like(a)
-        s = _timed(torch, lambda: b.copy_(a), 10)
+        s = _timed(torch, lambda: b.copy_(a), 10)[0]
         return {"bytes": 2 * nbytes, "seconds": s}  # read plus written, as p2pBandwidthLatencyTest counts
     if kind in ("h2d", "d2h"):
         h = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         s = _timed(torch, (lambda: a.copy_(h, non_blocking=True)) if kind == "h2d" else
-                   (lambda: h.copy_(a, non_blocking=True)), 10)
+                   (lambda: h.copy_(a, non_blocking=True)), 10)[0]
         return {"bytes": nbytes, "seconds": s}
     if kind == "p2p":
         b = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{j}")
-        s = _timed(torch, lambda: b.copy_(a, non_blocking=True), 10)
+        s = _timed(torch, lambda: b.copy_(a, non_blocking=True), 10)[0]
         return {"bytes": nbytes, "seconds": s}
     if kind == "staged":
         h = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -418,7 +416,7 @@ def _worker_main(args: list[str]) -> dict:
             torch.cuda.synchronize(i)
             b.copy_(h, non_blocking=True)
 
-        s = _timed(torch, staged, 10)
+        s = _timed(torch, staged, 10)[0]
         return {"bytes": nbytes, "seconds": s}
     if kind == "bidir":
         b = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{j}")
@@ -432,7 +430,7 @@ def _worker_main(args: list[str]) -> dict:
             with torch.cuda.stream(sj):
                 a2.copy_(b, non_blocking=True)
 
-        s = _timed(torch, both, 10)
+        s = _timed(torch, both, 10)[0]
         return {"bytes": 2 * nbytes, "seconds": s}
     if kind == "latency":
         small = torch.empty(4, dtype=torch.uint8, device=f"cuda:{i}")
@@ -442,7 +440,7 @@ def _worker_main(args: list[str]) -> dict:
             dst.copy_(small)
             torch.cuda.synchronize(j)
 
-        return {"seconds": _timed(torch, one, 200)}
+        return {"seconds": _timed(torch, one, 200)[0]}
     raise SystemExit(f"unknown worker kind {kind!r}")
 
 

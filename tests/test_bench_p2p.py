@@ -138,10 +138,10 @@ def test_timing_repeats_a_fast_copy_until_launch_and_sync_are_a_small_part():
     takes 0.1 ms at H100 memory bandwidth) and few of a slow one."""
     import torch
 
-    from ddptop.bench_p2p import _timed_reps
+    from ddptop.bench_p2p import _timed
 
     a = torch.zeros(1)
     b = torch.empty_like(a)
-    _, fast = _timed_reps(torch, lambda: b.copy_(a), 10, target=0.05, most=500)
-    _, slow = _timed_reps(torch, lambda: time.sleep(0.02), 3, target=0.05)
+    _, fast = _timed(torch, lambda: b.copy_(a), 10, target=0.05, most=500)
+    _, slow = _timed(torch, lambda: time.sleep(0.02), 3, target=0.05)
     assert fast >= 100 and slow == 3  # (500 unless one 4-byte copy took over 0.1 ms)

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ddptop.core.gpu.nvml import Topology
+from ddptop.core.gpu.nvml import Topology, switch_links
 
 OK, WARN, FAIL, SKIPPED = "ok", "warn", "fail", "skipped"
 GiB = 1024**3
@@ -470,6 +470,7 @@ def check_nvlink(links: dict | None, error: str | None) -> Row:
         return Row("NVLink", OK, f"no NVLink on {'this GPU' if len(links) == 1 else f'these {len(links)} GPUs'}: "
                                  "peer traffic goes over PCIe")
     local = {f.bus for f in links.values()}
+    to_switches = switch_links(links)
     ev, short = [], []
     by_model: dict[str, int] = {}
     for f in with_nvl.values():
@@ -477,7 +478,7 @@ def check_nvlink(links: dict | None, error: str | None) -> Row:
     for i, f in with_nvl.items():
         up = len(f.nvlink_remotes)
         peers = sorted({b for b in f.nvlink_remotes if b in local})
-        switched = sum(1 for b in f.nvlink_remotes if b not in local)
+        switched = to_switches[i]
         ev.append(f"GPU {i} ({f.name}): {up} of {up + f.nvlink_inactive} NVLinks up"
                   + (f", {switched} to NVSwitches" if switched else "")
                   + (f", to {', '.join('GPU ' + str(j) for j, g in sorted(links.items()) if g.bus in peers)}" if peers else ""))
@@ -503,8 +504,7 @@ def check_fabric(links: dict | None, error: str | None, driver: str | None = Non
     name = "NVSwitch fabric"
     if links is None or (not links and error):
         return Row(name, SKIPPED, error or "no NVIDIA driver")
-    local = {f.bus for f in links.values()}
-    switched = [i for i, f in sorted(links.items()) if any(b not in local for b in f.nvlink_remotes)]
+    switched = [i for i, n in sorted(switch_links(links).items()) if n]
     reg = {i: f for i, f in sorted(links.items()) if f.fabric}
     fm = ("`systemctl status nvidia-fabricmanager` and its log (/var/log/fabricmanager.log); it must run at the "
           f"driver's exact version{f' ({driver})' if driver else ''}")

@@ -64,6 +64,9 @@ def literal_hints(rx: str, flags: int = 0, shortest: int = 3) -> tuple[str, ...]
     return tuple(hints)
 
 
+# NCCL's InfiniBand completion warning, up to its status number (the formats of NCCL 2.x to 2.29)
+_IB_COMPLETION = r"NET/IB ?: Got completion (?:from peer \S+ )?with (?:error |status=)(?:IBV_WC_\w+\()?"
+
 CATALOG: list[Signature] = [
     _s("nccl-watchdog-timeout",
        r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)",
@@ -142,14 +145,12 @@ CATALOG: list[Signature] = [
        "NCCL lost a peer: another rank died first (look for the first rank that failed), or, if none did, the "
        "network between nodes failed (the NET/IB or socket warning above it says which).",
        ("nccl-debug",), CONSEQUENCE),
-    _s("nccl-ib-error",
-       r"NET/IB ?: Got completion (?:from peer \S+ )?with (?:error |status=)(?:IBV_WC_\w+\()?(?!5\b)(?P<status>\d+)",
+    _s("nccl-ib-error", _IB_COMPLETION + r"(?!5\b)(?P<status>\d+)",
        "An InfiniBand/RoCE transfer failed. Status 12 (retry exceeded) means the two NICs cannot reach each other "
        "or the link is bad or congested: check `ibstat` and the port counters, the RoCE GID index "
        "(NCCL_IB_GID_INDEX), or raise NCCL_IB_TIMEOUT. ib-off runs on TCP sockets to confirm.",
        ("ib-off", "nccl-debug")),
-    _s("nccl-ib-flushed",
-       r"NET/IB ?: Got completion (?:from peer \S+ )?with (?:error |status=)(?:IBV_WC_\w+\()?5\b",
+    _s("nccl-ib-flushed", _IB_COMPLETION + r"5\b",
        "InfiniBand work was flushed (status 5) because its connection had already failed: look for the first "
        "error before it, on this rank or a peer.", (), CONSEQUENCE),
     _s("ddp-unused-params", r"Expected to have finished reduction in the prior iteration before starting a new one",

@@ -83,8 +83,6 @@ def _handle_key(h) -> int:
     """What identifies a device handle: its address for pynvml's ctypes
     pointers (two pointer objects to one device are not ``==``), else the
     object itself (a test's fake)."""
-    import ctypes
-
     try:
         return ctypes.cast(h, ctypes.c_void_p).value or id(h)
     except (TypeError, ctypes.ArgumentError):
@@ -573,6 +571,13 @@ class LinkFacts:
     fabric: str | None = None  # FABRIC_STATES words
     fabric_error: str | None = None  # a registration that completed with an error
     fabric_degraded: bool | None = None  # NVLink bandwidth degraded (fabric health)
+
+
+def switch_links(facts: dict) -> dict[int, int]:
+    """Per GPU index, its active NVLinks that end at no local GPU: at an
+    NVSwitch (or where NVML could not say).  ``facts``: ``links()``."""
+    local = {f.bus for f in facts.values()}
+    return {i: sum(1 for b in f.nvlink_remotes if b not in local) for i, f in facts.items()}
 
 
 def bus_id(v) -> str:
