@@ -81,21 +81,20 @@ def _err(msg: str) -> int:
 
 
 def _watch(session, args) -> int:
+    """Show a ``JobSession`` (headless, JSON or the UI) to its end; what ddptop exits with."""
     try:
         return _watch_inner(session, args)
     finally:
-        close = getattr(session, "close", None)
-        if close is not None:
-            close()  # an attachment's ssh links; the job itself is untouched
+        session.close()  # an attachment's ssh links; the job itself is untouched
 
 
 def _watch_inner(session, args) -> int:
-    hint = getattr(session, "attach_hint", None) or f"ddptop attach {session.run_dir}"
+    hint = session.location.attach_hint
     if args.headless or args.json:
         from ddptop.core.headless import run_headless
 
         code = run_headless(session, json_mode=args.json)
-        if getattr(session, "error", None):
+        if session.error:
             print(f"ddptop: error: {session.error}", file=sys.stderr)
             return 2
         return code
@@ -118,17 +117,16 @@ def _watch_inner(session, args) -> int:
         import io
 
         code = run_headless(session, json_mode=False, out=io.StringIO())
-        print(f"ddptop: job stopped (exit code {code}); journal: {session.run_dir}")
+        print(f"ddptop: job stopped (exit code {code}); journal: {session.location}")
         return code
-    if getattr(session, "error", None):
+    if session.error:
         print(f"ddptop: error: {session.error}", file=sys.stderr)
         return 2
-    code = session.exit_code
-    if code is None and getattr(session, "attach_exit_code", None) is not None:
-        code = session.attach_exit_code  # a job ddptop did not launch: 1 crash seen, 3 unknown
-    print(f"ddptop: job {session.final_state.state if session.final_state else 'ended'}"
-          f" (exit code {code}); journal: {session.run_dir}")
-    return 1 if code is None else code
+    st = session.exit_status()
+    final = session.final_state
+    code_s = str(st.code) if st.code is not None else f"unknown: {st.reason}"
+    print(f"ddptop: job {final.state if final else 'ended'} (exit code {code_s}); journal: {session.location}")
+    return st.exit_with
 
 
 def _fix_after_ui(session, args) -> int:
@@ -142,9 +140,12 @@ def _fix_after_ui(session, args) -> int:
     if not session.finished:
         print("ddptop: stopping the job...", file=sys.stderr)
         run_headless(session, json_mode=False, out=io.StringIO())  # drain quietly until it has ended
-    cmd = list(session.meta.user_command)
+    meta = session.meta
+    if meta is None:
+        return _err("this job's command is not known: nothing to run again")
+    cmd = list(meta.user_command)
     try:
-        base = resolve(list(session.meta.profiles or []))
+        base = resolve(list(meta.profiles or []))
     except ProfileError as e:
         return _err(str(e))
     print(f"ddptop: searching for a profile that works: ddptop fix {' '.join(cmd)}", file=sys.stderr)
@@ -177,7 +178,7 @@ def _slurm_hosts(jobid: str) -> list[str]:
 
 ATTACH_EPILOG = """\
 with no RUN, HOST or --pid:
-  the newest ddptop run if it is still running (it has no exit.json yet);
+  the newest ddptop run if it is still running (its supervisor is alive);
   otherwise, if exactly one torchrun that ddptop did not launch is running for
   you on this machine, that one (ddptop says so on stderr); if several are, they
   are listed and ddptop exits 2: pick one with --pid; if none is, the newest
@@ -201,8 +202,7 @@ a job ddptop did not launch (--pid PID, or found as above):
 
 
 def cmd_attach(rest: list[str], args) -> int:
-    from ddptop.core import journal
-    from ddptop.core.session import Session
+    from ddptop.core.jobs import AttachRequest, OpenError, WatchOptions, open_target
 
     ap = argparse.ArgumentParser(prog="ddptop attach", formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=ATTACH_EPILOG, description=(
@@ -225,62 +225,7 @@ def cmd_attach(rest: list[str], args) -> int:
     args.headless = args.headless or a.headless
     args.json = args.json or a.json
 
-    def watch_foreign(target) -> int:
-        """A torchrun job found by pid: its journal if ddptop launched it, else a ForeignSession."""
-        from ddptop.core.foreign import ForeignError, ForeignSession, launched_by_ddptop
-
-        if target.torchrun is not None:
-            run = launched_by_ddptop(target.torchrun)
-            if run is not None:
-                print(f"ddptop: torchrun pid {target.pid} was launched by ddptop: attaching to its run {run}",
-                      file=sys.stderr)
-                return _watch(Session.open(run), args)
-        try:
-            session = ForeignSession(target, gpu=args.gpu, stall_after=args.stall_after,
-                                     sample_interval=args.sample_interval)
-        except ForeignError as e:
-            return _err(str(e))
-        code = _watch(session, args)
-        if session.finished and session.exit_code is None and code == 1:
-            code = session.attach_exit_code  # 1: a crash was seen; 3: ended, exit status unknown
-        return code
-
-    if a.pid is not None and (a.targets or a.run or a.hosts_file or a.slurm):
-        if len(a.targets) != 1 or ":" in a.targets[0] or a.run or a.hosts_file or a.slurm:
-            return _err("--pid takes one HOST at most (the job's node), and no RUN, --run, --hosts-file or --slurm")
-        try:
-            journal.resolve_run(a.targets[0])
-            return _err(f"--pid cannot be combined with a RUN ({a.targets[0]} is a ddptop run here)")
-        except journal.JournalError:
-            a.targets = [f"{a.targets[0]}:pid:{a.pid}"]  # HOST --pid PID: that job, over ssh
-    elif a.pid is not None:
-        from ddptop.core.foreign import ForeignError, resolve_pid
-
-        try:
-            target = resolve_pid(a.pid)
-        except ForeignError as e:
-            return _err(f"--pid {a.pid}: {e}")
-        return watch_foreign(target)
-    if not a.targets and not a.run and not a.hosts_file and not a.slurm:
-        # no target: the newest ddptop run while it runs, else a lone torchrun ddptop did not launch
-        try:
-            newest = journal.resolve_run("latest")
-        except journal.JournalError:
-            newest = None
-        if newest is None or (newest / journal.EXIT).exists():
-            from ddptop.core.foreign import Target, describe, find_torchruns
-
-            found = find_torchruns()
-            if len(found) == 1:
-                print(f"ddptop: attaching to torchrun pid {found[0].pid} (not launched by ddptop)", file=sys.stderr)
-                return watch_foreign(Target(found[0], asked=found[0].pid))
-            if len(found) > 1:
-                print(f"ddptop: {len(found)} torchrun jobs that ddptop did not launch are running:", file=sys.stderr)
-                print(f"{'PID':>8}  {'STARTED':19}  COMMAND", file=sys.stderr)
-                for p in found:
-                    print(describe(p), file=sys.stderr)
-                return _err("pick one with `ddptop attach --pid PID`")
-    hosts: list[str] = list(a.targets)
+    hosts: list[str] = []
     try:
         if a.hosts_file:
             try:
@@ -288,39 +233,23 @@ def cmd_attach(rest: list[str], args) -> int:
                     hosts += [l.split("#")[0].strip() for l in f if l.split("#")[0].strip()]
             except OSError as e:
                 return _err(f"--hosts-file: {e}")
+            if not hosts:
+                return _err(f"--hosts-file {a.hosts_file}: no host in it")
         if a.slurm:
             hosts += _slurm_hosts(a.slurm)
     except ValueError as e:
         return _err(str(e))
-    if len(hosts) <= 1 and not a.hosts_file and not a.slurm:
-        ref = hosts[0] if hosts else (a.run or "latest")
-        try:
-            run_dir = journal.resolve_run(ref)
-        except journal.JournalError as e:
-            if not hosts or ref == "latest" or os.sep in ref:
-                return _err(str(e))
-            run_dir = None  # not a local run: a host
-        if run_dir is not None:
-            try:
-                return _watch(Session.open(run_dir), args)
-            except journal.JournalError as e:
-                return _err(str(e))
-    from ddptop.core.remote import MultiSession, RemoteSession, parse_target
-
-    ssh = shlex.split(a.ssh) if a.ssh else None
-    sessions = []
-    for t in hosts:
-        try:
-            host, run = parse_target(t)
-        except ValueError as e:
-            return _err(str(e))
-        if a.run and run == "latest":
-            run = a.run
-        sessions.append(RemoteSession(host, run, ssh=ssh, remote_cmd=a.remote_ddptop, gpu=args.gpu))
-    session = sessions[0] if len(sessions) == 1 else MultiSession(sessions, stall_after=args.stall_after)
-    if not (args.headless or args.json):
-        print(f"ddptop: attaching to {', '.join(hosts)} over ssh", file=sys.stderr)
-    return _watch(session, args)
+    req = AttachRequest(targets=tuple(a.targets), pid=a.pid, run=a.run, hosts=tuple(hosts),
+                        ssh=tuple(shlex.split(a.ssh)) if a.ssh else None, remote_cmd=a.remote_ddptop,
+                        options=WatchOptions(gpu=args.gpu, stall_after=args.stall_after,
+                                             sample_interval=args.sample_interval))
+    try:
+        opened = open_target(req)
+    except OpenError as e:
+        return _err(str(e))
+    for note in opened.notes:
+        print(f"ddptop: {note}", file=sys.stderr)
+    return _watch(opened.session, args)
 
 
 def cmd_runs() -> int:
@@ -329,10 +258,10 @@ def cmd_runs() -> int:
     home = journal.runs_home()
     runs = sorted((d for d in home.glob("*") if (d / journal.META).is_file()), key=lambda d: d.stat().st_mtime)
     for d in runs:
-        ex = journal.read_json(d / journal.EXIT)
-        state = ex["state"] if ex else "running?"
-        meta = journal.read_json(d / journal.META) or {}
-        print(f"{d.name}\t{state}\t{' '.join(meta.get('user_command', []))}")
+        st = journal.run_state(d)
+        meta = journal.read_json(d / journal.META)
+        cmd = meta.get("user_command") if isinstance(meta, dict) else None
+        print(f"{d.name}\t{st.state}\t{' '.join(map(str, cmd)) if isinstance(cmd, list) else '?'}")
     return 0
 
 
@@ -349,8 +278,6 @@ def main(argv: list[str] | None = None) -> int:
     if not cmd:
         parser.print_usage(sys.stderr)
         return _err("nothing to do: give `torchrun ...` or `attach RUN`")
-    from ddptop.core.session import Session
-
     if cmd[0] == "attach":
         return cmd_attach(cmd[1:], args)
     if cmd[0] == "agent":
@@ -415,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         from ddptop.core import journal
         from ddptop.core.launcher import LaunchError
         from ddptop.core.profiles import ProfileError, resolve
+        from ddptop.core.session import Session
 
         try:
             profiles = resolve(args.profile)
@@ -429,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         except (LaunchError, journal.JournalError) as e:
             return _err(str(e))
         if not (args.headless or args.json):
-            print(f"ddptop: run {session.run_dir}", file=sys.stderr)
+            print(f"ddptop: run {session.location}", file=sys.stderr)
         return _watch(session, args)
     return _err(f"unknown command {cmd[0]!r}: expected `torchrun ...`, `attach RUN|HOST`, `diagnose PATH`, "
                 f"`profiles`, `fix torchrun ...`, `agent` or `runs`")

@@ -224,7 +224,7 @@ def test_a_lone_rank_is_a_one_rank_job(procs, tmp_path):
     s = ForeignSession(p.pid, gpu="sim")
     try:
         assert s.target.torchrun is None and s.meta.run_id == f"pid-{p.pid}"
-        assert s.attach_hint == f"ddptop attach --pid {p.pid}"
+        assert s.location.attach_hint == f"ddptop attach --pid {p.pid}" and s.location.pid == p.pid
         evs = []
         wait_for(lambda: evs.extend(s.poll()) or any(e.kind == "proc" for e in evs), timeout=30, what="telemetry")
         logs = [e for e in evs if e.kind == "log"]
@@ -236,10 +236,12 @@ def test_a_lone_rank_is_a_one_rank_job(procs, tmp_path):
         ranks = [e for e in evs if e.kind == "rank"]
         assert [(e.rank, e.pid, e.alive) for e in ranks] == [(3, p.pid, True)]
         # stop and relaunch are refused, and say why
-        assert s.stop() is False and s.relaunch(["p2p-off"]) is False
+        stop, relaunch = s.stop(), s.relaunch(["p2p-off"])
+        assert not stop and not relaunch and stop.refused and relaunch.refused
         assert alive(p.pid)
-        notes = [e.message for e in s.poll() if e.kind == "note"]
-        assert any("will not stop" in n and f"kill -INT {p.pid}" in n for n in notes), notes
+        assert "will not stop" in stop.message and f"kill -INT {p.pid}" in stop.message, stop
+        c = s.control()
+        assert not c.stop and not c.relaunch and c.stacks and f"kill -INT {p.pid}" in c.refused
         p.kill()
         p.wait(timeout=10)
         evs = []
@@ -248,7 +250,9 @@ def test_a_lone_rank_is_a_one_rank_job(procs, tmp_path):
         final = evs[-1]
         assert final.kind == "state" and final.state == ENDED and final.state in FINAL_STATES
         assert final.exit_code is None and "exit code unknown" in final.message
-        assert s.exit_code is None and s.attach_exit_code == EXIT_UNKNOWN and not s.is_live
+        st = s.exit_status()
+        assert st.code is None and st.exit_with == EXIT_UNKNOWN and "did not start" in st.reason
+        assert not s.is_live
     finally:
         s.close()
 
@@ -494,8 +498,9 @@ def test_attach_over_ssh_to_a_job_ddptop_did_not_launch(procs, tmp_path, sshd):
     # ...and a client whose link is cut every 0.6 s while the job runs
     rs = RemoteSession("node-a", run=f"pid:{job.pid}", ssh=sshd.ssh, remote_cmd=remote, backoff=(0.2,), gpu="sim")
     # a job ddptop did not start is never stopped or relaunched through the link either
-    assert rs.stop() is False and rs.relaunch(["p2p-off"]) is False
-    assert "did not start this job" in rs.control_refused and not rs.stop_requested
+    stop, relaunch = rs.stop(), rs.relaunch(["p2p-off"])
+    assert not stop and stop.refused and not relaunch and relaunch.refused
+    assert "did not start this job" in rs.control().refused and "did not start this job" in stop.message
     evs, drops = [], 0
     try:
         deadline = time.monotonic() + TIMEOUT

@@ -70,7 +70,7 @@ def test_attach_over_ssh_shows_the_job_and_relaunches_it(runs_dir, sshd):
     out, err = finish(job)
     w_out, w_err = finish(watcher)
     assert json_events(out)[-1]["state"] == "succeeded"
-    assert rs.exit_code == 0 and rs.final_state.state == "succeeded"
+    assert rs.exit_status().code == 0 and rs.final_state.state == "succeeded"
     kinds = {e.kind for e in evs}
     assert {"link", "launch", "rank", "log", "gpu", "proc", "progress", "alarm", "state"} <= kinds
     # every line of both ranks, tagged with the node
@@ -308,7 +308,7 @@ print('{{"kind":"bye","exit_code":0}}')
     assert rs.error is None, rs.error
     assert [e.text for e in evs if e.kind == "log"] == ["step 1", "step 2", "step 3"]
     assert [e.state for e in evs if e.kind == "link"] == ["connecting", "up", "down", "connecting", "up", "closed"]
-    assert rs.exit_code == 0
+    assert rs.exit_status().code == 0
 
 
 def test_remote_without_ddptop_or_with_another_protocol_says_what_to_install(tmp_path, sshd):

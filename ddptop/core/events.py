@@ -251,21 +251,88 @@ _KINDS: dict[str, type[Event]] = {
     for cls in (StateEvent, RankEvent, LogEvent, NoteEvent, LaunchEvent, ProgressEvent, GpuStatusEvent, GpuEvent,
                 ProcEvent, AlarmEvent, LinkEvent)
 }
-_TUPLES = {
-    cls: {f.name for f in dataclasses.fields(cls) if str(f.type).startswith("tuple")}
+
+
+class BadEvent(ValueError):
+    """A line that is JSON but not an event this ddptop can use (the message says why)."""
+
+
+class UnknownKind(BadEvent):
+    """An event kind this ddptop does not know (a newer ddptop wrote it): readers skip it quietly."""
+
+
+def _checker(annotation: str):
+    """A function value -> value (tuples as tuples) that raises TypeError on a wrong type."""
+    a = annotation.replace(" ", "")
+    optional = a.endswith("|None")
+    base = a[: -len("|None")] if optional else a
+    if base.startswith("tuple["):
+        inner = _checker(base[len("tuple["):].split(",")[0])
+
+        def check(v):
+            if isinstance(v, (list, tuple)):
+                return tuple(inner(x) for x in v)
+            raise TypeError(f"expected a list, got {v!r:.40}")
+    elif base == "dict":
+        def check(v):
+            if isinstance(v, dict):
+                return v
+            raise TypeError(f"expected an object, got {v!r:.40}")
+    elif base in ("int", "float", "str", "bool"):
+        types = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}[base]
+
+        def check(v):
+            if isinstance(v, types) and (base == "bool" or not isinstance(v, bool)):
+                return v
+            raise TypeError(f"expected {base}, got {v!r:.40}")
+    else:  # not used by any event today: accept as it is
+        def check(v):
+            return v
+    if not optional:
+        return check
+    return lambda v: None if v is None else check(v)
+
+
+_FIELDS = {
+    cls: {f.name: _checker(str(f.type)) for f in dataclasses.fields(cls)}
     for cls in _KINDS.values()
 }
 
 
-def from_dict(d: dict[str, Any]) -> Event:
-    """Rebuild an event from its dict form; unknown keys are ignored."""
-    cls = _KINDS.get(d.get("kind", ""))
+def from_dict(d: Any) -> Event:
+    """Rebuild an event from its dict form, checking every field's type.
+
+    Unknown keys are ignored (a newer ddptop may add fields); an unknown kind
+    raises ``UnknownKind``, anything else that is not a valid event raises
+    ``BadEvent`` naming the field: a damaged line never becomes an event whose
+    wrong-typed field fails later, far from the cause.
+    """
+    if not isinstance(d, dict):
+        raise BadEvent(f"not a JSON object but {type(d).__name__}")
+    kind = d.get("kind")
+    cls = _KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ValueError(f"unknown event kind {d.get('kind')!r}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    tuples = _TUPLES[cls]
-    return cls(**{k: (tuple(v) if k in tuples and v is not None else v) for k, v in d.items() if k in names})
+        if isinstance(kind, str):
+            raise UnknownKind(f"unknown event kind {kind!r}")
+        raise BadEvent("no event kind")
+    fields = _FIELDS[cls]
+    if "t" not in d:
+        raise BadEvent(f"{kind} event without a time 't'")
+    kw = {}
+    for k, v in d.items():
+        check = fields.get(k)
+        if check is None:
+            continue
+        try:
+            kw[k] = check(v)
+        except TypeError as e:
+            raise BadEvent(f"{kind} event, field {k!r}: {e}") from None
+    return cls(**kw)
 
 
 def from_json(line: str) -> Event:
-    return from_dict(json.loads(line))
+    try:
+        d = json.loads(line)
+    except ValueError as e:
+        raise BadEvent(f"not JSON ({e})") from None
+    return from_dict(d)

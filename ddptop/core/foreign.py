@@ -16,8 +16,9 @@
   to, read from its last 64 KiB.  A terminal, a pipe or a socket cannot be
   read from outside: ddptop says so once per rank and stream, with the remedy.
 
-Telemetry and the Analyzer (stall and log-signature alarms) run inside
-``poll()``, as the supervisor runs them for a launched job.
+The live-analysis pipeline (stall and log-signature alarms, a stack capture
+on a stall) runs on what ``poll()`` reads, as the supervisor runs it for a
+launched job; telemetry is sampled in a thread of its own.
 
 Two things it never does, by design: stop or relaunch the job (ddptop did
 not start it, so it sends it no signal at all), and report an exit code
@@ -30,7 +31,6 @@ import os
 import queue
 import re
 import stat
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -41,15 +41,17 @@ from ddptop import __version__
 from ddptop.core import journal, procs
 from ddptop.core.events import (ENDED, RUNNING, AlarmEvent, Event, GpuEvent, LogEvent, NoteEvent, ProcEvent,
                                 RankEvent, StateEvent)
+from ddptop.core.jobs import EXIT_CRASH_SEEN, EXIT_UNKNOWN, AttachedPid, CommandResult, Control, ExitStatus
+from ddptop.core.pipeline import Pipeline, RankMap, StackCapture, TelemetryLoop
 from ddptop.core.tailer import Tailer
+
+__all__ = ["EXIT_CRASH_SEEN", "EXIT_UNKNOWN", "ForeignError", "ForeignSession", "resolve_pid"]
 
 SCAN_EVERY = 0.5  # seconds between looks for new ranks, ended ranks and new log files
 CHECK_EVERY = 0.5  # seconds between stall checks
 HISTORY = 64 * 1024  # bytes of history read from a file that is not a torchrun log file
 LOG_HISTORY = 8 * 1024 * 1024  # at most this much of each torchrun per-rank log file
 END_GRACE = 5.0  # seconds to wait for ranks that outlive torchrun
-EXIT_UNKNOWN = 3  # `ddptop attach` exit code: the job ended, its exit status is unknown
-EXIT_CRASH_SEEN = 1  # ... the job ended and ddptop saw a rank crash in its output
 
 _MODULES = ("torch.distributed.run", "torch.distributed.launch")
 _SCRIPTS = ("/torch/distributed/run.py", "/torch/distributed/launch.py")
@@ -182,8 +184,16 @@ class Target:
     asked: int = 0  # the pid given
 
     @property
+    def root(self) -> psutil.Process:
+        """torchrun, or the lone rank."""
+        p = self.torchrun or self.lone_rank
+        if p is None:
+            raise ForeignError("neither a torchrun nor a rank")
+        return p
+
+    @property
     def pid(self) -> int:
-        return (self.torchrun or self.lone_rank).pid
+        return self.root.pid
 
 
 def resolve_pid(pid: int) -> Target:
@@ -224,7 +234,8 @@ def resolve_pid(pid: int) -> Target:
         # the topmost process of that rank (not one of its data-loader workers)
         top = proc
         for anc in parents:
-            if _rank_env(anc) is None or _rank_env(anc).get("RANK") != env["RANK"]:
+            anc_env = _rank_env(anc)
+            if anc_env is None or anc_env.get("RANK") != env["RANK"]:
                 break
             top = anc
         return Target(None, top, asked=pid)
@@ -355,7 +366,7 @@ class ForeignSession:
         self.gpu = gpu
         self.sample_interval = sample_interval
         self.torchrun = self.target.torchrun
-        root = self.torchrun or self.target.lone_rank
+        root = self.target.root
         self.pid = root.pid
         self.host = journal.hostname()
         try:
@@ -385,54 +396,49 @@ class ForeignSession:
             env_set={}, cwd=cwd, host=self.host, started=self.started, log_dir=o.log_dir or "",
             nproc_per_node=_int(o.nproc_per_node), node_rank=_int(o.node_rank), ddptop_version=__version__,
             gpu=gpu, sample_interval=sample_interval, stall_after=stall_after, inject=False)
-        self.control_refused = (f"ddptop did not start this job and will not stop or relaunch it; "
-                                f"use kill -INT {self.pid} yourself to stop it")
+        self.refused = (f"ddptop did not start this job and will not stop or relaunch it; "
+                        f"use kill -INT {self.pid} yourself to stop it")
         self.error: str | None = None
         self.finished = False
-        self.stop_requested = False
         self._final: StateEvent | None = None
-        self._pending: list[Event] = []
-        self._async: queue.SimpleQueue = queue.SimpleQueue()  # notes from the stack-capture thread
-        self._stacks_busy = threading.Event()
+        self._async: queue.SimpleQueue = queue.SimpleQueue()  # from the stack-capture and telemetry threads
         self._ranks: dict[int, _Rank] = {}  # pid -> rank
-        self._rank_of: dict[tuple[int, int], int] = {}  # (attempt, local rank) -> rank
+        self._rank_map = RankMap(_int(o.node_rank), _int(o.nproc_per_node))
         self._sources: dict[tuple[int, int], _Source] = {}  # (st_dev, st_ino) -> source
         self._warned: set = set()  # warnings given once
         self._last_scan = -1e18
-        self._last_tick = -1e18
-        self._last_check = -1e18
         self._gone_since: float | None = None
         self._started_sent = False
         self._torchrun_fds_seen = False
-        self._crash_seen = False
-        self._group_rank: int | None = _int(o.node_rank)
-        self._local_world: int | None = _int(o.nproc_per_node)
-        self._telemetry = None
-        self._telemetry_failed = False
-        from ddptop.core.analyzer import Analyzer
+        self.stacks = StackCapture(journal.attached_dir(f"pid-{self.pid}"), self._rank_pids, self._put)
+        self.pipeline = Pipeline(node=self.host, stall_after=stall_after, clock=clock,
+                                 on_stall=self._stacks_on_stall)
+        self._telemetry = TelemetryLoop(gpu, self.host, sample_interval, self._rank_procs, self._put)
 
-        self.analyzer = Analyzer(clock, stall_after=stall_after, node=self.host)
+    def _stacks_on_stall(self, alarm: AlarmEvent) -> None:
+        self.stacks.request()
 
-    # -- the Session interface -------------------------------------------------
+    def _put(self, events: list[Event]) -> None:
+        for ev in events:
+            self._async.put(ev)
+
+    def _rank_pids(self) -> dict[int, int]:
+        return {r.rank: pid for pid, r in list(self._ranks.items()) if not r.ended}
+
+    def _rank_procs(self) -> list:
+        from ddptop.core.telemetry import RankProc
+
+        return [RankProc(r.rank, r.local_rank, pid) for pid, r in list(self._ranks.items()) if not r.ended]
+
+    # -- the JobSession protocol -------------------------------------------------
 
     @property
-    def run_dir(self) -> str:
-        """No journal: say where the job's logs are, or that there is none."""
-        if self.run_log_dir is not None:
-            return f"none (ddptop did not launch this job; its rank logs are in {self.run_log_dir})"
-        return "none (ddptop did not launch this job)"
-
-    @property
-    def attach_hint(self) -> str:
-        return f"ddptop attach --pid {self.pid}"
+    def location(self) -> AttachedPid:
+        return AttachedPid(self.pid, self.host, str(self.run_log_dir) if self.run_log_dir is not None else "")
 
     @property
     def is_live(self) -> bool:
-        return not self.finished and self._final is None and _alive(self.torchrun or self.target.lone_rank)
-
-    @property
-    def exit_code(self) -> int | None:
-        return None  # never known: only torchrun's parent can wait for it
+        return not self.finished and self._final is None and _alive(self.target.root)
 
     @property
     def final_state(self) -> StateEvent | None:
@@ -441,66 +447,43 @@ class ForeignSession:
     @property
     def crash_seen(self) -> bool:
         """A rank crash (or torchrun's failure report) was seen in the job's output."""
-        return self._crash_seen
+        return self.pipeline.crash_seen
 
-    @property
-    def attach_exit_code(self) -> int:
-        """What ``ddptop attach`` exits with once this job has ended: 1 when a
-        crash was seen in its output, else 3 (ended, exit status unknown)."""
-        return EXIT_CRASH_SEEN if self._crash_seen else EXIT_UNKNOWN
+    def exit_status(self) -> ExitStatus:
+        """Never the job's own code (only torchrun's parent can wait for it):
+        ddptop exits 1 when it saw a crash in the output, else 3."""
+        if self._final is None:
+            return ExitStatus.unknown("the job has not ended")
+        return ExitStatus.unknown("ddptop did not start this job: its exit code cannot be known",
+                                  crash_seen=self.crash_seen)
 
-    def stop(self) -> bool:
+    def control(self) -> Control:
+        return Control(stop=False, relaunch=False, stacks=not self.finished, refused=self.refused,
+                       fix_refused=self.refused)
+
+    def stop(self) -> CommandResult:
         """Refused: ddptop never signals a job it did not start."""
-        self._pending.append(NoteEvent(self.clock(), "warning", self.control_refused))
-        return False
+        return CommandResult(False, self.refused, refused=True)
 
-    def relaunch(self, profiles: list[str], reason: str = "asked for") -> bool:
+    def relaunch(self, profiles: list[str], reason: str = "asked for") -> CommandResult:
         """Refused, as ``stop``: relaunching means stopping first."""
-        self._pending.append(NoteEvent(self.clock(), "warning", self.control_refused))
-        return False
+        return CommandResult(False, self.refused, refused=True)
 
     def cursor(self) -> dict[str, int]:
         """Byte offsets (by file path) just after every line returned so far."""
         return {src.tailer.path: src.tailer.cursor for src in list(self._sources.values())}
 
-    def dump_stacks(self) -> bool:
+    def dump_stacks(self) -> CommandResult:
         """Every rank's Python stack, now (py-spy reads the ranks without
-        stopping them); the result arrives as a note.  False if no rank is alive."""
-        pids = {r.rank: pid for pid, r in list(self._ranks.items()) if not r.ended}
-        if not pids or self.finished or self._stacks_busy.is_set():
-            return bool(pids) and not self.finished
-        self._stacks_busy.set()
-        threading.Thread(target=self._capture_stacks, args=(pids,), daemon=True, name="ddptop-stacks").start()
-        return True
-
-    def _capture_stacks(self, pids: dict[int, int]) -> None:
-        from ddptop.core.stacks import dump_stacks, summarise
-
-        try:
-            raw, groups, err = dump_stacks(pids)
-            if raw:
-                d = journal.runs_home() / "attached" / f"pid-{self.pid}" / "stacks" / time.strftime("%Y%m%d-%H%M%S")
-                d.mkdir(parents=True, exist_ok=True)
-                for rank, text in raw.items():
-                    (d / f"rank{rank}.txt").write_text(text)
-                self._async.put(NoteEvent(self.clock(), "info", f"stacks captured in {d}: {summarise(groups)}"))
-            if err:
-                self._async.put(NoteEvent(self.clock(), "warning", f"stack capture: {err}"))
-        except Exception as e:
-            self._async.put(NoteEvent(self.clock(), "warning", f"stack capture failed: {e!r}"))
-        finally:
-            self._stacks_busy.clear()
+        stopping them); the result arrives as a note."""
+        if self.finished:
+            return CommandResult(False, "the job has ended")
+        return self.stacks.request()
 
     def close(self) -> None:
         for src in self._sources.values():
             src.tailer.close()
-        tel = self._telemetry
-        if tel is not None:
-            try:
-                tel.backend.shutdown()
-            except Exception:
-                pass
-            self._telemetry = None
+        self._telemetry.stop()
 
     # -- reading -----------------------------------------------------------------
 
@@ -513,8 +496,7 @@ class ForeignSession:
         if not self._started_sent:
             self._started_sent = True
             out.append(StateEvent(self.started, RUNNING, message=self._intro()))
-        out += self._pending
-        self._pending = []
+            self._telemetry.start()
         while not self._async.empty():
             out.append(self._async.get_nowait())
         ending = False
@@ -522,22 +504,12 @@ class ForeignSession:
             self._last_scan = now
             ending = self._scan(now, out)
         out += self._read(now, max_bytes, drain=ending)
-        if not ending and now - self._last_tick >= self.sample_interval:
-            self._last_tick = now
-            out += self._tick(now)
-        alarms = self.analyzer.feed(self._for_analyzer(out))
-        if now - self._last_check >= CHECK_EVERY or ending:
-            self._last_check = now
-            alarms += self.analyzer.check(now)
-        if not self._crash_seen and (any(a.type == "crash" for a in alarms) or any(
-                f.signature in ("child-failed", "rank-exit", "rank-signal") for f in self.analyzer.findings)):
-            self._crash_seen = True
+        alarms = self.pipeline.process(self._for_analyzer(out), now, check=ending)
         out += alarms
-        if any(a.type == "stall" for a in alarms):
-            self.dump_stacks()  # as the supervisor does for the jobs it launched
+        self.pipeline.react(alarms)
         if ending:
             self._final = StateEvent(now, ENDED, None, "exit code unknown: ddptop did not start this job")
-            self.analyzer.feed([self._final])
+            self.pipeline.process([self._final], now)
             out.append(self._final)
             self.finished = True
             self.close()
@@ -560,7 +532,7 @@ class ForeignSession:
 
     def _scan(self, now: float, out: list[Event]) -> bool:
         """Find new and ended ranks and new output files.  True once the job has ended."""
-        root = self.torchrun or self.target.lone_rank
+        root = self.target.root
         root_alive = _alive(root)
         if self.torchrun is not None and not self._torchrun_fds_seen:
             self._torchrun_fds_seen = True
@@ -574,8 +546,8 @@ class ForeignSession:
                 children = []
             for c in children:
                 self._new_rank(out, c, now)
-        elif self.torchrun is None and self.target.lone_rank.pid not in self._ranks and root_alive:
-            self._new_rank(out, self.target.lone_rank, now)
+        elif self.torchrun is None and root.pid not in self._ranks and root_alive:
+            self._new_rank(out, root, now)
         for pid, r in self._ranks.items():
             if not r.ended and not _alive(r.proc):
                 self._rank_ended(out, pid, r, now)
@@ -615,16 +587,17 @@ class ForeignSession:
         local = rank if local is None else local
         attempt = _int(env.get("TORCHELASTIC_RESTART_COUNT")) or 0
         self._ranks[proc.pid] = _Rank(proc, rank, local, attempt, env)
-        self._rank_of[(attempt, local)] = rank
+        rm = self._rank_map
+        rm.record(attempt, local, rank)
         group, local_world = _int(env.get("GROUP_RANK")), _int(env.get("LOCAL_WORLD_SIZE"))
         if group is not None:
-            self._group_rank = group
+            rm.node_rank = group
         if local_world is not None:
-            self._local_world = local_world
-        if self.meta.nproc_per_node is None and self._local_world is not None:
-            self.meta = replace(self.meta, nproc_per_node=self._local_world)
-        if self.meta.node_rank is None and self._group_rank is not None:
-            self.meta = replace(self.meta, node_rank=self._group_rank)
+            rm.nproc_per_node = local_world
+        if self.meta.nproc_per_node is None and rm.nproc_per_node is not None:
+            self.meta = replace(self.meta, nproc_per_node=rm.nproc_per_node)
+        if self.meta.node_rank is None and rm.node_rank is not None:
+            self.meta = replace(self.meta, node_rank=rm.node_rank)
         for fd, stream in ((1, "stdout"), (2, "stderr")):
             self._watch_fd(out, proc.pid, fd, rank, stream, attempt)
         out.append(RankEvent(now, rank=rank, local_rank=local, node=self.host, pid=proc.pid, attempt=attempt,
@@ -703,12 +676,7 @@ class ForeignSession:
                                  f"output, since ddptop cannot tell whose they are. {RANK_REMEDY}"))
 
     def _rank_for(self, attempt: int, local_rank: int) -> int:
-        r = self._rank_of.get((attempt, local_rank))
-        if r is not None:
-            return r
-        if self._group_rank is not None and self._local_world is not None:
-            return self._group_rank * self._local_world + local_rank
-        return local_rank
+        return self._rank_map.rank(attempt, local_rank)
 
     def _scan_log_dir(self, out: list[Event]) -> None:
         """Per-rank log files of this job, also those of ranks that have ended (a crash's traceback)."""
@@ -733,6 +701,8 @@ class ForeignSession:
 
     def _guess_run_log_dir(self) -> Path | None:
         """The newest ``LOG_DIR/<run id>_*`` made since torchrun started (when no live rank says which)."""
+        if not self.log_dir:
+            return None
         try:
             cands = [p for p in Path(self.log_dir).iterdir() if p.is_dir()
                      and p.stat().st_mtime >= self.started - 1 and any(p.glob("attempt_*"))]
@@ -759,20 +729,6 @@ class ForeignSession:
                 out.extend(fast(now, rank, stream, tl.text, src.attempt, t.path, tl.offset, tl.partial)
                            for tl in t.flush())
         return out
-
-    def _tick(self, now: float) -> list[Event]:
-        if self._telemetry_failed:
-            return []
-        from ddptop.core.telemetry import RankProc, Telemetry, make_backend
-
-        try:
-            if self._telemetry is None:
-                self._telemetry = Telemetry(make_backend(self.gpu, self.host), self.host)
-            ranks = [RankProc(r.rank, r.local_rank, pid) for pid, r in self._ranks.items() if not r.ended]
-            return self._telemetry.tick(ranks, now)
-        except Exception as e:  # never let telemetry take the watching down
-            self._telemetry_failed = True
-            return [NoteEvent(now, "warning", f"telemetry disabled: {e!r}")]
 
     def _readable(self) -> set[int]:
         """Ranks whose own output ddptop reads (a file only they write to)."""

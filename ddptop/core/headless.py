@@ -7,9 +7,9 @@ import sys
 import time
 from typing import TextIO
 
-from ddptop.core.events import (AlarmEvent, Event, GpuEvent, GpuStatusEvent, LogEvent, NoteEvent,
+from ddptop.core.events import (AlarmEvent, Event, GpuEvent, GpuStatusEvent, LaunchEvent, LinkEvent, LogEvent, NoteEvent,
                                 ProcEvent, RankEvent, StateEvent)
-from ddptop.core.session import Session
+from ddptop.core.jobs import JobSession
 
 
 def format_text(ev: Event) -> str | None:
@@ -42,7 +42,7 @@ def format_text(ev: Event) -> str | None:
         return f"== ddptop: rank {ev.rank} (local {ev.local_rank}, pid {ev.pid}, attempt {ev.attempt}) {what} =="
     if isinstance(ev, (GpuEvent, ProcEvent)):
         return None  # telemetry every second: in --json output and the journal only
-    if ev.kind == "launch":
+    if isinstance(ev, LaunchEvent):
         if ev.generation == 0:
             return None
         return (f"== ddptop: relaunch #{ev.generation} with profiles {', '.join(ev.profiles) or 'default'}"
@@ -57,34 +57,48 @@ def format_text(ev: Event) -> str | None:
         return f"!! ddptop ALARM [{ev.type}/{ev.id}] {ev.message}"
     if isinstance(ev, NoteEvent):
         return f"== ddptop {ev.level}: {ev.message} =="
+    if isinstance(ev, LinkEvent):
+        s = f"== ddptop: link to {ev.node} {ev.state}"
+        if ev.message:
+            s += f": {ev.message}"
+        if ev.retry_in is not None:
+            s += f" (retrying in {ev.retry_in:g} s)"
+        return s + " =="
     return f"== ddptop: {ev.to_json()} =="
 
 
-def run_headless(session: Session, *, json_mode: bool, out: TextIO | None = None,
+def run_headless(session: JobSession, *, json_mode: bool, out: TextIO | None = None,
                  stop_on_signal: bool = True, interval: float = 0.1) -> int:
-    """Print the session's events until the job ends; return its exit code.
+    """Print the session's events until the job ends; return what ddptop exits with.
 
     SIGINT/SIGTERM stop the whole job (as they would stop torchrun), and
-    ddptop keeps printing until the job has really ended.  A session that
-    refuses to stop its job (``control_refused``: a job ddptop did not start)
-    is detached from instead: the job keeps running, the return value is 130.
+    ddptop keeps printing until the job has really ended; a second signal
+    ends the waiting.  When the job cannot be stopped from here (ddptop did
+    not start it, it is no longer running, its node cannot be reached) ddptop
+    says why and ends at once (exit 130); a job it did not start keeps running.
     """
     out = out or sys.stdout
     stops = 0
 
+    def say(line: str) -> None:
+        print(f"== ddptop: {line} ==", file=sys.stderr, flush=True)
+
     def on_signal(signum, frame):
         nonlocal stops
         stops += 1
-        if stops == 1:
-            refused = getattr(session, "control_refused", None)
-            if not session.stop() and refused:
-                print(f"== ddptop: {refused}. Detaching: the job keeps running ==", file=sys.stderr, flush=True)
-                raise KeyboardInterrupt
-            line = ("== ddptop: stopping the job (signal %d); again to stop waiting ==" % signum)
-            if not json_mode:
-                print(line, file=sys.stderr, flush=True)
-        else:
+        if stops > 1:
             raise KeyboardInterrupt
+        c = session.control()
+        if not c.stop:
+            say(f"{c.refused}. Detaching: the job keeps running" if c.refused
+                else "the job is not running: nothing to stop; ending")
+            raise KeyboardInterrupt
+        r = session.stop()
+        if not r.ok:
+            say(f"{'refused' if r.refused else 'cannot stop the job'}: {r.message}; ending")
+            raise KeyboardInterrupt
+        if not json_mode:
+            say("stopping the job (signal %d); again to stop waiting" % signum)
 
     if stop_on_signal:
         signal.signal(signal.SIGINT, on_signal)
@@ -108,7 +122,4 @@ def run_headless(session: Session, *, json_mode: bool, out: TextIO | None = None
     except BrokenPipeError:
         # reader went away (e.g. `| head`): keep the job, stop printing
         return 141
-    code = session.exit_code
-    if code is None and getattr(session, "attach_exit_code", None) is not None:
-        return session.attach_exit_code  # a job ddptop did not launch: 1 crash seen, 3 unknown
-    return 1 if code is None else code
+    return session.exit_status().exit_with

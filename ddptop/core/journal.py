@@ -44,6 +44,30 @@ def runs_home() -> Path:
     return Path(override) if override else state_home() / "runs"
 
 
+def make_private_dir(path: Path) -> Path:
+    """Create ``path`` and any missing parent, each mode 0700 (whatever the umask)."""
+    path = Path(path)
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        if p.parent == p:
+            break
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        os.chmod(d, 0o700)
+    return path
+
+
+def attached_dir(name: str) -> Path:
+    """Where ddptop keeps what it captures of a job it did not launch (stacks)."""
+    return runs_home() / "attached" / name
+
+
 def new_run_id(now: float | None = None) -> str:
     now = time.time() if now is None else now
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
@@ -145,9 +169,12 @@ class Meta:
 
 def load_meta(run_dir: Path) -> Meta:
     d = read_json(run_dir / META)
-    if d is None:
+    if not isinstance(d, dict):
         raise JournalError(f"{run_dir / META} is missing or unreadable")
-    return Meta.from_dict(d)
+    try:
+        return Meta.from_dict(d)
+    except TypeError as e:
+        raise JournalError(f"{run_dir / META} is damaged ({e})") from None
 
 
 _ATTEMPT_RE = re.compile(r"attempt_(\d+)$")
@@ -175,6 +202,77 @@ def rank_log_files(log_dir: Path) -> list[tuple[int, int, str, Path]]:
                     out.append((attempt, int(rank_dir.name), stream, f))
     out.sort(key=lambda x: (x[0], x[1], x[2]))
     return out
+
+
+STARTUP_GRACE = 30.0  # seconds after launch in which a run without supervisor.json is still starting
+
+
+def pid_matches(pid: int, create_time: float | None) -> bool:
+    """``pid`` is still the process that was started at ``create_time`` (and not a zombie)."""
+    try:
+        import psutil
+
+        p = psutil.Process(pid)
+        if create_time is not None and abs(p.create_time() - create_time) > 0.01:
+            return False
+        return p.status() != psutil.STATUS_ZOMBIE
+    except Exception:
+        return False
+
+
+def supervisor(run_dir: Path) -> dict | None:
+    """supervisor.json, when it is there and well-formed: {"pid": int, "create_time": float|None}."""
+    sup = read_json(run_dir / SUPERVISOR)
+    if not isinstance(sup, dict) or not isinstance(sup.get("pid"), int) or isinstance(sup.get("pid"), bool):
+        return None
+    ct = sup.get("create_time")
+    return {"pid": sup["pid"], "create_time": ct if isinstance(ct, (int, float)) else None}
+
+
+def supervisor_alive(run_dir: Path, started: float | None) -> bool:
+    """The supervisor that owns the run is running (by pid and start time; a
+    run launched a moment ago, before it wrote supervisor.json, counts too)."""
+    sup = supervisor(run_dir)
+    if sup is None:
+        return not (run_dir / SUPERVISOR).exists() and time.time() - (started or 0) < STARTUP_GRACE
+    return pid_matches(sup["pid"], sup["create_time"])
+
+
+@dataclass(frozen=True)
+class RunState:
+    state: str  # running, or a final state (succeeded, failed, stopped, lost)
+    exit_code: int | None = None
+    message: str = ""
+
+    @property
+    def final(self) -> bool:
+        return self.state != "running"
+
+
+LOST_MESSAGE = "the supervisor ended without recording an exit status"
+
+
+def recorded_exit(run_dir: Path) -> RunState | None:
+    """The final state the supervisor recorded in exit.json, if it did."""
+    ex = read_json(run_dir / EXIT)
+    if not isinstance(ex, dict) or not isinstance(ex.get("state"), str):
+        return None
+    code = ex.get("exit_code")
+    return RunState(ex["state"], code if isinstance(code, int) and not isinstance(code, bool) else None,
+                    str(ex.get("message") or ""))
+
+
+def run_state(run_dir: Path) -> RunState:
+    """Running or how it ended, decided by the supervisor's liveness (pid and
+    start time), never by the mere absence of exit.json.  Reads only."""
+    rec = recorded_exit(run_dir)
+    if rec is not None:
+        return rec
+    meta = read_json(run_dir / META)
+    started = meta.get("started") if isinstance(meta, dict) else None
+    if supervisor_alive(run_dir, started if isinstance(started, (int, float)) else None):
+        return RunState("running")
+    return RunState("lost", None, LOST_MESSAGE)
 
 
 def hostname() -> str:

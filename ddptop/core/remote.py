@@ -23,17 +23,19 @@ import threading
 import time
 
 from ddptop import __version__
-from ddptop.core import journal
-from ddptop.core.agent import PROTO_NAME, PROTOCOL, encode_cursor
-from ddptop.core.events import (FINAL_STATES, LOST, Event, LinkEvent, LogEvent, NoteEvent, StateEvent,
-                                from_dict)
+from ddptop.core import journal, wire
+from ddptop.core.events import (FINAL_STATES, LOST, AlarmEvent, BadEvent, Event, LaunchEvent, LinkEvent, LogEvent, NoteEvent,
+                                RankEvent, StateEvent, UnknownKind, from_dict)
+from ddptop.core.jobs import CommandResult, Control, ExitStatus, Nodes, RemoteRun
+from ddptop.core.wire import encode_cursor
 
 BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0)  # seconds before reconnect n (then the last, forever)
 SILENCE = 15.0  # seconds without any line (the agent sends one every 2 s) = dead link
 HELLO_TIMEOUT = 60.0
 MAX_LINE = 16 * 1024 * 1024
 SKEW_MIN = 1.0  # seconds: a node clock further than this from ours has its event times moved onto ours
-CONTROL = frozenset({"hello", "cursor", "bye", "reply", "error"})
+CONTROL = wire.CONTROL
+FIX_ELSEWHERE = "ddptop fix runs the job again on this machine: run it on the node where the job runs"
 SSH_OPTIONS = ("-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")
 # ssh's own failures that retrying cannot fix
 _SSH_FATAL = ("Permission denied", "Host key verification failed", "Could not resolve hostname",
@@ -49,11 +51,24 @@ def install_hint() -> str:
 
 
 def parse_target(target: str) -> tuple[str, str]:
-    """``HOST`` or ``HOST:RUN`` (``user@host`` and ssh config aliases work)."""
-    host, sep, run = target.partition(":")
+    """``HOST`` or ``HOST:RUN`` (``user@host``, ssh config aliases and ``[IPv6]:RUN`` work)."""
+    if target.startswith("[") and "]" in target:
+        host, _, rest = target[1:].partition("]")
+        sep, run = (":", rest[1:]) if rest.startswith(":") else ("", "")
+    else:
+        host, sep, run = target.partition(":")
     if not host:
         raise ValueError(f"no host in {target!r}")
     return host, (run if sep and run else "latest")
+
+
+def check_host(host: str) -> str:
+    """A host name as ssh will get it: never one that ssh would take for an option."""
+    if host.startswith("-"):
+        raise ValueError(f"host name {host!r} begins with '-': refused (ssh would read it as an option)")
+    if any(c.isspace() or ord(c) < 32 for c in host):
+        raise ValueError(f"host name {host!r} contains white space or control characters: refused")
+    return host
 
 
 _NCCL_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+\S*)")
@@ -61,75 +76,88 @@ _NCCL_VIA = re.compile(r"\bvia (NET/[A-Za-z]+|P2P/[A-Za-z]+|SHM|direct pointer)"
 
 
 def _event(d: dict, node: str, skew: float = 0.0) -> Event:
-    """``skew``: our clock minus the node's, added to the node's times (0 when the clocks agree)."""
-    if d.get("kind") == "log":
-        return LogEvent.fast(d["t"] + skew, d["rank"], d["stream"], d["text"], d["attempt"], d["path"], d["offset"],
-                             d.get("partial", False), d.get("transient", False), node)
+    """One event off the wire, its fields checked (``BadEvent`` when not an
+    event; ``UnknownKind`` for a kind a newer agent sends).  ``skew``: our clock
+    minus the node's, added to the node's times (0 when the clocks agree)."""
     d["node"] = node  # the name the person attached to (the agent knows only its hostname)
-    if skew:
+    if skew and isinstance(d.get("t"), (int, float)) and not isinstance(d["t"], bool):
         d["t"] += skew
     return from_dict(d)
 
 
 class RemoteSession:
-    """The same interface as ``Session`` (poll, stop, relaunch, finished...)."""
+    """A run on another node, through ``ddptop agent`` over ssh (a ``JobSession``)."""
 
     def __init__(self, host: str, run: str = "latest", *, ssh: list[str] | None = None,
                  remote_cmd: str | None = None, node: str | None = None, clock=time.time,
                  backoff: tuple[float, ...] = BACKOFF, silence: float = SILENCE, gpu: str | None = None):
-        self.host = host
+        self.host = check_host(host)
         self.node = node or host
         self.run = run
         self.gpu = gpu
-        # a job ddptop did not launch (watched by pid): never stopped or relaunched
-        self.control_refused: str | None = (
-            f"ddptop did not start this job ({run} on {self.node if node else host}) and will not stop or "
-            f"relaunch it; to stop it, send SIGINT to its torchrun on the node yourself" if run.startswith("pid:") else None)
         self.versions: dict[str, str] = {}  # the node's python/torch/NCCL, from the agent's hello
         # our clock minus the node's (measured at each hello, the link's delay included), added to the
         # times of the node's events when over SKEW_MIN, so that ages and the cross-node stall
         # detector compare like with like
         self.skew = 0.0
-        self.attach_exit_code: int | None = None  # from the agent, for a job ddptop did not launch
         self.ssh = list(ssh) if ssh else shlex.split(os.environ.get("DDPTOP_SSH", "ssh"))
         self.remote_cmd = remote_cmd or os.environ.get("DDPTOP_REMOTE", "ddptop")
         self.clock = clock
         self.backoff = backoff
         self.silence = silence
-        self.meta = None
-        self.run_dir = f"{host}:{run}"
-        self.cursor: dict[str, int] = {}
+        self.meta: journal.Meta | None = None
+        self._remote_dir = ""  # the run's directory on the node, once the agent has said
+        self._cursor: dict[str, int] = {}
         self.finished = False
         self.error: str | None = None  # why the attachment failed for good
         self.link = "connecting"
         self.connects = 0
-        self.stop_requested = False
         self._final: StateEvent | None = None
+        self._exit: ExitStatus | None = None  # from the agent's bye
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        self._pending_cmds: list[dict] = []
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"attach-{host}")
         self._thread.start()
 
-    # -- Session interface ---------------------------------------------------
+    # -- the JobSession protocol -----------------------------------------------
 
     @property
-    def attach_hint(self) -> str:
-        return f"ddptop attach {self.host}:{self.run}"
+    def launched(self) -> bool:
+        """The job on the node was launched by ddptop (not watched there by pid)."""
+        return not self.run.startswith("pid:")
+
+    @property
+    def location(self) -> RemoteRun:
+        return RemoteRun(self.host, self.run, self._remote_dir, self.node)
 
     @property
     def is_live(self) -> bool:
         return not self.finished and self.error is None
 
     @property
-    def exit_code(self) -> int | None:
-        return self._final.exit_code if self._final else None
-
-    @property
     def final_state(self) -> StateEvent | None:
         return self._final
+
+    def exit_status(self) -> ExitStatus:
+        if self._exit is not None:
+            return self._exit
+        if self.error is not None:
+            return ExitStatus.unknown(self.error)
+        return ExitStatus.of_final(self._final)
+
+    def refused_here(self) -> str:
+        return (f"ddptop did not start this job ({self.run} on {self.node}) and will not stop or relaunch it; "
+                f"to stop it, send SIGINT to its torchrun on the node yourself") if not self.launched else ""
+
+    def control(self) -> Control:
+        on = not self.finished and self.error is None
+        return Control(stop=on and self.launched, relaunch=on and self.launched, stacks=on,
+                       refused=self.refused_here(), fix_refused=FIX_ELSEWHERE)
+
+    def cursor(self) -> dict[str, int]:
+        return dict(self._cursor)
 
     def poll(self) -> list[Event]:
         out: list[Event] = []
@@ -150,19 +178,19 @@ class RemoteSession:
                     out.append(ev)
         return out
 
-    def stop(self) -> bool:
-        if self.control_refused:
-            return False
-        self.stop_requested = True
-        return self._command({"cmd": "stop"})
+    def stop(self) -> CommandResult:
+        if not self.launched:
+            return CommandResult(False, self.refused_here(), refused=True)
+        return self._command({"cmd": "stop"}, "stop the job")
 
-    def relaunch(self, profiles: list[str], reason: str = "asked for") -> bool:
-        if self.control_refused:
-            return False
-        return self._command({"cmd": "relaunch", "profiles": list(profiles), "reason": reason})
+    def relaunch(self, profiles: list[str], reason: str = "asked for") -> CommandResult:
+        if not self.launched:
+            return CommandResult(False, self.refused_here(), refused=True)
+        return self._command({"cmd": "relaunch", "profiles": list(profiles), "reason": reason},
+                             f"relaunch with {', '.join(profiles) or 'no profile'}")
 
-    def dump_stacks(self) -> bool:
-        return self._command({"cmd": "stacks"})
+    def dump_stacks(self) -> CommandResult:
+        return self._command({"cmd": "stacks"}, "capture every rank's stack")
 
     def close(self) -> None:
         """Detach: end the link (the remote job is not touched)."""
@@ -171,19 +199,22 @@ class RemoteSession:
 
     # -- the link --------------------------------------------------------------
 
-    def _command(self, cmd: dict) -> bool:
+    def _command(self, cmd: dict, what: str) -> CommandResult:
+        """Send a command now, or refuse it: never queued to fire minutes later on a reconnect."""
+        if self.finished or self._final is not None:
+            return CommandResult(False, f"{self.node}: the job has ended")
+        if self.error is not None:
+            return CommandResult(False, f"{self.node}: not attached ({self.error})")
         with self._lock:
             proc = self._proc
-            if proc is None or self.link != "up":
-                self._pending_cmds.append(cmd)  # sent as soon as the link is back
-                return self.error is None and not self.finished
+            if proc is None or self.link != "up" or proc.stdin is None:
+                return CommandResult(False, f"{self.node}: the link is {self.link}: not sent (try again once it is up)")
             try:
                 proc.stdin.write((json.dumps(cmd) + "\n").encode())
                 proc.stdin.flush()
-                return True
-            except OSError:
-                self._pending_cmds.append(cmd)
-                return True
+            except OSError as e:
+                return CommandResult(False, f"{self.node}: the link broke ({e}): not sent")
+        return CommandResult(True, f"{self.node}: asked to {what}")
 
     def _kill(self) -> None:
         proc = self._proc
@@ -205,9 +236,9 @@ class RemoteSession:
         remote = [*shlex.split(self.remote_cmd), "agent", "--run", self.run]
         if self.run.startswith("pid:") and self.gpu:
             remote += ["--gpu", self.gpu]  # the agent samples a job ddptop did not launch itself
-        if self.cursor:
-            remote += ["--resume", encode_cursor(self.cursor)]
-        return [*self.ssh, *SSH_OPTIONS, self.host, shlex.join(remote)]
+        if self._cursor:
+            remote += ["--resume", encode_cursor(self._cursor)]
+        return [*self.ssh, *SSH_OPTIONS, "--", self.host, shlex.join(remote)]
 
     def _run(self) -> None:
         failures = 0
@@ -258,6 +289,7 @@ class RemoteSession:
 
     def _pump(self, proc: subprocess.Popen) -> tuple[str, str]:
         """Read one connection to its end: ('bye'|'fatal'|'hello'|'lost', message)."""
+        assert proc.stdout is not None  # (started with stdout=PIPE)
         fd = proc.stdout.fileno()
         buf = b""
         pending: list[Event] = []
@@ -300,30 +332,28 @@ class RemoteSession:
                     if isinstance(d.get("versions"), dict):
                         self.versions = {str(k): str(v) for k, v in d["versions"].items()}
                     self._measure_skew(d.get("t"))
-                    if d.get("run"):
+                    if isinstance(d.get("run"), str) and d["run"]:
                         self.run = d["run"]  # pin the run: a reconnect must not jump to a newer one
-                        self.run_dir = f"{self.host}:{d.get('run_dir', d['run'])}"
+                        self._remote_dir = str(d.get("run_dir") or d["run"])
                     self._set_link("up", f"{d.get('host', self.host)}, ddptop {d.get('ddptop')}, run {d.get('run')}")
-                    self._flush_commands(proc)
                     continue
-                try:
-                    d = json.loads(raw)
-                    kind = d["kind"]
-                except (ValueError, KeyError, TypeError) as e:
-                    pending.append(NoteEvent(self.clock(), "warning", f"{self.host}: agent line {n} unreadable "
-                                             f"({type(e).__name__}: {e}): {raw[:120].decode('utf-8', 'replace')!r}",
-                                             node=self.node))
+                kind, d = wire.parse_line(raw)
+                if kind is None:
+                    pending.append(NoteEvent(self.clock(), "warning", f"{self.host}: agent line {n} unreadable, "
+                                             f"skipped: {raw[:120].decode('utf-8', 'replace')!r}", node=self.node))
                     continue
                 if kind == "cursor":
                     files = d.get("files")
-                    if isinstance(files, dict):
-                        self.cursor = files
+                    if isinstance(files, dict) and all(isinstance(v, int) for v in files.values()):
+                        self._cursor = {str(k): v for k, v in files.items()}
                     if pending:
                         self._emit(pending)
                         pending = []
                 elif kind == "bye":
-                    if isinstance(d.get("attach_exit_code"), int):
-                        self.attach_exit_code = d["attach_exit_code"]  # a job ddptop did not launch
+                    self._exit = ExitStatus.from_dict(d.get("exit"))
+                    if self._exit is None and isinstance(d.get("attach_exit_code"), int) and not self.launched:
+                        self._exit = ExitStatus.unknown("ddptop did not start this job: its exit code cannot be "
+                                                        "known", crash_seen=d["attach_exit_code"] == 1)
                     self._set_link("closed", "the job has ended")  # before the batch: its final state comes last
                     if pending:
                         self._emit(pending)
@@ -332,14 +362,17 @@ class RemoteSession:
                     return "fatal", str(d.get("message", "the agent reported an error"))
                 elif kind == "reply":
                     level = "info" if d.get("ok") else "warning"
-                    self._emit([NoteEvent(self.clock(), level, f"{self.host}: {d.get('cmd')}: {d.get('message')}",
+                    what = "refused: " if d.get("refused") else ""
+                    self._emit([NoteEvent(self.clock(), level, f"{self.host}: {d.get('cmd')}: {what}{d.get('message')}",
                                           node=self.node)])
                 elif kind in CONTROL:
                     continue
                 else:
                     try:
                         pending.append(_event(d, self.node, self.skew))
-                    except (ValueError, TypeError, KeyError) as e:
+                    except UnknownKind:
+                        continue  # a newer agent's kind: ignored
+                    except BadEvent as e:
                         pending.append(NoteEvent(self.clock(), "warning",
                                                  f"{self.host}: agent line {n}: bad {kind!r} event ({e})",
                                                  node=self.node))
@@ -367,19 +400,10 @@ class RemoteSession:
                                   node=self.node)])
 
     def _parse(self, raw: bytes) -> tuple[str | None, dict]:
-        try:
-            d = json.loads(raw)
-            return (d.get("kind") if isinstance(d, dict) else None), d
-        except ValueError:
-            return None, {}
+        return wire.parse_line(raw)
 
     def _check_hello(self, d: dict) -> str | None:
-        if d.get("proto") != PROTO_NAME:
-            return f"{self.host}: the remote command did not speak the ddptop agent protocol"
-        if d.get("version") != PROTOCOL:
-            return (f"{self.host} runs ddptop {d.get('ddptop')} (agent protocol {d.get('version')}), this is ddptop "
-                    f"{__version__} (protocol {PROTOCOL}): install the same version there: {install_hint()}")
-        return None
+        return wire.check_hello(d, self.host, install_hint())
 
     def _classify_failure(self, rc: int, err: str, before_hello: list[str]) -> tuple[str, str]:
         what = _last_line(err) or (before_hello[-1] if before_hello else "")
@@ -394,17 +418,6 @@ class RemoteSession:
         if rc == 255 and any(s in err for s in _SSH_FATAL):
             return "fatal", f"ssh {self.host}: {what} (check that `ssh {self.host} true` works without a prompt)"
         return "lost", what or f"ssh exited with {rc}"
-
-    def _flush_commands(self, proc) -> None:
-        with self._lock:
-            cmds, self._pending_cmds = self._pending_cmds, []
-        for c in cmds:
-            try:
-                proc.stdin.write((json.dumps(c) + "\n").encode())
-                proc.stdin.flush()
-            except OSError:
-                with self._lock:
-                    self._pending_cmds.append(c)
 
 
 def _last_line(s: str) -> str:
@@ -422,17 +435,17 @@ def _meta(d):
 
 
 class MultiSession:
-    """Several nodes' sessions as one: merged events, a cross-node stall
-    detector (the odd rank out may be on another machine), commands to all."""
+    """Several nodes' sessions as one (a ``JobSession``): merged events, the
+    cross-node stall check of the live-analysis pipeline (the odd rank out may
+    be on another machine), commands to every node or to none."""
 
-    def __init__(self, sessions: list, clock=time.time, stall_after: float | None = None):
+    def __init__(self, sessions: list[RemoteSession], clock=time.time, stall_after: float | None = None):
+        from ddptop.core.pipeline import Pipeline
+
         self.sessions = sessions
         self.clock = clock
-        self.stall_after = stall_after
-        self._generation = 0
-        self._last_check = 0.0
-        self.analyzer = self._new_analyzer()
-        self.stop_requested = False
+        self.pipeline = Pipeline(node="all nodes", stall_after=stall_after, clock=clock, stall_only=True,
+                                 on_stall=self._stacks_everywhere)
         self._final: StateEvent | None = None
         self.finished = False
         self._seen: dict[str, dict[str, set]] = {}  # what -> node -> values (NCCL version, transports)
@@ -440,46 +453,52 @@ class MultiSession:
         self._rank_node: dict[tuple, str] = {}  # (launch, attempt, rank) -> the node that first reported it
         self._clashes: set[int] = set()
 
-    def _new_analyzer(self):
-        from ddptop.core.analyzer import Analyzer
-
-        return Analyzer(self.clock, stall_after=self.stall_after, node="all nodes")
-
     @property
-    def meta(self):
+    def meta(self) -> journal.Meta | None:
         return next((s.meta for s in self.sessions if s.meta is not None), None)
 
     @property
-    def run_dir(self) -> str:
-        return " ".join(str(s.run_dir) for s in self.sessions)
-
-    @property
-    def control_refused(self) -> str | None:
-        """Set when no node's job was started by ddptop (nothing to stop or relaunch)."""
-        why = [getattr(s, "control_refused", None) for s in self.sessions]
-        return "; ".join(why) if why and all(why) else None
-
-    @property
-    def attach_hint(self) -> str:
-        return "ddptop attach " + " ".join(f"{s.host}:{s.run}" for s in self.sessions)
-
-    @property
     def error(self) -> str | None:
-        errs = [s.error for s in self.sessions if getattr(s, "error", None)]
+        """Why watching a node failed for good (each such node named)."""
+        errs = [f"{s.node}: {s.error}" for s in self.sessions if s.error]
         return "; ".join(errs) if errs else None
+
+    @property
+    def location(self) -> Nodes:
+        return Nodes(tuple(s.location for s in self.sessions))
 
     @property
     def is_live(self) -> bool:
         return any(s.is_live for s in self.sessions)
 
+    @property
+    def final_state(self) -> StateEvent | None:
+        return self._final
+
+    def exit_status(self) -> ExitStatus:
+        """The first node that did not succeed decides; all succeeded: 0."""
+        if self._final is None:
+            return ExitStatus.unknown("the job has not ended")
+        statuses = [s.exit_status() for s in self.sessions]
+        bad = [st for st in statuses if st.code != 0]
+        return bad[0] if bad else statuses[0]
+
+    def control(self) -> Control:
+        parts = [s.control() for s in self.sessions]
+        refused = "; ".join(p.refused for p in parts if p.refused)
+        return Control(stop=all(p.stop for p in parts), relaunch=all(p.relaunch for p in parts),
+                       stacks=any(p.stacks for p in parts), refused=refused if not all(p.stop for p in parts) else "",
+                       fix_refused=FIX_ELSEWHERE)
+
+    def cursor(self) -> dict[str, int]:
+        return {f"{s.node}:{path}": off for s in self.sessions for path, off in s.cursor().items()}
+
     def poll(self) -> list[Event]:
         out: list[Event] = []
-        finals = []
         for s in self.sessions:
-            batch = s.poll()
-            for ev in batch:
+            for ev in s.poll():
                 if isinstance(ev, StateEvent) and ev.state in FINAL_STATES:
-                    finals.append(ev)  # per node; the job's final state comes once all have ended
+                    # per node; the job's final state comes once all have ended
                     out.append(NoteEvent(ev.t, "info" if ev.exit_code == 0 else "warning",
                                          f"{ev.node}: job {ev.state}" + (f", exit code {ev.exit_code}"
                                                                          if ev.exit_code is not None else "")
@@ -487,25 +506,22 @@ class MultiSession:
                 else:
                     out.append(ev)
         out += self._node_differences(out)
+        gen = self.pipeline.generation
         for ev in list(out):
-            if ev.kind == "rank" and ev.alive:
+            if isinstance(ev, LaunchEvent) and ev.generation > gen:
+                gen = ev.generation
+            if isinstance(ev, RankEvent) and ev.alive:
                 # torchrun may give ranks to other nodes on a restart: compare within one attempt
-                first = self._rank_node.setdefault((self._generation, ev.attempt, ev.rank), ev.node)
+                first = self._rank_node.setdefault((gen, ev.attempt, ev.rank), ev.node)
                 if first != ev.node and ev.rank not in self._clashes:
                     self._clashes.add(ev.rank)
                     out.append(NoteEvent(ev.t, "warning", (
                         f"rank {ev.rank} is reported by both {first} and {ev.node}: these nodes run separate jobs "
                         "(or torchrun's --node-rank is the same on both); ranks are shown by number, so their "
                         "lines and the stall detector mix them. Attach to one node at a time.")))
-            if ev.kind == "launch" and ev.generation > self._generation:
-                self._generation = ev.generation  # a relaunch: judge the new attempt afresh
-                self.analyzer = self._new_analyzer()
-        alarms = [a for a in self.analyzer.feed(out) if a.type == "stall"]
-        now = self.clock()
-        if now - self._last_check >= 0.5:
-            self._last_check = now
-            alarms += self.analyzer.check(now)
+        alarms = self.pipeline.process(out)
         out.extend(alarms)
+        self.pipeline.react(alarms)
         if not self.finished and all(s.finished for s in self.sessions):
             finals = [s.final_state for s in self.sessions if s.final_state is not None]
             bad = [f for f in finals if f.exit_code != 0]
@@ -516,23 +532,39 @@ class MultiSession:
             self.finished = True
         return out
 
-    @property
-    def exit_code(self) -> int | None:
-        return self._final.exit_code if self._final else None
+    def _stacks_everywhere(self, alarm: AlarmEvent) -> None:
+        for s in self.sessions:
+            if s.control().stacks:
+                s.dump_stacks()
 
-    @property
-    def final_state(self) -> StateEvent | None:
-        return self._final
+    def _all_or_none(self, what: str, ask) -> CommandResult:
+        """A command goes to every node or to none: a link that is down is named and nothing is sent."""
+        if self.finished:
+            return CommandResult(False, "the job has ended")
+        c = self.control()
+        if c.refused:
+            return CommandResult(False, c.refused, refused=True)
+        down = [f"{s.node} ({s.error or s.link})" for s in self.sessions if s.link != "up" or s.error]
+        if down:
+            return CommandResult(False, f"not sent to any node: the link to {', '.join(down)} is not up")
+        results = [ask(s) for s in self.sessions]
+        failed = [r.message for r in results if not r.ok]
+        if failed:
+            return CommandResult(False, "; ".join(failed))
+        return CommandResult(True, f"asked every node to {what}")
 
-    def stop(self) -> bool:
-        self.stop_requested = True
-        return any([s.stop() for s in self.sessions])
+    def stop(self) -> CommandResult:
+        return self._all_or_none("stop the job", lambda s: s.stop())
 
-    def relaunch(self, profiles: list[str], reason: str = "asked for") -> bool:
-        return all([s.relaunch(profiles, reason) for s in self.sessions])
+    def relaunch(self, profiles: list[str], reason: str = "asked for") -> CommandResult:
+        return self._all_or_none(f"relaunch with {', '.join(profiles) or 'no profile'}",
+                                 lambda s: s.relaunch(profiles, reason))
 
-    def dump_stacks(self) -> bool:
-        return any([s.dump_stacks() for s in self.sessions])
+    def dump_stacks(self) -> CommandResult:
+        results = [s.dump_stacks() for s in self.sessions]
+        if any(results):
+            return CommandResult(True, "; ".join(r.message for r in results))
+        return CommandResult(False, "; ".join(r.message for r in results))
 
     def _node_differences(self, events: list[Event]) -> list[Event]:
         """Nodes of one job that run different software or NCCL transports: a
@@ -540,11 +572,11 @@ class MultiSession:
         NCCL's INFO lines (the nccl-debug profile)."""
         seen = self._seen
         for s in self.sessions:
-            for what, v in getattr(s, "versions", {}).items():
+            for what, v in s.versions.items():
                 if what in ("torch", "nccl"):
                     seen.setdefault(what, {}).setdefault(s.node, set()).add(v)
         for ev in events:
-            if ev.kind != "log" or "NCCL" not in ev.text:
+            if not isinstance(ev, LogEvent) or "NCCL" not in ev.text:
                 continue
             m = _NCCL_VERSION.search(ev.text)
             if m:

@@ -1,69 +1,71 @@
-"""Session: the one object every front end consumes.
+"""Session: a run ddptop launched, read from its journal (a ``JobSession``).
 
 A session reads a run's journal (events.jsonl, torchrun.log and every rank's
 log files) and turns what is new into events.  It works the same for a job
 launched a second ago, a detached job still running, and a finished run.
-Commands: ``stop()``.  Detaching is simply no longer reading.
+Commands go to the run's supervisor, the one process that writes the
+journal: a session only ever reads it.
+
+Liveness is the supervisor's pid and start time: a run whose supervisor is
+gone without a final state in its journal is ``lost``, decided here in
+memory (every reader decides it the same way; none writes it down).  A
+damaged journal line (not JSON, not an object, a field of the wrong type) is
+skipped with one note naming the file and line; a last line still being
+written waits for its end; kinds and fields this ddptop does not know are
+ignored.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ddptop.core import journal
 from ddptop.core.events import (
     FINAL_STATES,
     LOST,
+    BadEvent,
     Event,
     LogEvent,
     NoteEvent,
     ProgressEvent,
     RankEvent,
     StateEvent,
-    from_dict,
+    UnknownKind,
+    from_json,
 )
+from ddptop.core.jobs import CommandResult, Control, ExitStatus, LocalRun
+from ddptop.core.pipeline import RankMap
 from ddptop.core.tailer import Tailer
 
 SCAN_EVERY = 0.5  # seconds between looks for new rank log files
-LOST_AFTER = 3.0  # seconds without a supervisor before a run counts as lost
 LIVE_EVERY = 0.5  # seconds between looks at the supervisor process while polling
 
 
-def _pid_matches(pid: int, create_time: float | None) -> bool:
-    try:
-        import psutil
-
-        p = psutil.Process(pid)
-        if create_time is not None and abs(p.create_time() - create_time) > 0.01:
-            return False
-        return p.status() != psutil.STATUS_ZOMBIE
-    except Exception:
-        return False
-
-
 class Session:
-    def __init__(self, run_dir: Path, clock=time.time, resume: dict[str, int] | None = None):
+    def __init__(self, run_dir: Path, clock: Callable[[], float] = time.time,
+                 resume: dict[str, int] | None = None):
         """``resume``: a ``cursor()`` from an earlier session on this run; reading
         starts exactly after what that session had returned."""
         self.run_dir = Path(run_dir)
-        self.meta = journal.load_meta(self.run_dir)
+        self.meta: journal.Meta = journal.load_meta(self.run_dir)
+        self.location = LocalRun(self.run_dir)
         self.clock = clock
-        self._resume = dict(resume or {})
+        self.error: str | None = None  # (a local journal cannot fail to open once opened)
+        self._resume = {k: v for k, v in (resume or {}).items() if isinstance(k, str) and isinstance(v, int)}
         self._events = self._tailer(self.run_dir / journal.EVENTS)
+        self._events_line = self._lines_before(self._events)  # line number of the last line read
         self._torchrun = self._tailer(self.run_dir / journal.TORCHRUN_LOG)
         self._final_offset: int | None = None
         self._logs: dict[Path, tuple[Tailer, int, int, str]] = {}
-        self._rank_of: dict[tuple[int, int], int] = {}  # (attempt, local_rank) -> rank
+        self._ranks = RankMap(self.meta.node_rank, self.meta.nproc_per_node)
         self._last_scan = 0.0
         self._beats: dict[str, int] = {}  # beat file -> mtime_ns last read
         self._notes: dict[str, Tailer] = {}
         self._final: StateEvent | None = None
-        self._supervisor_gone_since: float | None = None
         self._live_checked: tuple[float, bool] | None = None  # (when, answer) of the last real look
         self.finished = False
         self.stop_requested = False
@@ -74,6 +76,24 @@ class Session:
 
     def _tailer(self, path: Path) -> Tailer:
         return Tailer(path, self._resume.get(os.path.relpath(path, self.run_dir), 0))
+
+    @staticmethod
+    def _lines_before(t: Tailer) -> int:
+        """How many lines come before a resumed tailer's offset (for line numbers in notes)."""
+        left, n = t.pos, 0
+        if left <= 0:
+            return 0
+        try:
+            with open(t.path, "rb") as f:
+                while left > 0:
+                    chunk = f.read(min(left, 1 << 20))
+                    if not chunk:
+                        break
+                    n += chunk.count(b"\n")
+                    left -= len(chunk)
+        except OSError:
+            return 0
+        return n
 
     def cursor(self) -> dict[str, int]:
         """Byte offsets (by path relative to the run directory) just after
@@ -97,24 +117,31 @@ class Session:
 
     # -- the job -------------------------------------------------------------
 
-    def _supervisor(self) -> dict | None:
-        return journal.read_json(self.run_dir / journal.SUPERVISOR)
+    @property
+    def final_state(self) -> StateEvent | None:
+        return self._final
 
     @property
     def is_live(self) -> bool:
         """True while the supervisor that owns the job is running."""
-        if self._final is not None or (self.run_dir / journal.EXIT).exists():
+        if self._final is not None:
             return False
-        sup = self._supervisor()
-        if sup is None:
-            # launched a moment ago: the supervisor has not written its pid yet
-            return time.time() - (self.meta.started or 0) < 30
-        return _pid_matches(sup["pid"], sup.get("create_time"))
+        return journal.supervisor_alive(self.run_dir, self.meta.started)
 
-    @staticmethod
-    def _signal(sup: dict | None, sig: int) -> bool:
-        """Signal the supervisor ``sup`` names, if it is still that process."""
-        if sup is None or not _pid_matches(sup["pid"], sup.get("create_time")):
+    def exit_status(self) -> ExitStatus:
+        return ExitStatus.of_final(self._final)
+
+    def control(self) -> Control:
+        live = not self.finished and self._final is None
+        return Control(stop=live, relaunch=live, stacks=live, fix=bool(self.meta.user_command))
+
+    def _supervisor(self) -> dict | None:
+        return journal.supervisor(self.run_dir)
+
+    def _signal(self, sig: int) -> bool:
+        """Signal the run's supervisor, if it is still that process."""
+        sup = self._supervisor()
+        if sup is None or not journal.pid_matches(sup["pid"], sup["create_time"]):
             return False
         try:
             os.kill(sup["pid"], sig)
@@ -122,47 +149,93 @@ class Session:
             return False
         return True
 
-    def stop(self) -> bool:
-        """Ask the supervisor to stop the job.  Returns False if nothing to stop."""
-        self.stop_requested = True
+    def _not_running(self) -> CommandResult:
+        state = self._final.state if self._final is not None else journal.run_state(self.run_dir).state
+        return CommandResult(False, f"the job is not running (it is {state})")
+
+    def stop(self) -> CommandResult:
+        """Ask the supervisor to stop the job."""
+        if self._final is not None:
+            return self._not_running()
         deadline = time.time() + 5
-        sup = self._supervisor()
-        while sup is None and time.time() < deadline and self.is_live:
-            time.sleep(0.05)
-            sup = self._supervisor()
-        return self._signal(sup, signal.SIGTERM)
+        while self._supervisor() is None and time.time() < deadline and self.is_live:
+            time.sleep(0.05)  # launched a moment ago: its supervisor is about to say its pid
+        if not self._signal(signal.SIGTERM):
+            return self._not_running()
+        self.stop_requested = True
+        return CommandResult(True, "stopping the job")
 
-    def dump_stacks(self) -> bool:
+    def dump_stacks(self) -> CommandResult:
         """Ask the supervisor for every rank's Python stack now (py-spy); the
-        result arrives as a note.  False if the job is not running."""
-        return self._signal(self._supervisor(), signal.SIGUSR2)
+        result arrives as a note."""
+        if self._final is None and self._signal(signal.SIGUSR2):
+            return CommandResult(True, "capturing every rank's Python stack")
+        return self._not_running()
 
-    def relaunch(self, profiles: list[str], reason: str = "asked for") -> bool:
+    def relaunch(self, profiles: list[str], reason: str = "asked for") -> CommandResult:
         """Stop the job completely and start it again with these profiles."""
         from ddptop.core.profiles import resolve
 
         resolve(profiles)  # unknown names fail here, with the list of known ones
-        sup = self._supervisor()
-        if sup is None or not _pid_matches(sup["pid"], sup.get("create_time")):
-            return False
+        if self._final is not None or not self.is_live:
+            return self._not_running()
         journal.write_json(self.run_dir / journal.RELAUNCH, {"profiles": list(profiles), "reason": reason})
-        return self._signal(sup, signal.SIGUSR1)
+        if not self._signal(signal.SIGUSR1):
+            return self._not_running()
+        return CommandResult(True, f"relaunching with {', '.join(profiles) or 'no profile'}")
+
+    def close(self) -> None:
+        for t in [self._events, self._torchrun, *(x[0] for x in self._logs.values()), *self._notes.values()]:
+            t.close()
 
     # -- reading -------------------------------------------------------------
 
     def _rank_for(self, attempt: int, local_rank: int) -> int:
-        r = self._rank_of.get((attempt, local_rank))
-        if r is not None:
-            return r
-        m = self.meta
-        if m.node_rank is not None and m.nproc_per_node is not None:
-            return m.node_rank * m.nproc_per_node + local_rank
-        return local_rank
+        return self._ranks.rank(attempt, local_rank)
 
     def _scan_logs(self) -> None:
         for attempt, local_rank, stream, path in journal.rank_log_files(Path(self.meta.log_dir)):
             if path not in self._logs:
                 self._logs[path] = (self._tailer(path), attempt, local_rank, stream)
+
+    def _valid_utf8(self, offset: int) -> bool:
+        """The raw bytes of the journal line at ``offset`` decode as UTF-8 (the
+        tailer has replaced what did not; this tells a U+FFFD written on
+        purpose from a damaged byte)."""
+        try:
+            with open(self._events.path, "rb") as f:
+                f.seek(offset)
+                f.readline().decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        except OSError:
+            pass
+        return True
+
+    def _read_events(self, now: float, out: list[Event]) -> None:
+        """New journal events; a damaged line is skipped with a note."""
+        for line in self._events.read():
+            self._events_line += 1
+            try:
+                if line.partial:
+                    raise BadEvent(f"a line over {self._events.max_line} bytes")
+                if "\ufffd" in line.text and not self._valid_utf8(line.offset):
+                    raise BadEvent("invalid UTF-8")
+                ev = from_json(line.text)
+            except UnknownKind:
+                continue  # written by a newer ddptop
+            except BadEvent as e:
+                out.append(NoteEvent(now, "warning", f"{self.run_dir / journal.EVENTS} line {self._events_line}: "
+                                                     f"damaged, skipped ({e})"))
+                continue
+            if isinstance(ev, RankEvent):
+                self._ranks.record(ev.attempt, ev.local_rank, ev.rank)
+            if isinstance(ev, StateEvent) and ev.state in FINAL_STATES:
+                if self._final is None:
+                    self._final = ev
+                    self._final_offset = line.offset
+                continue
+            out.append(ev)
 
     def poll(self, max_bytes: int = 4 * 1024 * 1024) -> list[Event]:
         """Everything new since the last call.  Never blocks on the job."""
@@ -171,19 +244,15 @@ class Session:
         now = self.clock()
         out: list[Event] = []
         final_seen = self._final is not None
-        for line in self._events.read():
-            try:
-                ev = from_dict(json.loads(line.text))
-            except (ValueError, TypeError) as e:
-                out.append(NoteEvent(now, "warning", f"events.jsonl offset {line.offset}: unreadable line ({e})"))
-                continue
-            if isinstance(ev, RankEvent):
-                self._rank_of[(ev.attempt, ev.local_rank)] = ev.rank
-            if isinstance(ev, StateEvent) and ev.state in FINAL_STATES:
-                self._final = ev
-                self._final_offset = line.offset
-                continue
-            out.append(ev)
+        self._read_events(now, out)
+        if self._final is None and not self._supervisor_alive(now):
+            # gone: whatever it wrote before it went is in the journal now
+            self._read_events(now, out)
+            if self._final is None:
+                rec = journal.recorded_exit(self.run_dir)  # killed between exit.json and its event
+                self._final = (StateEvent(now, rec.state, rec.exit_code, rec.message)
+                               if rec is not None and rec.state in FINAL_STATES and rec.state != LOST
+                               else StateEvent(now, LOST, None, journal.LOST_MESSAGE))
         if self._final is not None and not final_seen:
             self._last_scan = 0.0  # one more full scan before the end
         if now - self._last_scan >= SCAN_EVERY:
@@ -204,16 +273,22 @@ class Session:
                             for off, text, part, trans in lines])
             if not tailer.at_eof():
                 drained = False
-        if self._final is None and not self.is_live_cached(now):
-            self._final = StateEvent(now, LOST, None, "the supervisor ended without recording an exit status")
-            journal.write_json(self.run_dir / journal.EXIT, {"state": LOST, "exit_code": None, "t": now, "message": self._final.message})
         if self._final is not None and drained:
             for tailer, attempt, local_rank, stream in self._logs.values():
                 for tl in tailer.flush():
-                    out.append(LogEvent(now, self._rank_for(attempt, local_rank), stream, tl.text, attempt, os.path.relpath(tailer.path, run_dir), tl.offset, tl.partial))
+                    out.append(LogEvent(now, self._rank_for(attempt, local_rank), stream, tl.text, attempt,
+                                        os.path.relpath(tailer.path, run_dir), tl.offset, tl.partial))
             out.append(self._final)
             self.finished = True
         return out
+
+    def _supervisor_alive(self, now: float) -> bool:
+        """``is_live`` of the supervisor, looked at no more often than LIVE_EVERY."""
+        if self._live_checked is not None and 0 <= now - self._live_checked[0] < LIVE_EVERY:
+            return self._live_checked[1]
+        answer = journal.supervisor_alive(self.run_dir, self.meta.started)
+        self._live_checked = (now, answer)
+        return answer
 
     def _read_beats(self, now: float) -> list[Event]:
         """Step counts published by the in-rank hook or ddptop.beat()."""
@@ -247,32 +322,6 @@ class Session:
             except (OSError, ValueError):
                 continue
         return out
-
-    def is_live_cached(self, now: float) -> bool:
-        """is_live, but tolerant of a moment's gap and cheap when polled often."""
-        if self._live_checked is not None and 0 <= now - self._live_checked[0] < LIVE_EVERY:
-            return self._live_checked[1]
-        answer = self._is_live_now(now)
-        self._live_checked = (now, answer)
-        return answer
-
-    def _is_live_now(self, now: float) -> bool:
-        if (self.run_dir / journal.EXIT).exists():
-            return True  # the final event is on its way in events.jsonl
-        if self.is_live:
-            self._supervisor_gone_since = None
-            return True
-        if self._supervisor_gone_since is None:
-            self._supervisor_gone_since = now
-        return now - self._supervisor_gone_since < LOST_AFTER
-
-    @property
-    def exit_code(self) -> int | None:
-        return self._final.exit_code if self._final else None
-
-    @property
-    def final_state(self) -> StateEvent | None:
-        return self._final
 
     def follow(self, interval: float = 0.1) -> Iterator[list[Event]]:
         """Yield batches until the run has finished."""

@@ -62,7 +62,8 @@ STALL_EXIT = 124
 
 
 class Watcher(threading.Thread):
-    """Reads the job's own journal and writes alarms into it (stall, signatures)."""
+    """Reads the job's own journal, runs the live-analysis pipeline on it and
+    writes its alarms into the journal (whoever is watching, or nobody)."""
 
     def __init__(self, sup: "Supervisor", interval: float = 0.5):
         super().__init__(name="ddptop-watcher", daemon=True)
@@ -70,81 +71,31 @@ class Watcher(threading.Thread):
         self.done = threading.Event()
 
     def run(self) -> None:
-        from ddptop.core.analyzer import Analyzer
-        from ddptop.core.events import AlarmEvent
+        from ddptop.core.pipeline import Pipeline
         from ddptop.core.session import Session
 
+        sup = self.sup
         try:
-            session = Session(self.sup.run_dir)
-            an = Analyzer(stall_after=self.sup.meta.stall_after, node=self.sup.meta.host)
+            session = Session(sup.run_dir)
+            pipe = Pipeline(node=sup.meta.host, stall_after=sup.meta.stall_after,
+                            on_alarm=sup.notify, on_stall=sup.on_stall)
         except Exception as e:
-            self.sup.emit(NoteEvent(time.time(), "warning", f"detection disabled: {e!r}"))
+            sup.emit(NoteEvent(time.time(), "warning", f"detection disabled: {e!r}"))
             return
         while not self.done.is_set():
-            if self.sup.stacks_request:  # asked for (the TUI's p key, or through an attachment)
-                self.sup.stacks_request = False
-                self.sup.emit(NoteEvent(time.time(), "info", "capturing every rank's Python stack (asked for)"))
-                self.sup.capture_stacks()
+            if sup.stacks_request:  # asked for (the TUI's p key, or through an attachment)
+                sup.stacks_request = False
+                sup.stacks.request("asked for")
             try:
-                evs = [e for e in session.poll() if not isinstance(e, AlarmEvent)]
-                for i, e in enumerate(evs):
-                    if isinstance(e, LaunchEvent) and e.generation > 0:
-                        # a relaunch: judge the new attempt afresh
-                        an = Analyzer(stall_after=self.sup.meta.stall_after, node=self.sup.meta.host)
-                        evs = evs[i + 1:]
-                        break
-                alarms = an.feed(evs) + an.check()
+                alarms = pipe.process(session.poll())
             except Exception as e:
-                self.sup.emit(NoteEvent(time.time(), "warning", f"detection tick failed: {e!r}"))
+                sup.emit(NoteEvent(time.time(), "warning", f"detection tick failed: {e!r}"))
                 alarms = []
             if alarms:
-                self.sup.events.write_many(alarms)
-                for a in alarms:
-                    self.sup.notify(a)
-                if any(a.type == "stall" for a in alarms):
-                    if self.sup.env_set.get("DDPTOP_FR_DIR"):
-                        threading.Thread(target=self.sup.capture_flight, daemon=True, name="ddptop-flight").start()
-                    self.sup.capture_stacks()
-                stalls = [a for a in alarms if a.type == "stall"]
-                if stalls and self.sup.meta.on_stall == "relaunch":
-                    self.sup.auto_relaunch(stalls[0])
-                if stalls and self.sup.meta.on_stall == "kill":
-                    self.sup.emit(NoteEvent(time.time(), "warning", "stall detected and --on-stall kill: stopping the job"))
-                    self.sup.stall_kill = True
-                    self.sup.stop_requested = True
+                sup.events.write_many(alarms)
+                pipe.react(alarms)
             self.done.wait(self.interval)
-
-
-class Sampler(threading.Thread):
-    """Telemetry once per interval, off the supervisor's main loop.
-
-    Poll, then reschedule: a slow tick (a hung NVML call) delays the next one
-    and never overlaps it, and never delays stopping the job.
-    """
-
-    def __init__(self, sup: "Supervisor", mode: str, interval: float):
-        super().__init__(name="ddptop-sampler", daemon=True)
-        self.sup, self.mode, self.interval = sup, mode, interval
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        from ddptop.core.telemetry import RankProc, Telemetry, make_backend
-
-        try:
-            tel = Telemetry(make_backend(self.mode, self.sup.meta.host), self.sup.meta.host)
-        except Exception as e:  # never let telemetry take the job down
-            self.sup.emit(NoteEvent(time.time(), "warning", f"telemetry disabled: {e!r}"))
-            return
-        while not self.done.is_set():
-            t0 = time.monotonic()
-            ranks = [RankProc(i["rank"], i["local_rank"], pid)
-                     for pid, (p, i) in list(self.sup.ranks.items()) if not i.get("ended")]
-            try:
-                self.sup.events.write_many(tel.tick(ranks))
-            except Exception as e:
-                self.sup.emit(NoteEvent(time.time(), "warning", f"telemetry tick failed: {e!r}"))
-            self.done.wait(max(0.05, self.interval - (time.monotonic() - t0)))
-        tel.backend.shutdown()
+        session.close()
 
 
 class _Proc:
@@ -209,6 +160,12 @@ class Supervisor:
         self.profiles: list[str] = list(self.meta.profiles or [])
         self.tried: set[tuple[str, ...]] = {tuple(self.profiles)}
         self.relaunches = 0
+        from ddptop.core.pipeline import StackCapture
+
+        self.stacks = StackCapture(run_dir, self._rank_pids, self.events.write_many)
+
+    def _rank_pids(self) -> dict[int, int]:
+        return {i["rank"]: pid for pid, (p, i) in list(self.ranks.items()) if not i.get("ended")}
 
     def emit(self, ev: Event) -> None:
         self.events.write(ev)
@@ -331,7 +288,15 @@ class Supervisor:
         )
         sampler = None
         if (self.meta.gpu or "auto") != "off":
-            sampler = Sampler(self, self.meta.gpu or "auto", float(self.meta.sample_interval or 1.0))
+            from ddptop.core.pipeline import TelemetryLoop
+            from ddptop.core.telemetry import RankProc
+
+            def ranks() -> list:
+                return [RankProc(i["rank"], i["local_rank"], pid)
+                        for pid, (p, i) in list(self.ranks.items()) if not i.get("ended")]
+
+            sampler = TelemetryLoop(self.meta.gpu or "auto", self.meta.host, float(self.meta.sample_interval or 1.0),
+                                    ranks, self.events.write_many)
             sampler.start()
         watcher = Watcher(self)
         watcher.start()
@@ -378,9 +343,10 @@ class Supervisor:
             self.stopping_since = None
             self.emit(StateEvent(time.time(), state=RUNNING, message=f"relaunching ({reason}) with profiles {', '.join(names) or 'default'}"))
         if sampler is not None:
-            sampler.done.set()
+            sampler.stop()
         watcher.done.set()
         watcher.join(timeout=5)  # its last alarms land before the final state
+        self.stacks.wait(timeout=30)  # and a stack capture under way
         if rc is None:
             return self.finish(FAILED, 127, "could not start torchrun")
         self.discover_end()
@@ -393,30 +359,26 @@ class Supervisor:
 
     def notify(self, alarm) -> None:
         """--notify-cmd: run the person's command with the alarm as JSON on stdin."""
-        cmd = self.meta.notify_cmd
-        if not cmd:
-            return
-        env = dict(os.environ, DDPTOP_ALARM_TYPE=alarm.type, DDPTOP_ALARM_ID=alarm.id,
-                   DDPTOP_ALARM_MESSAGE=alarm.message, DDPTOP_RUN_DIR=str(self.run_dir))
-        try:
-            subprocess.run(cmd, input=(alarm.to_json() + "\n").encode(), env=env, timeout=30,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        except (OSError, subprocess.SubprocessError) as e:
-            self.emit(NoteEvent(time.time(), "warning", f"--notify-cmd failed: {e}"))
+        if self.meta.notify_cmd:
+            from ddptop.core.pipeline import run_notify
 
-    def capture_stacks(self) -> None:
-        from ddptop.core.stacks import dump_stacks, summarise
+            note = run_notify(list(self.meta.notify_cmd), alarm, str(self.run_dir))
+            if note is not None:
+                self.emit(note)
 
-        pids = {i["rank"]: pid for pid, (p, i) in list(self.ranks.items()) if not i.get("ended")}
-        raw, groups, err = dump_stacks(pids)
-        if raw:
-            d = self.run_dir / "stacks" / time.strftime("%Y%m%d-%H%M%S")
-            d.mkdir(parents=True, exist_ok=True)
-            for rank, text in raw.items():
-                (d / f"rank{rank}.txt").write_text(text)
-            self.emit(NoteEvent(time.time(), "info", f"stacks captured in {d}: {summarise(groups)}"))
-        if err:
-            self.emit(NoteEvent(time.time(), "warning", f"stack capture: {err}"))
+    def on_stall(self, alarm) -> None:
+        """The reactions to a stall of a job ddptop owns: flight-recorder dumps
+        (that profile), every rank's stack, then --on-stall kill|relaunch."""
+        if self.env_set.get("DDPTOP_FR_DIR"):
+            threading.Thread(target=self.capture_flight, daemon=True, name="ddptop-flight").start()
+        self.stacks.request()
+        if self.meta.on_stall == "relaunch":
+            self.auto_relaunch(alarm)
+        elif self.meta.on_stall == "kill":
+            self.emit(NoteEvent(time.time(), "warning", "stall detected and --on-stall kill: stopping the job"))
+            self.stall_kill = True
+            self.stop_requested = True
+            self._wake()
 
     def capture_flight(self, wait: float = 10.0) -> None:
         """flight-recorder profile, at a stall: ask every rank for its flight
@@ -432,7 +394,7 @@ class Supervisor:
             return
         try:
             d = Path(self.env_set["DDPTOP_FR_DIR"])
-            ranks = {i["rank"]: pid for pid, (p, i) in list(self.ranks.items()) if not i.get("ended")}
+            ranks = self._rank_pids()
             d.mkdir(parents=True, exist_ok=True)
             t0 = time.time()
             (d / "dump.request").write_text(f"{t0}\n")

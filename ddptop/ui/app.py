@@ -1,4 +1,4 @@
-"""The Textual UI: a live view of one run (a Session).
+"""The Textual UI: a live view of one job (any ``JobSession``).
 
 ``make_app(session)`` builds it; after ``app.run()`` the return value is
 ``"detach"`` (the job keeps running), ``"stop"`` (``session.stop()`` was
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import ClassVar
 
 from rich.text import Text
 from textual import on, work
@@ -25,6 +25,7 @@ from textual.content import Content
 from textual.markup import escape
 from textual.message import Message
 from textual.screen import ModalScreen
+from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets.option_list import Option
 from textual.widgets import (
@@ -42,6 +43,7 @@ from textual.widgets import (
 
 from ddptop.core.events import (FINAL_STATES, AlarmEvent, LaunchEvent, LinkEvent, LogEvent, NoteEvent, RankEvent,
                                 StateEvent)
+from ddptop.core.jobs import JobSession, Nodes, RemoteRun
 from ddptop.core.model import JobModel
 from ddptop.ui import logview
 from ddptop.ui.logview import Line, PaneBuffer
@@ -387,7 +389,7 @@ class DdptopApp(App[str]):
     #filter.-on { display: block; }
     """
 
-    BINDINGS = [
+    BINDINGS: ClassVar[list[Binding | tuple[str, str] | tuple[str, str, str]]] = [
         Binding("q", "request_quit", "Quit"),
         Binding("ctrl+c,ctrl+q", "request_quit", "Quit", show=False, priority=True),
         Binding("question_mark", "help", "Help"),
@@ -406,12 +408,13 @@ class DdptopApp(App[str]):
         Binding("B", "bench", "P2P bench", show=False),
         Binding("end", "follow", "Follow", show=False),
         Binding("home", "top", "Top", show=False),
-    ] + [Binding(str(n), f"rank({n})", f"Rank {n}", show=False) for n in range(10)]
+        *(Binding(str(n), f"rank({n})", f"Rank {n}", show=False) for n in range(10)),
+    ]
 
     MAIN_ACTIONS = {"request_quit", "help", "open_filter", "pane", "cycle", "rank", "follow", "top", "clear_filter", "toggle_wrap", "toggle_gpus",
                     "relaunch", "toggle_env", "stacks", "doctor", "bench", "fix"}
 
-    def __init__(self, session: Any, *, theme: str | None = None, poll_interval: float = 0.1) -> None:
+    def __init__(self, session: JobSession, *, theme: str | None = None, poll_interval: float = 0.1) -> None:
         super().__init__()
         self.session = session
         self.poll_interval = poll_interval
@@ -425,7 +428,7 @@ class DdptopApp(App[str]):
         self._filter = ""
         self._wrap = True
         self._stopping = False
-        self._flush_timer = None
+        self._flush_timer: Timer | None = None
         self._last_flush = 0.0
         self._last_table = 0.0
         self._table_rows = 0
@@ -440,9 +443,12 @@ class DdptopApp(App[str]):
         self._relaunching: str | None = None  # profiles asked for, until the new launch shows
         self._multi_node = False  # the job spans several nodes: torchrun lines name theirs
         self._link_logged: dict[str, str] = {}  # node -> link state last written to the log
-        meta = getattr(session, "meta", None)
-        self.run_id = getattr(meta, "run_id", None) or str(getattr(session, "run_dir", "run"))
-        self.attach_hint = getattr(session, "attach_hint", None) or ""  # a remote attachment's target
+        self._gpu_error_shown = False
+        loc = session.location
+        self._remote = isinstance(loc, (RemoteRun, Nodes))  # named by its target until the node says the run
+        meta = session.meta
+        self.run_id = meta.run_id if meta is not None else str(loc)
+        self.attach_hint = loc.attach_hint if self._remote else ""
         self._remote_run_id = ""
         self.sub_title = self.attach_hint or self.run_id
 
@@ -452,7 +458,7 @@ class DdptopApp(App[str]):
         yield HeaderBar(id="header")
         yield Static("", id="envpanel")
         alarms = AlarmBox(id="alarms")
-        alarms.can_relaunch = not getattr(self.session, "control_refused", None)  # a job ddptop did not start
+        alarms.can_relaunch = not self.session.control().refused  # a job ddptop did not start: no r
         yield alarms
         table: DataTable = DataTable(id="ranks", cursor_type="row", zebra_stripes=True)
         yield table
@@ -542,7 +548,7 @@ class DdptopApp(App[str]):
                     self.post_message(EventsReady())
                 if backlog > BACKLOG_EVENTS:
                     time.sleep(self.poll_interval)
-            if getattr(session, "finished", False):
+            if session.finished:
                 break
             if not events:
                 time.sleep(self.poll_interval)
@@ -819,7 +825,7 @@ class DdptopApp(App[str]):
         try:
             self.query_one("#gpu-pane", GpuPane).show(self.model, self.current_theme)
         except Exception as e:
-            if not getattr(self, "_gpu_error_shown", False):
+            if not self._gpu_error_shown:
                 self._gpu_error_shown = True
                 self._add_line(Line(-1, "note", f"could not show GPUs: {e}", "dim"))
 
@@ -827,7 +833,8 @@ class DdptopApp(App[str]):
         try:
             m = self.model
             now = time.time()
-            started = m.started or getattr(getattr(self.session, "meta", None), "started", None)
+            meta = self.session.meta
+            started = m.started or (meta.started if meta is not None else None)
             end = m.ended if m.ended is not None else now
             elapsed = _fmt_duration(end - started) if started else "--:--"
             var = STATE_VAR.get(m.state, "$foreground")
@@ -864,12 +871,12 @@ class DdptopApp(App[str]):
 
     def _run_label(self) -> str:
         """The run id; for a remote attachment, before its run is known, the target."""
-        if not self.attach_hint:
+        if not self._remote:
             return self.run_id
-        run_id = getattr(getattr(self.session, "meta", None), "run_id", None)
-        if run_id:
-            self._remote_run_id = run_id  # kept: a failed reconnect may forget it
-        hint = getattr(self.session, "attach_hint", None) or self.attach_hint
+        meta = self.session.meta
+        if meta is not None and meta.run_id:
+            self._remote_run_id = meta.run_id  # kept: a failed reconnect may forget it
+        hint = self.session.location.attach_hint
         if hint != self.sub_title:
             self.sub_title = hint  # pinned to the run once the link is up
         return self._remote_run_id or hint.removeprefix("ddptop attach ")
@@ -1017,10 +1024,11 @@ class DdptopApp(App[str]):
         self._refresh_env()
 
     def _job_ended(self) -> bool:
-        return self.model.finished or bool(getattr(self.session, "finished", False))
+        return self.model.finished or self.session.finished
 
     def action_relaunch(self) -> None:
-        refused = getattr(self.session, "control_refused", None)  # a job ddptop did not start
+        control = self.session.control()
+        refused = control.refused if not control.relaunch else ""  # a job ddptop did not start
         if refused:
             self.notify(refused, title="cannot relaunch", severity="warning", timeout=15)
             self._add_line(Line(-1, "note", f"relaunch refused: {refused}", "bold"))
@@ -1053,8 +1061,8 @@ class DdptopApp(App[str]):
         return names
 
     def _rerun_hint(self, names: list[str]) -> str:
-        meta = getattr(self.session, "meta", None)
-        cmd = list(getattr(meta, "user_command", None) or ["torchrun", "..."])
+        meta = self.session.meta
+        cmd = list(meta.user_command if meta is not None and meta.user_command else ["torchrun", "..."])
         try:
             import shlex
 
@@ -1079,17 +1087,12 @@ class DdptopApp(App[str]):
     def action_fix(self) -> None:
         if self._stopping:
             return
-        s = self.session
-        why = getattr(s, "control_refused", None)
-        if why:
-            self.notify(why, title="cannot search for a fix", severity="warning", timeout=10)
-            return
-        if getattr(s, "attach_hint", None):
-            self.notify("ddptop fix runs the job again on this machine: run it on the node where the job runs",
-                        title="cannot search for a fix from here", severity="warning", timeout=10)
-            return
-        if not getattr(getattr(s, "meta", None), "user_command", None):
-            self.notify("this run has no command to run again", severity="warning", timeout=6)
+        c = self.session.control()
+        if not c.fix:
+            if c.fix_refused:
+                self.notify(c.fix_refused, title="cannot search for a fix from here", severity="warning", timeout=10)
+            else:
+                self.notify("this run has no command to run again", severity="warning", timeout=6)
             return
         running = not self._job_ended()
         self.push_screen(FixScreen(running), lambda go: self._fix_chosen(go, running))
@@ -1122,33 +1125,29 @@ class DdptopApp(App[str]):
 
     @work(thread=True, exclusive=True, group="stacks", exit_on_error=False)
     def _do_stacks(self) -> None:
-        ask = getattr(self.session, "dump_stacks", None)
         try:
-            ok, err = bool(ask and ask()), None
+            r = self.session.dump_stacks()
+            ok, msg = r.ok, r.message
         except Exception as e:
-            ok, err = False, f"{type(e).__name__}: {e}"
-        self.call_from_thread(self._stacks_done, ok, err, ask is not None)
+            ok, msg = False, f"stack capture failed: {type(e).__name__}: {e}"
+        self.call_from_thread(self._stacks_done, ok, msg)
 
-    def _stacks_done(self, ok: bool, err: str | None, supported: bool) -> None:
+    def _stacks_done(self, ok: bool, message: str) -> None:
         if ok:
             self.notify("capturing every rank's Python stack (py-spy); the result shows in the merged log", timeout=5)
-        elif err:
-            self.notify(f"stack capture failed: {err}", severity="error", timeout=10)
-        elif not supported:
-            self.notify("stack capture is not available for this job", severity="warning", timeout=6)
         else:
-            self.notify("stack capture: the job's supervisor did not answer", severity="warning", timeout=6)
+            self.notify(f"no stack capture: {message}", severity="warning", timeout=8)
 
     @work(thread=True, exclusive=True, group="relaunch", exit_on_error=False)
     def _do_relaunch(self, names: list[str], reason: str) -> None:
         try:
-            ok = bool(self.session.relaunch(names, reason))
-            err = None
+            r = self.session.relaunch(names, reason)
+            ok, err, why = r.ok, None, r.message
         except Exception as e:
-            ok, err = False, f"{type(e).__name__}: {e}"
-        self.call_from_thread(self._relaunch_done, names, ok, err)
+            ok, err, why = False, f"{type(e).__name__}: {e}", ""
+        self.call_from_thread(self._relaunch_done, names, ok, err, why)
 
-    def _relaunch_done(self, names: list[str], ok: bool, err: str | None) -> None:
+    def _relaunch_done(self, names: list[str], ok: bool, err: str | None, why: str = "") -> None:
         what = ", ".join(names) or "no profile"
         if ok:
             self.notify(f"relaunching with profiles: {what} (stopping every rank first)", timeout=4)
@@ -1158,10 +1157,10 @@ class DdptopApp(App[str]):
             self._relaunching = None
             if err:
                 self.notify(f"relaunch failed: {err}", severity="error", timeout=10)
-            elif self._job_ended() or not getattr(self.session, "is_live", True):
+            elif self._job_ended() or not self.session.is_live:
                 self.notify(self._rerun_hint(names), title="cannot relaunch", severity="warning", timeout=15)
             else:
-                self.notify("relaunch failed: the supervisor did not answer", severity="error", timeout=10)
+                self.notify(f"relaunch failed: {why}", severity="error", timeout=10)
         self._refresh_header()
 
     def action_top(self) -> None:
@@ -1219,7 +1218,7 @@ class DdptopApp(App[str]):
             return
         if isinstance(self.screen, QuitScreen):
             return
-        if self.model.finished or getattr(self.session, "finished", False):
+        if self.model.finished or self.session.finished:
             self._quit("finished")
             return
         self.push_screen(QuitScreen(), self._quit_chosen)
@@ -1236,8 +1235,9 @@ class DdptopApp(App[str]):
     def _stop_job(self, result: str = "stop") -> None:
         refused = None
         try:
-            if not self.session.stop():
-                refused = getattr(self.session, "control_refused", None)  # a job ddptop did not start
+            r = self.session.stop()
+            if not r.ok and (r.refused or self.session.is_live):
+                refused = r.message  # a job ddptop did not start, a node out of reach: keep watching
         finally:
             if refused:
                 self.call_from_thread(self._stop_refused, refused)
@@ -1255,6 +1255,6 @@ class DdptopApp(App[str]):
         self.exit(result)
 
 
-def make_app(session: Any, *, theme: str | None = None, poll_interval: float = 0.1) -> DdptopApp:
+def make_app(session: JobSession, *, theme: str | None = None, poll_interval: float = 0.1) -> DdptopApp:
     """The one factory for the CLI and the tests."""
     return DdptopApp(session, theme=theme, poll_interval=poll_interval)

@@ -1,0 +1,379 @@
+"""The session protocol: the one shape every front end consumes.
+
+A ``JobSession`` is a job seen from ddptop, whatever it is: a run ddptop
+launched (read from its journal), a torchrun job ddptop did not launch
+(watched by pid), a run on another node (over ssh, through ``ddptop agent``)
+or several nodes of one job.  The TUI, headless/``--json`` and the agent use
+only what is declared here; none of them asks which kind it holds.
+
+* ``poll()`` returns what is new, never blocking on the job; ``finished`` is
+  set once the job's final state has been returned (the last event).
+* ``exit_status()`` is the one exit status of every kind of session, with the
+  reason when the job's own code cannot be known.
+* ``control()`` says what may be done to the job (stop, relaunch, stack
+  dump, a ``ddptop fix`` search here) and why not; ``stop()``, ``relaunch()``
+  and ``dump_stacks()`` answer with a ``CommandResult`` that says what
+  happened.
+* ``location`` is typed: a local run directory, a run on a remote host, an
+  attached pid, or several nodes.
+* ``cursor()`` resumes reading exactly after what ``poll()`` returned.
+
+``open_local`` turns what a person (or a remote client, through the agent)
+names on this machine into a session; ``open_target`` adds the remote
+forms.  The CLI and the agent both use them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, Union
+
+if TYPE_CHECKING:  # (no import cycle at run time: the implementations import this module)
+    from ddptop.core.events import Event, StateEvent
+    from ddptop.core.journal import Meta
+
+EXIT_CRASH_SEEN = 1  # `ddptop attach` exit code: the job ended and a rank crash was seen in its output
+EXIT_UNKNOWN = 3  # ... the job ended and its exit status cannot be known
+
+
+# -- where the job is ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LocalRun:
+    """A run ddptop launched on this machine: its journal directory."""
+
+    run_dir: Path
+
+    def __str__(self) -> str:
+        return str(self.run_dir)
+
+    @property
+    def attach_hint(self) -> str:
+        return f"ddptop attach {self.run_dir}"
+
+
+@dataclass(frozen=True)
+class RemoteRun:
+    """A run (or a job watched by pid: ``run`` is ``pid:N``) on another node."""
+
+    host: str
+    run: str  # the run id; "latest" until the node's agent has named it
+    run_dir: str = ""  # its journal directory on that node, once known
+    node: str = ""  # the name it is shown under (default: host)
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.run_dir or self.run}"
+
+    @property
+    def attach_hint(self) -> str:
+        return f"ddptop attach {_host_target(self.host)}:{self.run}"
+
+
+@dataclass(frozen=True)
+class AttachedPid:
+    """A torchrun job ddptop did not launch, watched from outside on this machine."""
+
+    pid: int
+    host: str
+    log_dir: str = ""  # where its rank logs are, once known
+
+    def __str__(self) -> str:
+        where = f"its rank logs are in {self.log_dir}" if self.log_dir else "no journal"
+        return f"pid {self.pid} on {self.host} (ddptop did not launch this job; {where})"
+
+    @property
+    def attach_hint(self) -> str:
+        return f"ddptop attach --pid {self.pid}"
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """Several nodes of one job, watched as one."""
+
+    nodes: tuple[RemoteRun, ...]
+
+    def __str__(self) -> str:
+        return " ".join(str(n) for n in self.nodes)
+
+    @property
+    def attach_hint(self) -> str:
+        return "ddptop attach " + " ".join(f"{_host_target(n.host)}:{n.run}" for n in self.nodes)
+
+
+Location = Union[LocalRun, RemoteRun, AttachedPid, Nodes]
+
+
+def _host_target(host: str) -> str:
+    """An IPv6 literal in brackets, so that HOST:RUN splits back the same way."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+# -- what may be done ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Control:
+    """What a front end may ask of this job, and why not when it may not."""
+
+    stop: bool
+    relaunch: bool
+    stacks: bool
+    fix: bool = False  # `ddptop fix` can run the job's command again on this machine
+    refused: str = ""  # why stop and relaunch are refused (a job ddptop did not start)
+    fix_refused: str = ""  # why a fix search cannot run from here
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """The answer to stop / relaunch / dump_stacks.  ``bool(result)`` is ``ok``."""
+
+    ok: bool
+    message: str = ""
+    refused: bool = False  # not allowed for this job (as opposed to: it could not be done now)
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    """How the job ended.  ``code``: the job's own exit code, or None when it
+    cannot be known (``reason`` says why); ``exit_with``: what ddptop exits
+    with (``code`` when known)."""
+
+    code: int | None
+    reason: str = ""
+    exit_with: int = 1
+
+    @classmethod
+    def known(cls, code: int) -> ExitStatus:
+        return cls(code, "", code)
+
+    @classmethod
+    def unknown(cls, reason: str, crash_seen: bool | None = None) -> ExitStatus:
+        """``crash_seen``: None for a job that ended badly (lost, failed link):
+        ddptop exits 1; else 1 when a crash was seen in its output, 3 when not."""
+        if crash_seen is None:
+            return cls(None, reason, 1)
+        return cls(None, reason, EXIT_CRASH_SEEN if crash_seen else EXIT_UNKNOWN)
+
+    @classmethod
+    def of_final(cls, final: StateEvent | None, *, running: str = "the job has not ended") -> ExitStatus:
+        """The status a final state event records (or ``running`` when there is none yet)."""
+        if final is None:
+            return cls.unknown(running)
+        if final.exit_code is not None:
+            return cls.known(final.exit_code)
+        return cls.unknown(final.message or f"the job is {final.state}")
+
+    def to_dict(self) -> dict[str, object]:
+        return {"code": self.code, "reason": self.reason, "exit_with": self.exit_with}
+
+    @classmethod
+    def from_dict(cls, d: object) -> ExitStatus | None:
+        if not isinstance(d, dict):
+            return None
+        code, reason, exit_with = d.get("code"), d.get("reason", ""), d.get("exit_with")
+        if code is not None and (not isinstance(code, int) or isinstance(code, bool)):
+            return None
+        if not isinstance(exit_with, int) or isinstance(exit_with, bool) or not isinstance(reason, str):
+            return None
+        return cls(code, reason, exit_with)
+
+
+# -- the protocol --------------------------------------------------------------
+
+
+class JobSession(Protocol):
+    @property
+    def location(self) -> Location: ...
+
+    @property
+    def meta(self) -> Meta | None:
+        """The job's command and settings (None until a remote node has said)."""
+
+    @property
+    def finished(self) -> bool:
+        """The final state has been returned by ``poll()``: nothing more will come."""
+
+    @property
+    def final_state(self) -> StateEvent | None: ...
+
+    @property
+    def error(self) -> str | None:
+        """Why watching failed for good (an ssh link that cannot be made), else None."""
+
+    @property
+    def is_live(self) -> bool:
+        """The job is (as far as can be seen) still running."""
+
+    def poll(self) -> list[Event]: ...
+
+    def exit_status(self) -> ExitStatus: ...
+
+    def control(self) -> Control: ...
+
+    def cursor(self) -> dict[str, int]: ...
+
+    def stop(self) -> CommandResult: ...
+
+    def relaunch(self, profiles: list[str], reason: str = "asked for") -> CommandResult: ...
+
+    def dump_stacks(self) -> CommandResult: ...
+
+    def close(self) -> None:
+        """Stop watching (the job itself is never touched by this)."""
+
+
+# -- opening one ---------------------------------------------------------------
+
+
+class OpenError(Exception):
+    """What the person named cannot be watched; the message says why (and what to do)."""
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    """Settings for watching a job that ddptop did not launch (it has no journal to say them)."""
+
+    gpu: str = "auto"
+    stall_after: float | None = None
+    sample_interval: float = 1.0
+
+
+@dataclass(frozen=True)
+class Opened:
+    session: JobSession
+    notes: tuple[str, ...] = ()  # what the person should be told on stderr (what was picked, and why)
+
+
+def _local_pid(pid: int, options: WatchOptions, resume: dict[str, int] | None) -> Opened:
+    from ddptop.core.foreign import ForeignError, ForeignSession, launched_by_ddptop, resolve_pid
+    from ddptop.core.session import Session
+
+    try:
+        target = resolve_pid(pid)
+        if target.torchrun is not None:
+            run_dir = launched_by_ddptop(target.torchrun)
+            if run_dir is not None:
+                return Opened(Session.open(run_dir, resume=resume),
+                              (f"torchrun pid {target.pid} was launched by ddptop: attaching to its run {run_dir}",))
+        return Opened(ForeignSession(target, gpu=options.gpu, stall_after=options.stall_after,
+                                     sample_interval=options.sample_interval, resume=resume))
+    except ForeignError as e:
+        raise OpenError(f"--pid {pid}: {e}") from None
+
+
+def parse_pid_ref(ref: str) -> int | None:
+    """``pid:N`` (or ``pid-N``) -> N; anything else -> None."""
+    for prefix in ("pid:", "pid-"):
+        if ref.startswith(prefix) and ref[len(prefix):].isdigit():
+            return int(ref[len(prefix):])
+    return None
+
+
+def open_local(ref: str = "", *, pid: int | None = None, options: WatchOptions = WatchOptions(),
+               resume: dict[str, int] | None = None) -> Opened:
+    """A job on this machine: a run id, a run directory, ``latest``, ``pid:N``,
+    or (``pid``) any process of a torchrun job.  An empty ``ref`` and no pid:
+    the newest ddptop run while it runs, else the one torchrun job ddptop did
+    not launch, else the newest run (finished), to read it again."""
+    from ddptop.core import journal
+    from ddptop.core.session import Session
+
+    if pid is None and ref:
+        pid = parse_pid_ref(ref)
+    if pid is not None:
+        return _local_pid(pid, options, resume)
+    if ref:
+        try:
+            return Opened(Session.open(journal.resolve_run(ref), resume=resume))
+        except journal.JournalError as e:
+            raise OpenError(str(e)) from None
+    try:
+        newest: Path | None = journal.resolve_run("latest")
+    except journal.JournalError:
+        newest = None
+    if newest is None or journal.run_state(newest).final:
+        from ddptop.core.foreign import describe, find_torchruns
+
+        found = find_torchruns()
+        if len(found) == 1:
+            p = found[0]
+            opened = _local_pid(p.pid, options, resume)
+            return Opened(opened.session, (f"attaching to torchrun pid {p.pid} (not launched by ddptop)",))
+        if len(found) > 1:
+            rows = "\n".join(describe(p) for p in found)
+            raise OpenError(f"{len(found)} torchrun jobs that ddptop did not launch are running:\n"
+                            f"{'PID':>8}  {'STARTED':19}  COMMAND\n{rows}\n"
+                            f"pick one with `ddptop attach --pid PID`")
+    if newest is None:
+        raise OpenError(f"no runs under {journal.runs_home()} and no torchrun job running here")
+    try:
+        return Opened(Session.open(newest, resume=resume))
+    except journal.JournalError as e:
+        raise OpenError(str(e)) from None
+
+
+@dataclass(frozen=True)
+class AttachRequest:
+    """What a person asked ``ddptop attach`` for."""
+
+    targets: tuple[str, ...] = ()  # RUN, or HOST[:RUN] (several hosts: one job on several nodes)
+    pid: int | None = None
+    run: str | None = None  # run id on every host
+    hosts: tuple[str, ...] = ()  # from --hosts-file / --slurm: always remote
+    ssh: tuple[str, ...] | None = None
+    remote_cmd: str | None = None
+    options: WatchOptions = field(default_factory=WatchOptions)
+
+
+def open_target(req: AttachRequest) -> Opened:
+    """A local run, a local job by pid, or the runs on one or more remote nodes."""
+    from ddptop.core import journal
+
+    if req.pid is not None and (req.targets or req.run or req.hosts):
+        if len(req.targets) != 1 or req.run or req.hosts:
+            raise OpenError("--pid takes one HOST at most (the job's node), and no RUN, --run, --hosts-file "
+                            "or --slurm")
+        try:
+            journal.resolve_run(req.targets[0])
+        except journal.JournalError:
+            return _remote([f"{req.targets[0]}:pid:{req.pid}"], req)
+        raise OpenError(f"--pid cannot be combined with a RUN ({req.targets[0]} is a ddptop run here)")
+    if req.pid is not None:
+        return open_local(pid=req.pid, options=req.options)
+    if not req.targets and not req.hosts:
+        return open_local(req.run or "", options=req.options)
+    if len(req.targets) == 1 and not req.hosts:
+        ref = req.targets[0]
+        try:
+            return open_local(ref, options=req.options)
+        except OpenError:
+            if os.sep in ref or ref in ("latest", "last") or parse_pid_ref(ref) is not None:
+                raise
+    return _remote([*req.targets, *req.hosts], req)
+
+
+def _remote(targets: list[str], req: AttachRequest) -> Opened:
+    from ddptop.core.remote import MultiSession, RemoteSession, check_host, parse_target
+
+    sessions = []
+    for t in targets:
+        try:
+            host, run = parse_target(t)
+            check_host(host)
+        except ValueError as e:
+            raise OpenError(str(e)) from None
+        if req.run and run == "latest":
+            run = req.run
+        sessions.append((host, run))
+    opened = [RemoteSession(host, run, ssh=list(req.ssh) if req.ssh else None, remote_cmd=req.remote_cmd,
+                            gpu=req.options.gpu) for host, run in sessions]
+    hosts = ", ".join(h for h, _ in sessions)
+    if len(opened) == 1:
+        return Opened(opened[0], (f"attaching to {hosts} over ssh",))
+    return Opened(MultiSession(opened, stall_after=req.options.stall_after), (f"attaching to {hosts} over ssh",))

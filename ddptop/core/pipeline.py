@@ -1,0 +1,228 @@
+"""Live analysis: one pipeline for every job ddptop watches.
+
+Sources (a run's journal, a job watched by pid, the nodes of a multi-node
+job) feed events in; the pipeline returns alarms and runs the reactions to
+them.  The supervisor of a launched job, ``ForeignSession`` (attach by pid)
+and ``MultiSession`` (the cross-node view) each hold one; only what they
+plug in differs:
+
+* the analyzer (progress, signatures, the stall detector), started afresh
+  for each relaunch;
+* reactions: a stack capture on a stall (``StackCapture``), the notify
+  command, and whatever the owner adds (the supervisor: flight-recorder
+  dumps, ``--on-stall kill|relaunch``);
+* telemetry (``TelemetryLoop``): NVML/psutil samples off the caller's thread.
+
+Also here, written once: ``RankMap`` (which global rank a local rank of an
+attempt is) and ``run_notify`` (the ``--notify-cmd`` reaction).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from ddptop.core.events import AlarmEvent, Event, LaunchEvent, NoteEvent
+from ddptop.core.jobs import CommandResult
+
+CHECK_EVERY = 0.5  # seconds between stall checks
+CRASH_SIGNATURES = frozenset({"child-failed", "rank-exit", "rank-signal"})
+
+Emit = Callable[[list[Event]], None]
+
+
+class RankMap:
+    """Global rank of (attempt, local rank): as the ranks said, else node_rank * nproc + local."""
+
+    def __init__(self, node_rank: int | None = None, nproc_per_node: int | None = None):
+        self.node_rank = node_rank
+        self.nproc_per_node = nproc_per_node
+        self._seen: dict[tuple[int, int], int] = {}
+
+    def record(self, attempt: int, local_rank: int, rank: int) -> None:
+        self._seen[(attempt, local_rank)] = rank
+
+    def rank(self, attempt: int, local_rank: int) -> int:
+        r = self._seen.get((attempt, local_rank))
+        if r is not None:
+            return r
+        if self.node_rank is not None and self.nproc_per_node is not None:
+            return self.node_rank * self.nproc_per_node + local_rank
+        return local_rank
+
+
+class StackCapture:
+    """Every rank's Python stack (py-spy), one capture at a time, in a thread
+    of its own; the files go under ``dest/stacks/<time>/``, the summary and
+    any error arrive through ``emit`` as notes."""
+
+    def __init__(self, dest: Path, rank_pids: Callable[[], dict[int, int]], emit: Emit,
+                 clock: Callable[[], float] = time.time):
+        self.dest = Path(dest)
+        self.rank_pids = rank_pids
+        self.emit = emit
+        self.clock = clock
+        self._busy = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def request(self, why: str = "") -> CommandResult:
+        pids = self.rank_pids()
+        if not pids:
+            return CommandResult(False, "no rank is running")
+        if not self._busy.acquire(blocking=False):
+            return CommandResult(True, "a stack capture is already under way")
+        if why:
+            self.emit([NoteEvent(self.clock(), "info", f"capturing every rank's Python stack ({why})")])
+        self._thread = threading.Thread(target=self._run, args=(pids,), daemon=True, name="ddptop-stacks")
+        self._thread.start()
+        return CommandResult(True, "capturing every rank's Python stack")
+
+    def wait(self, timeout: float | None = None) -> None:
+        t = self._thread
+        if t is not None:
+            t.join(timeout)
+
+    def _run(self, pids: dict[int, int]) -> None:
+        from ddptop.core.stacks import dump_stacks, summarise
+
+        try:
+            raw, groups, err = dump_stacks(pids)
+            out: list[Event] = []
+            if raw:
+                d = self.dest / "stacks" / time.strftime("%Y%m%d-%H%M%S")
+                n = 1
+                while d.exists():  # two captures in one second
+                    n += 1
+                    d = d.with_name(f"{d.name.split('.')[0]}.{n}")
+                from ddptop.core.journal import make_private_dir
+
+                make_private_dir(d)
+                for rank, text in raw.items():
+                    (d / f"rank{rank}.txt").write_text(text)
+                out.append(NoteEvent(self.clock(), "info", f"stacks captured in {d}: {summarise(groups)}"))
+            if err:
+                out.append(NoteEvent(self.clock(), "warning", f"stack capture: {err}"))
+            self.emit(out)
+        except Exception as e:  # never let a capture take the watching down
+            self.emit([NoteEvent(self.clock(), "warning", f"stack capture failed: {e!r}")])
+        finally:
+            self._busy.release()
+
+
+def run_notify(cmd: list[str], alarm: AlarmEvent, run_dir: str) -> NoteEvent | None:
+    """--notify-cmd: the person's command with the alarm as JSON on stdin (never a shell)."""
+    env = dict(os.environ, DDPTOP_ALARM_TYPE=alarm.type, DDPTOP_ALARM_ID=alarm.id,
+               DDPTOP_ALARM_MESSAGE=alarm.message, DDPTOP_RUN_DIR=run_dir)
+    try:
+        subprocess.run(cmd, input=(alarm.to_json() + "\n").encode(), env=env, timeout=30,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as e:
+        return NoteEvent(time.time(), "warning", f"--notify-cmd failed: {e}")
+    return None
+
+
+class Pipeline:
+    """Events in, alarms out, reactions run.  The analysis itself is pure
+    (``Analyzer``, injected clock); the reactions are what the owner plugs in."""
+
+    def __init__(self, *, node: str = "", stall_after: float | None = None,
+                 clock: Callable[[], float] = time.time, check_every: float = CHECK_EVERY,
+                 stall_only: bool = False,
+                 on_stall: Callable[[AlarmEvent], None] | None = None,
+                 on_alarm: Callable[[AlarmEvent], None] | None = None):
+        """``stall_only``: the sources' own signature alarms are already in their
+        streams (the nodes of a multi-node job): only stalls are judged here.
+        ``on_stall``: run once per stall alarm batch, with its first stall;
+        ``on_alarm``: run for every alarm (the notify command)."""
+        self.node = node
+        self.stall_after = stall_after
+        self.clock = clock
+        self.check_every = check_every
+        self.stall_only = stall_only
+        self.on_stall = on_stall
+        self.on_alarm = on_alarm
+        self.generation = 0
+        self.crash_seen = False  # a rank crash (or torchrun's failure report) was seen
+        self._last_check = -1e18
+        self.analyzer = self._new_analyzer()
+
+    def _new_analyzer(self):
+        from ddptop.core.analyzer import Analyzer
+
+        return Analyzer(self.clock, stall_after=self.stall_after, node=self.node)
+
+    def process(self, events: list[Event], now: float | None = None, *, check: bool = False) -> list[AlarmEvent]:
+        """Feed ``events``; stall-check when due (or ``check``); return the new
+        alarms.  The owner puts them in its stream, then calls ``react``."""
+        now = self.clock() if now is None else now
+        for i in range(len(events) - 1, -1, -1):
+            ev = events[i]
+            if isinstance(ev, LaunchEvent) and ev.generation > self.generation:
+                # a relaunch: judge the new attempt afresh
+                self.generation = ev.generation
+                self.analyzer = self._new_analyzer()
+                self._last_check = -1e18
+                events = events[i + 1:]
+                break
+        an = self.analyzer
+        alarms = an.feed([e for e in events if not isinstance(e, AlarmEvent)])
+        if self.stall_only:
+            alarms = [a for a in alarms if a.type == "stall"]
+        if check or now - self._last_check >= self.check_every:
+            self._last_check = now
+            alarms += an.check(now)
+        if not self.crash_seen and (any(a.type == "crash" for a in alarms)
+                                    or any(f.signature in CRASH_SIGNATURES for f in an.findings)):
+            self.crash_seen = True
+        return alarms
+
+    def react(self, alarms: list[AlarmEvent]) -> None:
+        """Run the reactions to alarms that are now in the stream."""
+        if self.on_alarm is not None:
+            for a in alarms:
+                self.on_alarm(a)
+        stalls = [a for a in alarms if a.type == "stall"]
+        if stalls and self.on_stall is not None:
+            self.on_stall(stalls[0])
+
+
+class TelemetryLoop(threading.Thread):
+    """GPU and process samples once per interval, off the caller's thread.
+
+    Poll, then reschedule: a slow tick (a hung NVML call) delays the next one
+    and never overlaps it.  ``ranks()`` says which processes to sample."""
+
+    def __init__(self, mode: str, node: str, interval: float, ranks: Callable[[], list], emit: Emit):
+        super().__init__(name="ddptop-sampler", daemon=True)
+        self.mode, self.node, self.interval = mode, node, interval
+        self.ranks, self.emit = ranks, emit
+        self.done = threading.Event()
+
+    def stop(self) -> None:
+        self.done.set()
+
+    def run(self) -> None:
+        from ddptop.core.telemetry import Telemetry, make_backend
+
+        try:
+            tel = Telemetry(make_backend(self.mode, self.node), self.node)
+        except Exception as e:  # never let telemetry take the watching down
+            self.emit([NoteEvent(time.time(), "warning", f"telemetry disabled: {e!r}")])
+            return
+        try:
+            while not self.done.is_set():
+                t0 = time.monotonic()
+                try:
+                    self.emit(tel.tick(self.ranks()))
+                except Exception as e:
+                    self.emit([NoteEvent(time.time(), "warning", f"telemetry tick failed: {e!r}")])
+                self.done.wait(max(0.05, self.interval - (time.monotonic() - t0)))
+        finally:
+            try:
+                tel.backend.shutdown()
+            except Exception as e:
+                self.emit([NoteEvent(time.time(), "warning", f"telemetry shutdown failed: {e!r}")])
