@@ -125,3 +125,42 @@ def test_no_first_step_ever_alarms_after_the_grace():
     assert d.check() is None
     c.t += 2
     assert d.check() is not None
+
+
+def test_a_long_evaluation_drawing_batches_is_alive_and_a_hang_inside_it_is_caught():
+    """The hook's batch counter and phase: an evaluation that makes no optimizer
+    step for minutes is life, judged by its own batch rate."""
+    c = Clock()
+    d = StallDetector(c)
+    run_steps(d, c, [0, 1], 100, 0.2)
+    n = {0: 0, 1: 0}
+    for r in (0, 1):
+        d.batch(r, n[r], c.t, "eval")  # model.eval(): the evaluation begins
+    for _ in range(240):  # 2 minutes of evaluation, a batch every 0.5 s: no training step at all
+        c.t += 0.5
+        for r in (0, 1):
+            n[r] += 1
+            d.batch(r, n[r], c.t, "eval")
+        assert d.check() is None
+    # rank 1 stops drawing batches inside the evaluation; rank 0 waits for it
+    last = c.t
+    alarm = None
+    while alarm is None and c.t < last + 120:
+        c.t += 0.5
+        alarm = d.check()
+    assert alarm is not None, "a hang inside the evaluation must still be caught"
+    assert c.t - last <= 15.0, c.t - last  # by the evaluation's own rate, not a training step's
+    # back to training: steps again clear it
+    for r in (0, 1):
+        d.batch(r, n[r] + 1, c.t, "train")
+    run_steps(d, c, [0, 1], 5, 0.2)
+
+
+def test_a_checkpoint_save_gets_a_patient_threshold():
+    c = Clock()
+    d = StallDetector(c)
+    run_steps(d, c, [0, 1], 100, 0.2)
+    for r in (0, 1):
+        d.batch(r, 500, c.t, "save")
+    c.t += 25.0  # longer than a training step's threshold (10 s), within the save's (30 s)
+    assert d.check() is None

@@ -2,7 +2,11 @@
 #
 # When the training script imports torch.optim, register torch's global
 # optimizer-step post-hook, which counts optimizer steps and publishes the
-# count and time into the run journal (one pwrite per step).  Any failure
+# count and time into the run journal (one pwrite per step).  When it imports
+# torch's data loader, count every batch drawn from any DataLoader iterator
+# (training and evaluation alike), and follow the model's phase: train/eval
+# (Module.train/eval) and save (inside torch.save); the count, time and phase
+# are published at most every 50 ms, and at once when the phase changes.  Any failure
 # disables the hook quietly, with a note in the journal; the script is never
 # broken.  Then chain to whatever sitecustomize was there before us.
 import os
@@ -44,6 +48,82 @@ def _ddptop_install():
             module.register_optimizer_step_post_hook(on_step)
         except Exception as e:
             note(f"step hook not installed on rank {rank}: {e!r}")
+
+    batches = {"fd": None, "n": 0, "last": 0.0, "phase": b"train", "off": False}
+    _now = time.time
+
+    def publish_batches(now):
+        try:
+            if batches["fd"] is None:
+                batches["fd"] = os.open(os.path.join(beat_dir, f"batch.{rank}"), os.O_WRONLY | os.O_CREAT, 0o600)
+            os.pwrite(batches["fd"], b"%020d %.6f %-5s\n" % (batches["n"], now, batches["phase"]), 0)
+        except Exception as e:  # never break the training loop
+            batches["off"] = True
+            note(f"batch hook disabled on rank {rank}: {e!r}")
+
+    def set_phase(phase):
+        if batches["phase"] != phase and not batches["off"]:
+            batches["phase"] = phase
+            now = _now()
+            batches["last"] = now
+            publish_batches(now)
+
+    def patch_loader(module):
+        """Count every batch drawn from a DataLoader iterator (its __next__)."""
+        try:
+            cls = module._BaseDataLoaderIter
+            real_next = cls.__next__
+
+            def __next__(self):
+                item = real_next(self)
+                batches["n"] += 1
+                now = _now()
+                if now - batches["last"] >= 0.05 and not batches["off"]:
+                    batches["last"] = now
+                    publish_batches(now)
+                return item
+
+            cls.__next__ = __next__
+        except Exception as e:
+            note(f"batch hook not installed on rank {rank}: {e!r}")
+
+    def patch_module(module):
+        """The model's phase: the outermost Module.train(mode) / eval() call says it."""
+        try:
+            cls = module.Module
+            real_train = cls.train
+            depth = [0]
+
+            def train(self, mode=True):
+                depth[0] += 1
+                try:
+                    return real_train(self, mode)
+                finally:
+                    depth[0] -= 1
+                    if depth[0] == 0:
+                        set_phase(b"train" if mode else b"eval")
+
+            cls.train = train
+        except Exception as e:
+            note(f"phase hook not installed on rank {rank}: {e!r}")
+
+    def patch_save(module):
+        """Inside torch.save: a rank writing a checkpoint is alive."""
+        try:
+            real_save = module.save
+
+            def save(*args, **kwargs):
+                before = batches["phase"]
+                set_phase(b"save")
+                try:
+                    return real_save(*args, **kwargs)
+                finally:
+                    set_phase(before)
+
+            save.__doc__, save.__name__, save.__wrapped__ = real_save.__doc__, "save", real_save
+            module.save = save
+        except Exception as e:
+            note(f"save hook not installed on rank {rank}: {e!r}")
 
     force_backend = os.environ.get("DDPTOP_PG_BACKEND")
     force_timeout = os.environ.get("DDPTOP_PG_TIMEOUT")
@@ -119,7 +199,8 @@ def _ddptop_install():
         except Exception as e:
             note(f"flight recorder dumps not available on rank {rank}: {e!r}")
 
-    hooks = {"torch.optim.optimizer": [register]}
+    hooks = {"torch.optim.optimizer": [register], "torch.utils.data.dataloader": [patch_loader],
+             "torch.nn.modules.module": [patch_module], "torch.serialization": [patch_save]}
     if force_backend or force_timeout:
         hooks.setdefault("torch.distributed", []).append(patch_init)
     if fr_dir:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 
 from ddptop.core.events import (FINAL_STATES, AlarmEvent, Event, GpuEvent, LogEvent, ProcEvent,
-                                ProgressEvent, RankEvent, StateEvent)
+                                ProgressEvent, RankEvent, StacksEvent, StateEvent)
 from ddptop.core.progress import OTHER, parse_progress
 from ddptop.core.signatures import CAUSE, GENERIC, Finding, SignatureMatcher, root_cause
-from ddptop.core.stall import StallDetector
+from ddptop.core.stall import StackVerdict, StallDetector
 
 
 class Analyzer:
@@ -57,6 +57,10 @@ class Analyzer:
                     if a is not None:
                         alarms.append(a)
             elif isinstance(ev, ProgressEvent):
+                if ev.source == "batch":
+                    # batches drawn (training or evaluation) and the model's phase: life, not steps
+                    st.batch(ev.rank, ev.step, ev.t, ev.phase)
+                    continue
                 self.hooked.add(ev.rank)
                 st.step(ev.rank, ev.step, ev.t)
                 self.last_steps[ev.rank] = ev.step
@@ -73,6 +77,8 @@ class Analyzer:
                         st.output(ev.rank, ev.t)
                 else:
                     st.rank_ended(ev.rank, ev.exit_code)
+            elif isinstance(ev, StacksEvent):
+                st.stacks(StackVerdict(ev.t, ev.hung, ev.culprits, ev.summary, ev.where, ev.error))
             elif isinstance(ev, StateEvent) and ev.state in FINAL_STATES:
                 self.finished = True
         return alarms
@@ -113,7 +119,7 @@ class Analyzer:
         return [AlarmEvent(self.clock() if now is None else now, type="stall", id=f"stall-{s.kind}",
                            ranks=s.ranks, culprits=s.culprits,
                            message=s.message + (f" Evidence: {evidence}." if evidence else ""),
-                           suggested_profiles=s.suggested_profiles, node=self.node)]
+                           suggested_profiles=s.suggested_profiles, node=self.node, where=s.where)]
 
     def root_cause(self) -> Finding | None:
         return root_cause(self.findings)

@@ -141,7 +141,10 @@ class ProgressEvent(Event):
     """A rank's step count from its in-process hook or ``ddptop.beat``.
 
     ``t`` is when the rank made the step (its own clock).
-    ``source``: ``hook`` (optimizer steps counted automatically) or ``beat``.
+    ``source``: ``hook`` (optimizer steps counted automatically), ``beat``
+    (``ddptop.beat()``) or ``batch``: then ``step`` counts the batches the
+    rank has drawn from any ``DataLoader`` (training and evaluation alike) and
+    ``phase`` says what it is doing.
     """
 
     kind: ClassVar[str] = "progress"
@@ -149,6 +152,7 @@ class ProgressEvent(Event):
     step: int = 0
     source: str = "hook"
     node: str = ""
+    phase: str = ""  # source "batch": train | eval (the model's mode) | save (inside torch.save)
 
 
 @dataclass(frozen=True)
@@ -228,6 +232,31 @@ class AlarmEvent(Event):
     message: str = ""
     suggested_profiles: tuple[str, ...] = ()
     node: str = ""
+    # where each culprit is stuck, from its stack: {"<rank>": {"function", "file", "line", "call", "kind", "text"}}
+    where: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StacksEvent(Event):
+    """Every rank's Python stack, sampled (py-spy) two or more times a second or
+    more apart when a stall is suspected, and what the samples say: ``hung``
+    (True: frozen, or frozen in a collective while others move; False: every
+    rank moving, which is work; None: cannot tell), the ``culprits``, ``where``
+    each culprit is (as in ``AlarmEvent.where``), the stack ``groups`` (ranks
+    sharing one stack, described once) and ``dir``, where the dumps are."""
+
+    kind: ClassVar[str] = "stacks"
+    ranks: tuple[int, ...] = ()
+    samples: int = 0
+    span: float = 0.0  # seconds from the first sample to the last
+    hung: bool | None = None
+    culprits: tuple[int, ...] = ()
+    summary: str = ""
+    where: dict = field(default_factory=dict)
+    groups: tuple[dict, ...] = ()
+    dir: str = ""
+    error: str = ""  # why there are no (or only some) samples: py-spy missing, ptrace denied
+    node: str = ""
 
 
 @dataclass(frozen=True)
@@ -249,7 +278,7 @@ class LinkEvent(Event):
 _KINDS: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (StateEvent, RankEvent, LogEvent, NoteEvent, LaunchEvent, ProgressEvent, GpuStatusEvent, GpuEvent,
-                ProcEvent, AlarmEvent, LinkEvent)
+                ProcEvent, AlarmEvent, LinkEvent, StacksEvent)
 }
 
 

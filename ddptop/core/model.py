@@ -38,6 +38,8 @@ class RankInfo:
     attempt: int = 0
     last_output_t: float | None = None
     last_step: int | None = None
+    batches: int | None = None  # batches drawn from data loaders (the hook)
+    phase: str = ""  # train | eval | save (the hook)
     lines: int = 0
     last_line: str = ""
     proc: ProcEvent | None = None  # latest psutil sample (cpu, rss, status, gpu...)
@@ -120,6 +122,10 @@ class JobModel:
                 self.env_diff = ev.env_diff
             elif isinstance(ev, ProgressEvent):
                 info = self.rank(ev.rank)
+                if ev.source == "batch":  # batches drawn and the model's phase, not training steps
+                    info.batches = ev.step
+                    info.phase = ev.phase
+                    continue
                 info.last_step = ev.step
                 info.step_source = ev.source
                 info.last_step_t = ev.t

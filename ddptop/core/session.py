@@ -309,7 +309,7 @@ class Session:
                     t = self._notes[name] = self._tailer(Path(path))
                 out += [NoteEvent(now, "info", f"rank {rank}: {l.text}") for l in t.read()]
                 continue
-            if source not in ("hook", "beat"):
+            if source not in ("hook", "beat", "batch"):
                 continue
             try:
                 st = os.stat(path)
@@ -317,9 +317,11 @@ class Session:
                     continue
                 self._beats[name] = st.st_mtime_ns
                 with open(path, "rb") as f:
-                    step_s, t_s = f.read(64).split()[:2]
-                out.append(ProgressEvent(float(t_s), rank=int(rank), step=int(step_s), source=source))
-            except (OSError, ValueError):
+                    fields = f.read(96).split()
+                phase = fields[2].decode("ascii", "replace") if source == "batch" and len(fields) > 2 else ""
+                out.append(ProgressEvent(float(fields[1]), rank=int(rank), step=int(fields[0]), source=source,
+                                         phase=phase))
+            except (OSError, ValueError, IndexError):
                 continue
         return out
 

@@ -34,6 +34,10 @@ class RankState:
     last_other: float | None = None  # last eval/checkpoint progress
     last_output: float | None = None
     intervals: deque = field(default_factory=lambda: deque(maxlen=64))  # (t, steps_seen)
+    phase: str = ""  # train | eval | save, from the hook (empty: not known)
+    batches: int | None = None  # batches drawn from data loaders (the hook)
+    last_batch: float | None = None
+    batch_intervals: dict = field(default_factory=dict)  # phase -> deque of (t, batches)
     util: float | None = None  # its GPU's utilisation
     cpu: float | None = None
     children_cpu: float | None = None
@@ -55,6 +59,17 @@ class RankState:
         return (t1 - t0) / (n1 - n0)
 
 
+    def batch_expected(self, phase: str) -> float | None:
+        """Seconds per batch drawn in ``phase``, over the recent window."""
+        win = self.batch_intervals.get(phase)
+        if not win or len(win) < 2:
+            return None
+        (t0, n0), (t1, n1) = win[0], win[-1]
+        if n1 - n0 < 3 or t1 <= t0:
+            return None
+        return (t1 - t0) / (n1 - n0)
+
+
 @dataclass(frozen=True)
 class Stall:
     kind: str  # hot | idle | cpu-bound | unknown
@@ -65,6 +80,19 @@ class Stall:
     evidence: tuple[str, ...]
     message: str
     suggested_profiles: tuple[str, ...]
+    where: dict = field(default_factory=dict)  # culprit rank (str) -> where its stack is stuck
+
+
+@dataclass(frozen=True)
+class StackVerdict:
+    """What stack samples taken at ``t`` said (see ``StacksEvent``)."""
+
+    t: float
+    hung: bool | None
+    culprits: tuple[int, ...] = ()
+    summary: str = ""
+    where: dict = field(default_factory=dict)
+    error: str = ""
 
 
 class StallDetector:
@@ -80,6 +108,9 @@ class StallDetector:
         self.ranks: dict[int, RankState] = {}
         self.active: Stall | None = None  # the stall being reported, until progress resumes
         self.telemetry_real = False  # util values come from a real or asked-for source
+        self.verdict: StackVerdict | None = None  # the latest stack samples' verdict
+        self.stacks_pending = False  # stack samples were asked for and have not arrived yet
+        self.suspect_at = 0.5  # of the threshold: when to ask for stack samples
 
     def rank(self, r: int) -> RankState:
         st = self.ranks.get(r)
@@ -105,6 +136,23 @@ class StallDetector:
         if step is not None:
             st.step = step
 
+    def batch(self, rank: int, count: int, t: float, phase: str = "") -> None:
+        """``count`` batches drawn so far (any data loader) and the model's phase:
+        a rank drawing batches, evaluating or saving is alive."""
+        st = self.rank(rank)
+        if st.batches is not None and count < st.batches:
+            st.batch_intervals.clear()  # a restarted process counts from 0 again
+        moved = st.batches is None or count != st.batches
+        if phase and phase != st.phase:
+            st.phase = phase
+            moved = True  # a phase change is life too
+        st.batches = count
+        if moved:
+            st.last_batch = t
+            st.last_other = t if st.last_other is None else max(st.last_other, t)
+            win = st.batch_intervals.setdefault(st.phase, deque(maxlen=64))
+            win.append((t, count))
+
     def other_progress(self, rank: int, t: float | None = None) -> None:
         self.rank(rank).last_other = self.clock() if t is None else t
 
@@ -122,6 +170,11 @@ class StallDetector:
         if status is not None:
             st.status = status
 
+    def stacks(self, verdict: StackVerdict) -> None:
+        """Stack samples of every rank and what they say (fed as an event, on the caller's clock)."""
+        self.verdict = verdict
+        self.stacks_pending = False
+
     def rank_ended(self, rank: int, exit_code: int | None = None) -> None:
         st = self.rank(rank)
         st.alive = False
@@ -132,6 +185,16 @@ class StallDetector:
     def threshold(self, st: RankState) -> float:
         if self.stall_after is not None:
             return self.stall_after
+        if st.phase in ("eval", "save") and st.last_batch is not None and (
+                st.last_progress is None or st.last_batch >= st.last_progress):
+            # evaluating (or saving) since the last training step: judged by its own rate
+            e = st.batch_expected(st.phase)
+            if st.phase == "save" or e is None:
+                return max(self.min_silence, 3 * self.min_silence, self.threshold_train(st))
+            return max(self.min_silence, min(self.k * e, e + self.slack))
+        return self.threshold_train(st)
+
+    def threshold_train(self, st: RankState) -> float:
         if st.last_progress is None:
             return self.first_step_grace
         e = st.expected()
@@ -143,12 +206,35 @@ class StallDetector:
         last = max(x for x in (st.last_progress, st.last_other, self.started) if x is not None)
         return now - last
 
-    def check(self, now: float | None = None) -> Stall | None:
-        """A new stall, once per episode; None otherwise (and while it lasts)."""
-        now = self.clock() if now is None else now
+    def _pool(self) -> list[RankState]:
         judged = [st for st in self.ranks.values() if st.alive and (st.steps_seen or st.last_progress is None)]
         with_progress = [st for st in judged if st.steps_seen]
-        pool = with_progress or judged
+        return with_progress or judged
+
+    def suspect(self, now: float | None = None) -> bool:
+        """Every rank has been silent for more than ``suspect_at`` of its threshold
+        (and no stall is being reported): the time to sample stacks."""
+        now = self.clock() if now is None else now
+        pool = self._pool()
+        if not pool or self.active is not None:
+            return False
+        return all(self._silent(st, now) > self.suspect_at * self.threshold(st) for st in pool)
+
+    def silence_began(self) -> float:
+        """When the current silence began: the latest sign of life of any judged rank."""
+        pool = self._pool()
+        if not pool:
+            return self.started
+        return max(max(x for x in (st.last_progress, st.last_other, self.started) if x is not None) for st in pool)
+
+    def check(self, now: float | None = None) -> Stall | None:
+        """A new stall, once per episode; None otherwise (and while it lasts).
+
+        Stacks confirm: samples taken during this silence in which every rank
+        moves mean work (no alarm, however long); samples still on their way
+        hold the alarm until they come (the caller bounds that wait)."""
+        now = self.clock() if now is None else now
+        pool = self._pool()
         if not pool:
             return None
         stalled = [st for st in pool if self._silent(st, now) > self.threshold(st)]
@@ -158,10 +244,15 @@ class StallDetector:
             return None
         if self.active is not None:
             return None
-        self.active = self._describe(pool, now)
+        v = self.verdict if self.verdict is not None and self.verdict.t >= self.silence_began() else None
+        if v is not None and v.hung is False:
+            return None  # every rank's stack moves: work (a long evaluation, a save), not a hang
+        if v is None and self.stacks_pending:
+            return None
+        self.active = self._describe(pool, now, v)
         return self.active
 
-    def _describe(self, pool: list[RankState], now: float) -> Stall:
+    def _describe(self, pool: list[RankState], now: float, v: StackVerdict | None = None) -> Stall:
         everyone = sorted(self.ranks.values(), key=lambda s: s.rank)
         silent = min(self._silent(st, now) for st in pool)
         exp = [st.expected() for st in pool if st.expected() is not None]
@@ -193,6 +284,15 @@ class StallDetector:
             others = (f"rank {hot[0]} is" if len(hot) == 1 else f"ranks {', '.join(map(str, hot))} are")
             evidence += [f"rank {r}'s GPU is idle ({utils[r]:.0f}%) while {others} busy "
                          f"({min(utils[h] for h in hot):.0f}%)" for r in idle]
+        # 4. the stacks: the rank(s) outside the collective the others wait in, or moving while they are frozen
+        where: dict = {}
+        if v is not None and v.hung and v.culprits:
+            culprits = list(v.culprits)
+            where = dict(v.where)
+        if v is not None and v.summary:
+            evidence.insert(0, f"stacks ({'frozen' if v.hung else 'unclear'}): {v.summary}")
+        elif v is not None and v.error:
+            evidence.append(f"no stacks: {v.error}")
         # classification
         cpu_bound = [st.rank for st in everyone if (st.cpu or 0) + (st.children_cpu or 0) >= BUSY_CPU
                      and (st.util is None or st.util <= IDLE_UTIL)]
@@ -218,9 +318,11 @@ class StallDetector:
         msg = f"{what}. {last}."
         if culprits:
             msg += f" Odd rank out: {', '.join(f'rank {r}' for r in sorted(set(culprits)))}."
+        if v is not None and v.hung and v.summary:
+            msg += f" {v.summary}."
         profiles = {"hot": ("p2p-off", "nccl-debug", "flight-recorder", "gloo"),
                     "idle": ("nccl-debug", "flight-recorder", "fewer-workers"),
                     "cpu-bound": ("fewer-workers",),
                     "unknown": ("p2p-off", "nccl-debug", "flight-recorder")}[kind]
         return Stall(kind, tuple(st.rank for st in pool), tuple(sorted(set(culprits))), silent, expected,
-                     tuple(evidence), msg, profiles)
+                     tuple(evidence), msg, profiles, where)

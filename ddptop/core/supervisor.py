@@ -82,7 +82,8 @@ class Watcher(threading.Thread):
         except Exception as e:
             sup.emit(NoteEvent(time.time(), "warning", f"detection disabled: {e!r}"))
             return
-        while not self.done.is_set():
+        while True:
+            last = self.done.is_set()  # torchrun has ended: one more pass reads its last lines
             if sup.stacks_request:  # asked for (the TUI's p key, or through an attachment)
                 sup.stacks_request = False
                 sup.stacks.request("asked for")
@@ -94,6 +95,8 @@ class Watcher(threading.Thread):
             if alarms:
                 sup.events.write_many(alarms)
                 pipe.react(alarms)
+            if last:
+                break
             self.done.wait(self.interval)
         session.close()
 

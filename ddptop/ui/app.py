@@ -920,7 +920,8 @@ class DdptopApp(App[str]):
                     "state": state,
                     "attempt": info.attempt,
                     "since": since,
-                    "step": "-" if info.last_step is None else info.last_step,
+                    "step": ("-" if info.last_step is None else str(info.last_step))
+                            + (f" ({info.phase})" if info.phase in ("eval", "save") else ""),
                     **rank_cells(info, finished, th),
                     "lines": info.lines,
                 }
@@ -1248,6 +1249,8 @@ class DdptopApp(App[str]):
         """The session will not stop this job: say why and keep watching."""
         self._stopping = False
         self.notify(why, title="cannot stop", severity="warning", timeout=15)
+        self._add_line(Line(-1, "note", f"stop refused: {why}", "bold"))
+        self._schedule_flush()
         self._refresh_header()
 
     def _quit(self, result: str) -> None:
