@@ -103,6 +103,16 @@ REAL_MORE = [
                            "connect to (127.0.0.1, 3333)."),
     ("rendezvous-timeout", "[E socket.cpp:610] [c10d] The client socket has failed to connect to any network address "
                            "of (05, 40323)."),
+    # torch/distributed/elastic/utils/store.py (barrier of the store-based rendezvous)
+    ("store-clients-timeout", "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. "
+                              "1/3 clients joined."),
+    # ProcessGroupNCCL.cpp, torch 2.2-2.5 and 2.6+ wordings
+    ("collective-progress", "[rank1]:[E1120 10:13:51.421811 ProcessGroupNCCL.cpp:616] [PG ID 0 PG GUID 0(default_pg) "
+                            "Rank 1] Timeout at NCCL work: 4412, last enqueued NCCL work: 4412, last completed NCCL "
+                            "work: 4411."),
+    ("collective-progress", "[rank0]:[E1120 10:13:51.42 ProcessGroupNCCL.cpp:1834] [PG ID 0 PG GUID 0(default_pg) Rank 0] "
+                            "failure detected by watchdog at work sequence id: 4412 PG status: last enqueued work: 4412, "
+                            "last completed work: 4411"),
 ]
 
 
@@ -243,3 +253,62 @@ def test_teardown_noise_after_a_failure_is_not_the_root_cause():
         "dataloader-worker-stopped", "nccl-ib-flushed", "nccl-ib-error", "dataloader-worker-died"]
     rc = root_cause(fs)
     assert (rc.signature, rc.rank) == ("nccl-ib-error", 1)
+
+
+# a watchdog timeout cascade as it reaches a person: the timeout, PyTorch's counters, the
+# SIGABRT the watchdog raises, torchrun's failure summary naming that SIGABRT as first failure
+CASCADE = [
+    (0, "[rank0]:[E1120 10:13:51 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=4412, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600015 "
+        "milliseconds before timing out."),
+    (0, "[rank0]:[E1120 10:13:51 ProcessGroupNCCL.cpp:1834] [PG ID 0 PG GUID 0(default_pg) Rank 0] failure detected "
+        "by watchdog at work sequence id: 4412 PG status: last enqueued work: 4412, last completed work: 4411"),
+    (2, "[rank2]:[E1120 10:13:51 ProcessGroupNCCL.cpp:1834] [PG ID 0 PG GUID 0(default_pg) Rank 2] failure detected "
+        "by watchdog at work sequence id: 4412 PG status: last enqueued work: 4412, last completed work: 4411"),
+    (1, "[rank1]:[E1120 10:13:51 ProcessGroupNCCL.cpp:1834] [PG ID 0 PG GUID 0(default_pg) Rank 1] failure detected "
+        "by watchdog at work sequence id: 4411 PG status: last enqueued work: 4411, last completed work: 4411"),
+    (0, "[rank0]: torch.distributed.DistBackendError: [Rank 0] Watchdog caught collective operation timeout"),
+    (None, "Root Cause (first observed failure):"),
+    (None, "[0]:"),
+    (None, "  time      : 2025-11-20_10:13:58"),
+    (None, "  rank      : 0 (local_rank: 0)"),
+    (None, "  exitcode  : -6 (pid: 4242)"),
+    (None, "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"),
+]
+
+
+def test_a_watchdog_cascade_has_the_timeout_as_its_root_and_the_counters_name_the_rank_behind():
+    from ddptop.core.signatures import collective_counters, counter_verdict
+
+    m, findings = SignatureMatcher(), []
+    for i, (rank, line) in enumerate(CASCADE, 1):
+        findings += m.feed(line, rank, i, "log")
+    rc = root_cause(findings)
+    assert rc is not None and rc.signature == "nccl-watchdog-timeout", rc
+    culprits, said = counter_verdict(collective_counters(findings))
+    assert culprits == (1,) and "rank 1 stopped at #4411" in said and "#4412" in said
+
+
+def test_every_rank_at_minus_one_means_frozen_outside_communication_and_a_rank_in_the_message_counts():
+    from ddptop.core.signatures import collective_counters, counter_verdict
+
+    lines = [f"[PG ID 0 PG GUID 0(default_pg) Rank {r}] failure detected by watchdog at work sequence id: 0 "
+             f"PG status: last enqueued work: -1, last completed work: -1" for r in range(3)]
+    m, findings = SignatureMatcher(), []
+    for i, line in enumerate(lines, 1):
+        findings += m.feed(line, None, i, "log")
+    assert sorted(f.rank for f in findings if f.signature == "collective-progress") == [0, 1, 2]
+    culprits, said = counter_verdict(collective_counters(findings))
+    assert culprits == () and "no collective was in flight" in said
+    (f,) = [f for f in SignatureMatcher().feed(
+        "[E ProcessGroupNCCL.cpp:563] [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, "
+        "OpType=BROADCAST, NumelIn=1, NumelOut=1, Timeout(ms)=1800000)", None) if f.signature == "nccl-watchdog-timeout"]
+    assert f.rank == 3
+
+
+def test_a_store_timeout_waiting_for_clients_is_its_own_root_cause():
+    m = SignatureMatcher()
+    findings = m.feed("torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 1/3 "
+                      "clients joined.", 0, 1, "log")
+    rc = root_cause(findings)
+    assert rc is not None and rc.signature == "store-clients-timeout" and rc.detail["joined"] == "1"

@@ -12,7 +12,7 @@ import time
 from ddptop.core.events import (FINAL_STATES, AlarmEvent, Event, GpuEvent, LogEvent, ProcEvent,
                                 ProgressEvent, RankEvent, StacksEvent, StateEvent)
 from ddptop.core.progress import OTHER, parse_progress
-from ddptop.core.signatures import CAUSE, GENERIC, Finding, SignatureMatcher, root_cause
+from ddptop.core.signatures import CAUSE, GENERIC, Finding, SignatureMatcher, cascade_level, root_cause
 from ddptop.core.stall import StackVerdict, StallDetector
 
 
@@ -92,8 +92,8 @@ class Analyzer:
             self.last_steps[rank] = p.step if p.step is not None else self.last_steps.get(rank)
 
     def _alarm_for(self, f: Finding, t: float) -> AlarmEvent | None:
-        if f.level > GENERIC:
-            return None
+        if cascade_level(f, self.findings) > GENERIC:
+            return None  # (a SIGABRT after a watchdog timeout is the timeout's consequence)
         if f.signature == "python-exception" and any(
                 x.rank == f.rank and x.level < GENERIC and x is not f for x in self.findings):
             return None  # a specific signature already explains this rank

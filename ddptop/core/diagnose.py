@@ -16,6 +16,7 @@ from ddptop.core.events import LogEvent
 from ddptop.core.tailer import Tailer
 
 _PREFIX_RANK = re.compile(r"^\s*\[(?:default|rank)(\d+)\]:")
+_NAME_RANK = re.compile(r"(?:rank|worker)[_-]?(\d+)", re.IGNORECASE)
 
 
 def _file_events(path: Path, rank: int | None, stream: str, rel: str):
@@ -27,6 +28,10 @@ def _file_events(path: Path, rank: int | None, stream: str, rel: str):
             break
         out += lines
     out += t.flush()
+    if rank is None and not any(_PREFIX_RANK.match(ln.text) for ln in out):
+        # one rank's own log, with no rank prefixes: its name may say which rank (rank_3.log), else rank 0
+        m = _NAME_RANK.search(path.name)
+        rank = int(m.group(1)) if m else 0
     for ln in out:
         r = rank
         if r is None:
@@ -82,9 +87,18 @@ def flight_reports(paths: list[str]) -> list[dict]:
 
 
 def report(an: Analyzer, flights: list[dict] | None = None) -> dict:
+    from ddptop.core.signatures import collective_counters, counter_verdict
+
     rc = an.root_cause()
+    counters = collective_counters(an.findings)
+    culprits, said = counter_verdict(counters)
+    if rc is not None and rc.rank is not None and rc.level == 0 and not culprits:
+        culprits = (rc.rank,)
     return {
         "root_cause": rc.to_dict() if rc else None,
+        "culprits": list(culprits),
+        "collectives": {"per_rank": {str(r): {"last_enqueued": e, "last_completed": c}
+                                     for r, (e, c) in sorted(counters.items())}, "verdict": said} if counters else None,
         "findings": [f.to_dict() for f in an.findings],
         "progress": {str(r): {"last_step": s} for r, s in sorted(an.last_steps.items())},
         "flight_recorder": flights or [],
@@ -103,6 +117,10 @@ def format_report(rep: dict) -> str:
             out.append(f"  try: {', '.join('--profile ' + p for p in rc['suggested_profiles'])}")
     else:
         out.append("Root cause: none found (no known failure signature in these logs)")
+    if rep.get("collectives"):
+        out.append(f"  collectives: {rep['collectives']['verdict']}")
+    if rep.get("culprits"):
+        out.append(f"  culprit: {', '.join(f'rank {r}' for r in rep['culprits'])}")
     seen: dict[tuple, list] = {}
     for f in rep["findings"]:
         seen.setdefault((f["signature"], f["rank"]), []).append(f)

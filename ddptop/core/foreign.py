@@ -42,7 +42,7 @@ from ddptop.core import journal, procs
 from ddptop.core.events import (ENDED, RUNNING, AlarmEvent, Event, GpuEvent, LogEvent, NoteEvent, ProcEvent,
                                 RankEvent, StateEvent)
 from ddptop.core.jobs import EXIT_CRASH_SEEN, EXIT_UNKNOWN, AttachedPid, CommandResult, Control, ExitStatus
-from ddptop.core.pipeline import Pipeline, RankMap, StackCapture, TelemetryLoop
+from ddptop.core.pipeline import Pipeline, RankMap, StackCapture, StackSampler, TelemetryLoop
 from ddptop.core.tailer import Tailer
 
 __all__ = ["EXIT_CRASH_SEEN", "EXIT_UNKNOWN", "ForeignError", "ForeignSession", "resolve_pid"]
@@ -411,8 +411,10 @@ class ForeignSession:
         self._started_sent = False
         self._torchrun_fds_seen = False
         self.stacks = StackCapture(journal.attached_dir(f"pid-{self.pid}"), self._rank_pids, self._put)
+        self.samples = StackSampler(journal.attached_dir(f"pid-{self.pid}"), self._rank_pids, self._put,
+                                    node=self.host)
         self.pipeline = Pipeline(node=self.host, stall_after=stall_after, clock=clock,
-                                 on_stall=self._stacks_on_stall)
+                                 on_stall=self._stacks_on_stall, sampler=self.samples.request)
         self._telemetry = TelemetryLoop(gpu, self.host, sample_interval, self._rank_procs, self._put)
 
     def _stacks_on_stall(self, alarm: AlarmEvent) -> None:

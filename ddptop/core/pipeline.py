@@ -113,6 +113,94 @@ class StackCapture:
             self._busy.release()
 
 
+class StackSampler:
+    """At a suspected stall: every rank's stack (py-spy), ``samples`` times
+    ``gap`` seconds apart, and what they say (``stack_verdict``), emitted as one
+    ``StacksEvent`` that the pipeline feeds to the stall detector.  The dumps are
+    kept under ``dest/stacks/<time>-samples/``.  One sampling at a time, in a
+    thread of its own; never blocks the analysis."""
+
+    def __init__(self, dest: Path, rank_pids: Callable[[], dict[int, int]], emit: Emit, *, node: str = "",
+                 samples: int = 2, gap: float = 1.0, clock: Callable[[], float] = time.time):
+        self.dest = Path(dest)
+        self.rank_pids = rank_pids
+        self.emit = emit
+        self.node = node
+        self.samples = samples
+        self.gap = gap
+        self.clock = clock
+        self._busy = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def request(self) -> bool:
+        pids = self.rank_pids()
+        if not pids or not self._busy.acquire(blocking=False):
+            return False
+        self._thread = threading.Thread(target=self._run, args=(pids,), daemon=True, name="ddptop-stack-samples")
+        self._thread.start()
+        return True
+
+    def wait(self, timeout: float | None = None) -> None:
+        t = self._thread
+        if t is not None:
+            t.join(timeout)
+
+    def _run(self, pids: dict[int, int]) -> None:
+        from ddptop.core.events import StacksEvent
+        from ddptop.core.stacks import dump_stacks
+
+        try:
+            t0 = self.clock()
+            dumps: dict[int, list[str]] = {r: [] for r in pids}
+            errors: list[str] = []
+            for i in range(self.samples):
+                if i:
+                    time.sleep(self.gap)
+                raw, _groups, err = dump_stacks(pids)
+                for r, text in raw.items():
+                    dumps[r].append(text)
+                if err:
+                    errors.append(err)
+                    if not raw:
+                        break  # py-spy missing or denied everywhere: no use trying again
+            span = self.clock() - t0
+            got = {r: d for r, d in dumps.items() if d}
+            error = "; ".join(dict.fromkeys(errors))
+            if not got:
+                self.emit([StacksEvent(t0, ranks=tuple(sorted(pids)), error=error or "no stack could be read",
+                                       node=self.node)])
+                return
+            from ddptop.core.stack_verdict import verdict
+
+            v = verdict(got)
+            d = self._save(got)
+            vd = v.to_dict()
+            self.emit([StacksEvent(t0, ranks=tuple(sorted(got)), samples=min(len(x) for x in got.values()),
+                                   span=round(span, 3), hung=v.hung, culprits=tuple(v.culprits),
+                                   summary=v.summary, where={str(k): val for k, val in vd.get("where", {}).items()},
+                                   groups=tuple(vd.get("groups", ())), dir=str(d), error=error, node=self.node)])
+        except Exception as e:  # never let sampling take the watching down
+            from ddptop.core.events import StacksEvent
+
+            self.emit([StacksEvent(self.clock(), error=f"stack sampling failed: {e!r}", node=self.node)])
+        finally:
+            self._busy.release()
+
+    def _save(self, dumps: dict[int, list[str]]) -> Path:
+        from ddptop.core.journal import make_private_dir
+
+        d = self.dest / "stacks" / (time.strftime("%Y%m%d-%H%M%S") + "-samples")
+        n = 1
+        while d.exists():
+            n += 1
+            d = d.with_name(f"{d.name.split('.')[0]}.{n}")
+        make_private_dir(d)
+        for rank, texts in dumps.items():
+            for i, text in enumerate(texts):
+                (d / f"rank{rank}.{i}.txt").write_text(text)
+        return d
+
+
 def run_notify(cmd: list[str], alarm: AlarmEvent, run_dir: str) -> NoteEvent | None:
     """--notify-cmd: the person's command with the alarm as JSON on stdin (never a shell)."""
     env = dict(os.environ, DDPTOP_ALARM_TYPE=alarm.type, DDPTOP_ALARM_ID=alarm.id,
@@ -133,11 +221,18 @@ class Pipeline:
                  clock: Callable[[], float] = time.time, check_every: float = CHECK_EVERY,
                  stall_only: bool = False,
                  on_stall: Callable[[AlarmEvent], None] | None = None,
-                 on_alarm: Callable[[AlarmEvent], None] | None = None):
+                 on_alarm: Callable[[AlarmEvent], None] | None = None,
+                 sampler: Callable[[], bool] | None = None,
+                 resample_every: float = 20.0, stacks_wait: float = 10.0):
         """``stall_only``: the sources' own signature alarms are already in their
         streams (the nodes of a multi-node job): only stalls are judged here.
         ``on_stall``: run once per stall alarm batch, with its first stall;
-        ``on_alarm``: run for every alarm (the notify command)."""
+        ``on_alarm``: run for every alarm (the notify command).  ``sampler``:
+        asks for stack samples of every rank (a ``StackSampler.request``) when
+        the detector suspects a stall, again every ``resample_every`` seconds
+        while the silence lasts; their ``StacksEvent`` confirms the stall (or
+        says it is work) and names the culprit.  The alarm waits for them at
+        most ``stacks_wait`` seconds."""
         self.node = node
         self.stall_after = stall_after
         self.clock = clock
@@ -147,6 +242,10 @@ class Pipeline:
         self.on_alarm = on_alarm
         self.generation = 0
         self.crash_seen = False  # a rank crash (or torchrun's failure report) was seen
+        self.sampler = sampler
+        self.resample_every = resample_every
+        self.stacks_wait = stacks_wait
+        self._sampled_at = -1e18
         self._last_check = -1e18
         self.analyzer = self._new_analyzer()
 
@@ -174,11 +273,23 @@ class Pipeline:
             alarms = [a for a in alarms if a.type == "stall"]
         if check or now - self._last_check >= self.check_every:
             self._last_check = now
+            self._sample_stacks(now)
             alarms += an.check(now)
         if not self.crash_seen and (any(a.type == "crash" for a in alarms)
                                     or any(f.signature in CRASH_SIGNATURES for f in an.findings)):
             self.crash_seen = True
         return alarms
+
+    def _sample_stacks(self, now: float) -> None:
+        st = self.analyzer.stall
+        if st.stacks_pending and now - self._sampled_at > self.stacks_wait:
+            st.stacks_pending = False  # they did not come in time: judge without them
+        if self.sampler is None or self.analyzer.finished or not self.analyzer.detect_stalls:
+            return
+        if st.suspect(now) and now - self._sampled_at >= self.resample_every and not st.stacks_pending:
+            if self.sampler():
+                self._sampled_at = now
+                st.stacks_pending = True
 
     def react(self, alarms: list[AlarmEvent]) -> None:
         """Run the reactions to alarms that are now in the stream."""

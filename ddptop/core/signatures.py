@@ -208,6 +208,18 @@ CATALOG: list[Signature] = [
        r"CUDA driver version is insufficient for CUDA runtime version|The NVIDIA driver on your system is too old",
        "This PyTorch build needs a newer NVIDIA driver than the one installed. Upgrade the driver, or install a "
        "PyTorch build for an older CUDA (the driver supports up to the CUDA version nvidia-smi shows).", ()),
+    _s("store-clients-timeout",
+       r"DistStoreError: Timed out after \d+ seconds waiting for clients\.? (?P<joined>\d+)/(?P<expected>\d+) "
+       r"clients joined|[Tt]imed out (?:after \d+ seconds )?waiting for clients",
+       "The rendezvous store waited for every rank and some never connected: they crashed or hung before "
+       "init_process_group, started late (another node's torchrun), or cannot reach MASTER_ADDR:MASTER_PORT "
+       "(firewall, wrong address or interface). Check the missing ranks' own logs first.",
+       ("nccl-debug",), TIMEOUT),
+    _s("collective-progress",
+       r"last enqueued (?:NCCL )?work: (?P<enqueued>-?\d+), last completed (?:NCCL )?work: (?P<completed>-?\d+)",
+       "PyTorch's per-rank collective counters at the timeout: the rank whose last enqueued collective is "
+       "behind the others' never launched the collective they wait in; every rank at -1 means no collective "
+       "was in flight (the processes were frozen, not waiting on the network).", (), INFO),
     _s("child-failed", r"ChildFailedError|torch\.distributed\.elastic\.multiprocessing\.errors",
        "torchrun's summary that a rank failed (see the root cause it names).", (), CONSEQUENCE),
 ]
@@ -223,8 +235,12 @@ _FAILURES_BLOCK = re.compile(r"^\s*Failures:\s*$")
 _BLOCK_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+) \(local_rank: (?P<local>\d+)\)")
 _BLOCK_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+)(?: \(pid: (?P<pid>\d+)\))?")
 _RANK_PREFIX = re.compile(r"^\s*\[(?:default|rank)(?P<rank>\d+)\]:")
+# "[Rank 3] Watchdog caught ...", "[PG ID 0 PG GUID 0(default_pg) Rank 1] Timeout at NCCL work ..."
+_RANK_IN_MESSAGE = re.compile(r"\[(?:PG [^\]]*?)?\b[Rr]ank (?P<rank>\d+)\]")
 _SIGNAMES = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
 _CONSEQUENTIAL_SIGNALS = {"SIGTERM", "SIGKILL", "SIGINT"}
+# exceptions raised by the collective machinery itself after a timeout: the timeout is the finding
+_CASCADE_EXC = re.compile(r"^(?:torch\.distributed\.)?(?:DistBackendError|DistStoreError):")
 
 RANK_SIGNAL_PROFILES = ("gloo", "single-gpu", "nccl-debug")
 
@@ -265,7 +281,7 @@ class SignatureMatcher:
 
     def _feed(self, text, rank, line, source):
         if rank is None:
-            m = _RANK_PREFIX.match(text)
+            m = _RANK_PREFIX.match(text) or _RANK_IN_MESSAGE.search(text)
             if m:
                 rank = int(m.group("rank"))
         t = clean(text)[:8192]
@@ -318,7 +334,7 @@ class SignatureMatcher:
         if s.startswith("[rank"):
             s = _RANK_PREFIX.sub("", s).strip()
         m = _EXCEPTION.match(s)
-        if m and rank is not None and all(f.level >= CONSEQUENCE for f in out):
+        if m and rank is not None and all(f.level >= CONSEQUENCE for f in out) and not _CASCADE_EXC.match(s):
             # an exception whose message is itself a consequence (peer gone) is one too
             level = CONSEQUENCE if out else GENERIC
             out.append(Finding("python-exception", rank, line, s, f"Rank {rank} raised {m.group('type')}: {m.group('msg')[:200]}",
@@ -353,9 +369,61 @@ def failure_summary(lines) -> dict[int, int]:
     return codes
 
 
+# timeouts that PyTorch answers by aborting the process: the SIGABRT (and torchrun's report of it) that
+# follows is their consequence, never the cause
+ABORTING_TIMEOUTS = frozenset({"nccl-watchdog-timeout", "nccl-heartbeat-timeout"})
+
+
+def cascade_level(f: Finding, findings: list[Finding]) -> int:
+    """``f``'s level once the cascade is known: a rank's SIGABRT after a
+    watchdog or heartbeat timeout is that timeout's consequence."""
+    if (f.signature == "rank-signal" and f.detail.get("signal") == "SIGABRT"
+            and any(x.signature in ABORTING_TIMEOUTS for x in findings)):
+        return CONSEQUENCE
+    return f.level
+
+
+def collective_counters(findings: list[Finding]) -> dict[int, tuple[int, int]]:
+    """Per rank, PyTorch's (last enqueued, last completed) collective at the timeout (the latest seen)."""
+    out: dict[int, tuple[int, int]] = {}
+    for f in findings:
+        if f.signature == "collective-progress" and f.rank is not None:
+            try:
+                out[f.rank] = (int(f.detail["enqueued"]), int(f.detail["completed"]))
+            except (KeyError, ValueError):
+                continue
+    return out
+
+
+def counter_verdict(counters: dict[int, tuple[int, int]]) -> tuple[tuple[int, ...], str]:
+    """(culprit ranks, what the counters say): the ranks whose last enqueued
+    collective differs from the rest (behind: never launched the one the others
+    wait in; ahead: launched one the others did not)."""
+    if not counters:
+        return (), ""
+    enq = {r: e for r, (e, _c) in counters.items()}
+    if all(e < 0 for e in enq.values()):
+        return (), ("every rank's last enqueued collective is -1: no collective was in flight, so the ranks were "
+                    "frozen outside communication (file system, CPU, data loading), not waiting on the network")
+    if len(enq) < 2 or len(set(enq.values())) == 1:
+        n = next(iter(enq.values()))
+        return (), f"every rank reporting enqueued collective #{n}: the counters do not single out a rank"
+    from collections import Counter
+
+    common, _ = Counter(enq.values()).most_common(1)[0]
+    odd = tuple(sorted(r for r, e in enq.items() if e != common))
+    parts = []
+    for r in odd:
+        how = "stopped at" if enq[r] < common else "enqueued an extra collective,"
+        parts.append(f"rank {r} {how} #{enq[r]}")
+    return odd, (f"the other ranks enqueued collective #{common}; " + "; ".join(parts)
+                 + " (PyTorch's per-rank collective counters)")
+
+
 def root_cause(findings: list[Finding]) -> Finding | None:
     """The finding most likely to be the cause, not a consequence."""
-    ranked = [(f.level, 0 if f.detail.get("root") else 1, i, f) for i, f in enumerate(findings) if f.level < INFO]
+    ranked = [(cascade_level(f, findings), 0 if f.detail.get("root") else 1, i, f)
+              for i, f in enumerate(findings) if f.level < INFO]
     if not ranked:
         return None
     ranked.sort(key=lambda x: (x[0], x[1], x[2]))

@@ -78,7 +78,7 @@ class Watcher(threading.Thread):
         try:
             session = Session(sup.run_dir)
             pipe = Pipeline(node=sup.meta.host, stall_after=sup.meta.stall_after,
-                            on_alarm=sup.notify, on_stall=sup.on_stall)
+                            on_alarm=sup.notify, on_stall=sup.on_stall, sampler=sup.samples.request)
         except Exception as e:
             sup.emit(NoteEvent(time.time(), "warning", f"detection disabled: {e!r}"))
             return
@@ -163,9 +163,10 @@ class Supervisor:
         self.profiles: list[str] = list(self.meta.profiles or [])
         self.tried: set[tuple[str, ...]] = {tuple(self.profiles)}
         self.relaunches = 0
-        from ddptop.core.pipeline import StackCapture
+        from ddptop.core.pipeline import StackCapture, StackSampler
 
         self.stacks = StackCapture(run_dir, self._rank_pids, self.events.write_many)
+        self.samples = StackSampler(run_dir, self._rank_pids, self.events.write_many, node=self.meta.host)
 
     def _rank_pids(self) -> dict[int, int]:
         return {i["rank"]: pid for pid, (p, i) in list(self.ranks.items()) if not i.get("ended")}
@@ -350,6 +351,7 @@ class Supervisor:
         watcher.done.set()
         watcher.join(timeout=5)  # its last alarms land before the final state
         self.stacks.wait(timeout=30)  # and a stack capture under way
+        self.samples.wait(timeout=30)
         if rc is None:
             return self.finish(FAILED, 127, "could not start torchrun")
         self.discover_end()
