@@ -8,8 +8,10 @@ import sys
 from conftest import EXAMPLE, ROOT, json_events, only_run, run_ddptop
 
 
-def progress(events, rank):
-    return [e["step"] for e in events if e["kind"] == "progress" and e["rank"] == rank]
+def progress(events, rank, source=None):
+    """Optimizer steps (hook or beat), or with ``source="batch"`` the DataLoader batches drawn."""
+    return [e["step"] for e in events if e["kind"] == "progress" and e["rank"] == rank
+            and (e["source"] == source if source else e["source"] != "batch")]
 
 
 def test_hook_counts_optimizer_steps_on_every_rank_without_code_change(runs_dir):
@@ -19,6 +21,10 @@ def test_hook_counts_optimizer_steps_on_every_rank_without_code_change(runs_dir)
     for rank in (0, 1):
         steps = progress(events, rank)
         assert steps and steps[-1] == 25 and steps == sorted(steps)
+        # every batch drawn from the example's DataLoader is counted too, with the model's phase
+        batches = [e for e in events if e["kind"] == "progress" and e["rank"] == rank and e["source"] == "batch"]
+        assert batches and [e["step"] for e in batches] == sorted(e["step"] for e in batches)
+        assert batches[-1]["step"] >= 20 and {e["phase"] for e in batches} == {"train"}, batches[-3:]
     meta = json.loads((only_run(runs_dir) / "meta.json").read_text())
     assert meta["env_set"]["PYTHONPATH"].endswith("_inject") or "_inject" in meta["env_set"]["PYTHONPATH"]
 
