@@ -8,7 +8,7 @@ import time
 from typing import TextIO
 
 from ddptop.core.events import (AlarmEvent, Event, GpuEvent, GpuStatusEvent, LaunchEvent, LinkEvent, LogEvent, NoteEvent,
-                                ProcEvent, RankEvent, StateEvent)
+                                ProcEvent, RankEvent, StacksEvent, StateEvent)
 from ddptop.core.jobs import JobSession
 
 
@@ -55,6 +55,12 @@ def format_text(ev: Event) -> str | None:
         return f"== ddptop: GPUs ({ev.backend}): {ev.message} =="
     if isinstance(ev, AlarmEvent):
         return f"!! ddptop ALARM [{ev.type}/{ev.id}] {ev.message}"
+    if isinstance(ev, StacksEvent):
+        if ev.error and not ev.samples:
+            return f"== ddptop: no stack samples: {ev.error} =="
+        verdict = {True: "frozen", False: "moving (work)", None: "unclear"}[ev.hung]
+        return (f"== ddptop: stacks of {len(ev.ranks)} ranks, {ev.samples} samples over {ev.span:.1f} s: {verdict}"
+                + (f"; {ev.summary}" if ev.summary else "") + (f" ({ev.dir})" if ev.dir else "") + " ==")
     if isinstance(ev, NoteEvent):
         return f"== ddptop {ev.level}: {ev.message} =="
     if isinstance(ev, LinkEvent):

@@ -20,6 +20,7 @@ from ddptop.core.events import (
     ProcEvent,
     ProgressEvent,
     RankEvent,
+    StacksEvent,
     StateEvent,
 )
 
@@ -64,6 +65,7 @@ class JobModel:
     profiles: tuple[str, ...] = ()  # profiles of the current launch
     env_diff: dict = field(default_factory=dict)  # current launch vs the first
     alarms: list[AlarmEvent] = field(default_factory=list)
+    stacks: StacksEvent | None = None  # the latest stack samples (the stacks pane)
     notes: list[NoteEvent] = field(default_factory=list)
     links: dict[str, LinkEvent] = field(default_factory=dict)  # attached node -> its link's latest state
 
@@ -135,6 +137,8 @@ class JobModel:
                 self.gpu_status = ev
             elif isinstance(ev, AlarmEvent):
                 self.alarms.append(ev)
+            elif isinstance(ev, StacksEvent):
+                self.stacks = ev
             elif isinstance(ev, NoteEvent):
                 self.notes.append(ev)
             elif isinstance(ev, LinkEvent):

@@ -82,6 +82,8 @@ HELP_TEXT = """\
   [b]e[/b]              show / hide the launch's profiles and env diff
   [b]p[/b]              capture every rank's Python stack now (py-spy);
                  also done by itself at a stall
+  [b]s[/b]              the stacks pane: the last samples grouped by stack,
+                 the culprit first, where the groups part marked
   [b]D[/b]              ddptop doctor: this machine's preflight checks
   [b]B[/b]              GPU P2P / all-reduce benchmark (starts on enter)
   [b]F[/b]              stop the job and run ddptop fix (a profile search)
@@ -403,6 +405,7 @@ class DdptopApp(App[str]):
         Binding("r", "relaunch", "Relaunch"),
         Binding("e", "toggle_env", "Env"),
         Binding("p", "stacks", "Stacks", show=False),
+        Binding("s", "stacks_pane", "Stacks pane", show=False),
         Binding("D", "doctor", "Doctor", show=False),
         Binding("F", "fix", "Fix search", show=False),
         Binding("B", "bench", "P2P bench", show=False),
@@ -412,7 +415,7 @@ class DdptopApp(App[str]):
     ]
 
     MAIN_ACTIONS = {"request_quit", "help", "open_filter", "pane", "cycle", "rank", "follow", "top", "clear_filter", "toggle_wrap", "toggle_gpus",
-                    "relaunch", "toggle_env", "stacks", "doctor", "bench", "fix"}
+                    "relaunch", "toggle_env", "stacks", "stacks_pane", "doctor", "bench", "fix"}
 
     def __init__(self, session: JobSession, *, theme: str | None = None, poll_interval: float = 0.1) -> None:
         super().__init__()
@@ -1107,6 +1110,11 @@ class DdptopApp(App[str]):
         self._stopping = True
         self._refresh_header()
         self._stop_job("fix")
+
+    def action_stacks_pane(self) -> None:
+        from ddptop.ui.stacks_view import StacksScreen
+
+        self.push_screen(StacksScreen(self.model.stacks))
 
     def action_doctor(self) -> None:
         from ddptop.ui.tools_view import DoctorScreen

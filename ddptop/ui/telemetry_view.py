@@ -215,6 +215,8 @@ def alarm_markup(model: JobModel, max_alarms: int = 3, max_notes: int = 2,
         if a.suggested_profiles:
             head += f"  [$accent]try: {escape(' '.join('--profile ' + p for p in a.suggested_profiles))}[/] " + (
                 "[dim](r relaunches)[/]" if can_relaunch else "[dim](ddptop did not start this job: relaunch it under ddptop)[/]")
+        if a.type == "stall" and model.stacks is not None:
+            head += "  [dim](s: stacks)[/]"
         lines.append(head + f"  {escape(a.message)}")
     more = len(model.alarms) - len(alarms)
     if more > 0:
