@@ -164,3 +164,53 @@ def test_a_checkpoint_save_gets_a_patient_threshold():
         d.batch(r, 500, c.t, "save")
     c.t += 25.0  # longer than a training step's threshold (10 s), within the save's (30 s)
     assert d.check() is None
+
+
+def test_stacks_that_say_io_hold_the_alarm_until_the_io_patience_runs_out():
+    """Rank 0 writes a checkpoint on slow storage, rank 1 waits in a barrier: the
+    stacks say work (I/O).  A write that never ends (a hung NFS mount) still alarms,
+    after ``io_patience``, naming the rank in I/O."""
+    from ddptop.core.stall import StackVerdict
+
+    c = Clock()
+    d = StallDetector(c, io_patience=120.0)
+    run_steps(d, c, [0, 1], 100, 0.2)
+    last = c.t
+    c.t += 6.0
+    assert d.suspect()
+    d.stacks(StackVerdict(c.t, False, (), "no hang: rank 0 is in I/O", {"0": {"function": "save_checkpoint"}},
+                          io=(0,)))
+    while c.t < last + 119:
+        c.t += 1.0
+        assert d.check() is None, c.t - last
+    alarm = None
+    while alarm is None and c.t < last + 200:
+        c.t += 1.0
+        alarm = d.check()
+    assert alarm is not None and alarm.culprits == (0,)
+    assert "still in I/O" in alarm.message and alarm.where == {"0": {"function": "save_checkpoint"}}
+
+
+def test_a_progress_bar_redrawn_with_the_same_count_is_not_life():
+    """tqdm redraws its bar (a new elapsed time, the same count) while the loop is
+    stuck: the alarm must neither wait for it nor end and come again."""
+    from ddptop.core.analyzer import Analyzer
+    from ddptop.core.events import LogEvent, ProgressEvent
+
+    c = Clock()
+    a = Analyzer(c)
+    for step in range(1, 101):
+        c.t += 0.2
+        a.feed([ProgressEvent(c.t, rank=r, step=step, source="hook") for r in (0, 1)]
+               + [LogEvent(c.t, rank=0, text=f" {step // 3}%|#  | {step}/300 [00:{step // 5:02d}<00:40, 5.0it/s]")])
+        assert a.check(c.t) == []
+    alarms = []
+    for i in range(120):  # two minutes stuck at step 100; the bar redraws its clock every second
+        c.t += 1.0
+        a.feed([LogEvent(c.t, rank=0, text=f" 33%|#  | 100/300 [00:{20 + i:02d}<00:40, 5.0it/s]")])
+        alarms += [x for x in a.check(c.t) if x.type == "stall"]
+    assert len(alarms) == 1, [x.message for x in alarms]
+    # a bar that moves is life again
+    c.t += 1.0
+    a.feed([LogEvent(c.t, rank=0, text=" 34%|#  | 101/300 [00:40<00:40, 5.0it/s]")])
+    assert a.check(c.t) == [] and a.stall.active is None

@@ -30,6 +30,7 @@ class Analyzer:
         self.finished = False
         self.last_steps: dict[int, int | None] = {}
         self.hooked: set[int] = set()  # ranks whose steps come from the hook/beat
+        self._bar_counts: dict[tuple, int] = {}  # (rank, kind, total, epoch) -> the last count a bar showed
 
     def feed(self, events: list[Event]) -> list[AlarmEvent]:
         alarms: list[AlarmEvent] = []
@@ -78,12 +79,19 @@ class Analyzer:
                 else:
                     st.rank_ended(ev.rank, ev.exit_code)
             elif isinstance(ev, StacksEvent):
-                st.stacks(StackVerdict(ev.t, ev.hung, ev.culprits, ev.summary, ev.where, ev.error))
+                st.stacks(StackVerdict(ev.t, ev.hung, ev.culprits, ev.summary, ev.where, ev.error, ev.io))
             elif isinstance(ev, StateEvent) and ev.state in FINAL_STATES:
                 self.finished = True
         return alarms
 
     def _progress(self, rank: int, p, t: float) -> None:
+        if p.step is not None:
+            # a progress bar redrawn with the same count (tqdm's refresh of its
+            # clock while the loop is stuck) is not progress
+            key = (rank, p.kind, p.total, p.epoch)
+            if self._bar_counts.get(key) == p.step:
+                return
+            self._bar_counts[key] = p.step
         if p.kind == OTHER or rank in self.hooked:
             # (a hooked rank's log step numbers are not mixed with its hook count)
             self.stall.other_progress(rank, t)

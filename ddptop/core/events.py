@@ -257,6 +257,7 @@ class StacksEvent(Event):
     dir: str = ""
     error: str = ""  # why there are no (or only some) samples: py-spy missing, ptrace denied
     node: str = ""
+    io: tuple[int, ...] = ()  # ranks in I/O (a checkpoint write) in every sample: work, unless it lasts
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,23 @@ class StackCapture:
             self._busy.release()
 
 
+def source_line(file: str, line: int, *, limit: int = 4 << 20) -> str | None:
+    """One line of a rank's source file, for naming the C call a frame is
+    blocked in (``time.sleep``); None for anything that is not a readable
+    regular file of sane size.  Read only, never executed."""
+    try:
+        p = Path(file)
+        if line < 1 or not p.is_absolute() or not p.is_file() or p.stat().st_size > limit:
+            return None
+        with p.open("rb") as f:
+            for i, raw in enumerate(f, 1):
+                if i == line:
+                    return raw[:1000].decode("utf-8", "replace").rstrip("\r\n")
+    except OSError:
+        return None
+    return None
+
+
 class StackSampler:
     """At a suspected stall: every rank's stack (py-spy), ``samples`` times
     ``gap`` seconds apart, and what they say (``stack_verdict``), emitted as one
@@ -170,15 +187,19 @@ class StackSampler:
                 self.emit([StacksEvent(t0, ranks=tuple(sorted(pids)), error=error or "no stack could be read",
                                        node=self.node)])
                 return
-            from ddptop.core.stack_verdict import verdict
+            from ddptop.core.stack_verdict import main_frames, verdict
 
-            v = verdict(got)
+            v = verdict(got, source_line)
             d = self._save(got)
-            vd = v.to_dict()
+            groups = []
+            for g in v.groups:
+                frames, user = main_frames(got[g.ranks[0]][-1]) if got.get(g.ranks[0]) else ([], [])
+                groups.append({"ranks": list(g.ranks), "state": g.status, "kind": g.kind, "text": g.description,
+                               "culprit": any(r in v.culprits for r in g.ranks), "frames": frames, "user": user})
             self.emit([StacksEvent(t0, ranks=tuple(sorted(got)), samples=min(len(x) for x in got.values()),
                                    span=round(span, 3), hung=v.hung, culprits=tuple(v.culprits),
-                                   summary=v.summary, where={str(k): val for k, val in vd.get("where", {}).items()},
-                                   groups=tuple(vd.get("groups", ())), dir=str(d), error=error, node=self.node)])
+                                   summary=v.summary, where={str(k): dict(w) for k, w in v.where.items()},
+                                   groups=tuple(groups), dir=str(d), error=error, node=self.node, io=tuple(v.io))])
         except Exception as e:  # never let sampling take the watching down
             from ddptop.core.events import StacksEvent
 

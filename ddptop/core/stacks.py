@@ -8,10 +8,14 @@ are waiting in.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import sys
+import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 _ADDR = re.compile(r"0x[0-9a-f]+|\(idle\)|\(active[^)]*\)|Thread \d+|Process \d+:.*|Python v[\d.]+.*")
 
@@ -27,36 +31,66 @@ def normalise(dump: str) -> str:
     return "\n".join(_ADDR.sub("", l).rstrip() for l in dump.splitlines() if l.strip())
 
 
+def py_spy() -> str | None:
+    """py-spy on PATH, else beside this interpreter (a venv not activated)."""
+    exe = shutil.which("py-spy")
+    if exe is None:
+        here = Path(sys.executable).parent / "py-spy"
+        exe = str(here) if here.is_file() and os.access(here, os.X_OK) else None
+    return exe
+
+
 def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0) -> tuple[dict[int, str], list[StackGroup], str | None]:
     """(raw dump per rank, groups of identical stacks, error message or None).
 
     ``--nonblocking``: py-spy reads the rank's memory without stopping it, so a
     dump can never wedge or kill a rank, even if py-spy itself is killed.
     """
-    exe = shutil.which("py-spy")
+    exe = py_spy()
     if exe is None:
         return {}, [], "py-spy is not installed: `pip install py-spy` (or `pip install ddptop[stacks]`) to get every rank's Python stack on a stall"
     raw: dict[int, str] = {}
-    errors = []
-    for rank, pid in sorted(rank_pids.items()):
+    errors: dict[int, str] = {}
+
+    def one(rank: int, pid: int) -> None:
+        # --full-filenames: the verdict tells the user's files from the libraries' by
+        # their path, and reads the line a frame is blocked on
         try:
-            r = subprocess.run([exe, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True, text=True, timeout=timeout)
+            r = subprocess.run([exe, "dump", "--nonblocking", "--full-filenames", "--pid", str(pid)],
+                               capture_output=True, text=True, errors="replace", timeout=timeout)
         except subprocess.TimeoutExpired:
-            errors.append(f"rank {rank}: py-spy timed out")
-            continue
+            errors[rank] = f"rank {rank}: py-spy timed out"
+            return
+        except OSError as e:
+            errors[rank] = f"rank {rank}: py-spy could not run: {e}"
+            return
         if r.returncode != 0:
-            msg = (r.stderr or r.stdout).strip().splitlines()
-            msg = msg[-1] if msg else f"exit {r.returncode}"
+            lines = (r.stderr or r.stdout).strip().splitlines()
+            msg = lines[-1] if lines else f"exit {r.returncode}"
             if "ptrace" in msg.lower() or "permission" in msg.lower() or "Operation not permitted" in msg:
                 msg += " (ptrace denied: run as the job's user with CAP_SYS_PTRACE, or set kernel.yama.ptrace_scope=0)"
-            errors.append(f"rank {rank}: {msg}")
-            continue
+            errors[rank] = f"rank {rank}: {msg}"
+            return
         raw[rank] = r.stdout
+
+    # every rank at once (at most 8 py-spy at a time), so that one sample of
+    # all ranks is one moment, not a walk across them
+    threads = []
+    items = sorted(rank_pids.items())
+    for i in range(0, len(items), 8):
+        for rank, pid in items[i:i + 8]:
+            t = threading.Thread(target=one, args=(rank, pid), daemon=True)
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join(timeout + 5)
+        threads.clear()
+    raw = dict(sorted(raw.items()))
     groups: dict[str, list[int]] = {}
     for rank, dump in raw.items():
         groups.setdefault(normalise(dump), []).append(rank)
     out = sorted((StackGroup(tuple(rs), s) for s, rs in groups.items()), key=lambda g: (-len(g.ranks), g.ranks))
-    return raw, out, "; ".join(errors) or None
+    return raw, out, "; ".join(errors[r] for r in sorted(errors)) or None
 
 
 def summarise(groups: list[StackGroup]) -> str:

@@ -93,11 +93,13 @@ class StackVerdict:
     summary: str = ""
     where: dict = field(default_factory=dict)
     error: str = ""
+    io: tuple[int, ...] = ()  # ranks in I/O in every sample (hung False): work, for ``io_patience``
 
 
 class StallDetector:
     def __init__(self, clock, *, min_silence: float = 10.0, k: float = 3.0, slack: float = 12.0,
-                 first_step_grace: float = 120.0, stall_after: float | None = None, start: float | None = None):
+                 first_step_grace: float = 120.0, stall_after: float | None = None, start: float | None = None,
+                 io_patience: float = 600.0):
         self.clock = clock
         self.min_silence = min_silence
         self.k = k
@@ -111,6 +113,7 @@ class StallDetector:
         self.verdict: StackVerdict | None = None  # the latest stack samples' verdict
         self.stacks_pending = False  # stack samples were asked for and have not arrived yet
         self.suspect_at = 0.5  # of the threshold: when to ask for stack samples
+        self.io_patience = io_patience  # how long ranks seen in I/O (a checkpoint write) count as work
 
     def rank(self, r: int) -> RankState:
         st = self.ranks.get(r)
@@ -206,6 +209,9 @@ class StallDetector:
         last = max(x for x in (st.last_progress, st.last_other, self.started) if x is not None)
         return now - last
 
+    def _silent_pool(self, pool: list[RankState], now: float) -> float:
+        return min(self._silent(st, now) for st in pool)
+
     def _pool(self) -> list[RankState]:
         judged = [st for st in self.ranks.values() if st.alive and (st.steps_seen or st.last_progress is None)]
         with_progress = [st for st in judged if st.steps_seen]
@@ -246,7 +252,11 @@ class StallDetector:
             return None
         v = self.verdict if self.verdict is not None and self.verdict.t >= self.silence_began() else None
         if v is not None and v.hung is False:
-            return None  # every rank's stack moves: work (a long evaluation, a save), not a hang
+            if not (v.io and self._silent_pool(pool, now) > max(self.io_patience, *(self.threshold(st) for st in pool))):
+                return None  # every rank's stack moves (or writes): work (a long evaluation, a save), not a hang
+            # in I/O for too long: a file system that hangs (NFS) is a hang too; those ranks are the culprits
+            v = StackVerdict(v.t, True, v.io, f"{v.summary}; still in I/O after {self._silent_pool(pool, now):.0f} s",
+                             v.where, v.error, v.io)
         if v is None and self.stacks_pending:
             return None
         self.active = self._describe(pool, now, v)
@@ -319,7 +329,8 @@ class StallDetector:
         if culprits:
             msg += f" Odd rank out: {', '.join(f'rank {r}' for r in sorted(set(culprits)))}."
         if v is not None and v.hung and v.summary:
-            msg += f" {v.summary}."
+            said = v.summary.split(": ", 1)[1] if v.summary.startswith("hung") and ": " in v.summary else v.summary
+            msg += f" {said[:1].upper()}{said[1:]}."
         profiles = {"hot": ("p2p-off", "nccl-debug", "flight-recorder", "gloo"),
                     "idle": ("nccl-debug", "flight-recorder", "fewer-workers"),
                     "cpu-bound": ("fewer-workers",),
