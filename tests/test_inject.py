@@ -79,3 +79,29 @@ def test_beat_does_not_import_torch_or_anything_heavy():
     r = subprocess.run([sys.executable, "-c", "import sys, ddptop; ddptop.beat(1); print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch','textual','rich','psutil')))"],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.stdout.strip() == "[]"
+
+
+def test_the_phase_follows_the_models_mode_even_when_a_framework_sets_it_directly(runs_dir, tmp_path):
+    """eval() starts an evaluation; Lightning ends it by setting ``.training`` on
+    every module (no train() call): the next batch drawn still says train."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import time, torch\n"
+        "from torch.utils.data import DataLoader\n"
+        "m = torch.nn.Linear(2, 1)\n"
+        "def draw(n):\n"
+        "    for _ in DataLoader(list(range(n)), batch_size=1):\n"
+        "        time.sleep(0.06)\n"
+        "m.train(); draw(3)\n"
+        "m.eval(); draw(3)\n"
+        "print('evaluated', flush=True)\n"
+        "for mod in m.modules():\n"
+        "    mod.training = True\n"
+        "draw(3)\n"
+        "print('done')\n"
+    )
+    r = run_ddptop("--json", "torchrun", "--nproc-per-node", "1", str(script))
+    assert r.returncode == 0, r.stdout[-2000:]
+    phases = [e["phase"] for e in json_events(r.stdout) if e["kind"] == "progress" and e["source"] == "batch"]
+    collapsed = [p for i, p in enumerate(phases) if i == 0 or p != phases[i - 1]]
+    assert collapsed == ["train", "eval", "train"], phases

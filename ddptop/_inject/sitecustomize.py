@@ -21,6 +21,7 @@ def _ddptop_install():
     import importlib.abc
     import importlib.machinery
     import time
+    import weakref
 
     state = {"fd": None, "n": 0, "off": False}
 
@@ -50,6 +51,7 @@ def _ddptop_install():
             note(f"step hook not installed on rank {rank}: {e!r}")
 
     batches = {"fd": None, "n": 0, "last": 0.0, "phase": b"train", "off": False}
+    model = [None]  # a weak reference to the module whose train()/eval() was called last (outermost)
     _now = time.time
 
     def publish_batches(now):
@@ -77,6 +79,14 @@ def _ddptop_install():
             def __next__(self):
                 item = real_next(self)
                 batches["n"] += 1
+                ref = model[0]
+                if ref is not None and batches["phase"] != b"save":
+                    # the model's mode now: frameworks may set .training without calling train()
+                    # (Lightning restores it so after a validation)
+                    m = ref()
+                    if m is not None and (b"train" if m.training else b"eval") != batches["phase"]:
+                        batches["phase"] = b"train" if m.training else b"eval"
+                        batches["last"] = -1.0
                 now = _now()
                 if now - batches["last"] >= 0.05 and not batches["off"]:
                     batches["last"] = now
@@ -101,6 +111,10 @@ def _ddptop_install():
                 finally:
                     depth[0] -= 1
                     if depth[0] == 0:
+                        try:
+                            model[0] = weakref.ref(self)
+                        except TypeError:
+                            model[0] = None
                         set_phase(b"train" if mode else b"eval")
 
             cls.train = train

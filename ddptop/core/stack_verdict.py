@@ -217,6 +217,11 @@ _IO_STDLIB = frozenset({"shutil", "io", "_pyio", "pathlib", "tempfile", "pickle"
                         "gzip", "bz2", "lzma", "csv", "shelve", "dbm", "sqlite3", "fileinput", "codecs"})
 
 
+# ddptop's own files (its injected hook wraps torch.save and the optimizer's step) are
+# a library, wherever ddptop is installed (an editable checkout is outside site-packages)
+_OWN_DIR = __file__.replace("\\", "/").rsplit("/", 2)[0] + "/"
+
+
 def _norm(path: str) -> str:
     return path.replace("\\", "/")
 
@@ -232,6 +237,8 @@ def _where_from(path: str) -> tuple[str, str]:
     m = _STDLIB_DIR.search(p) or (_WIN_STDLIB.search(p) if ":" in p[:3] else None)
     if m:
         return "stdlib", p[m.end():]
+    if p.startswith(_OWN_DIR):
+        return "package", "ddptop/" + p[len(_OWN_DIR):]
     if p.startswith("/") or re.match(r"^[A-Za-z]:/", p) or p.startswith("<"):
         return "user", p  # an absolute path outside the interpreter's lib dirs, or <string>/<stdin>
     # a path as py-spy shortens it: relative to the first folder without an __init__.py

@@ -1,0 +1,102 @@
+"""The hang detector on real training frameworks: PyTorch Lightning (strategy="ddp")
+and Hugging Face Trainer (ddp_backend="gloo"), under real torchrun, 2 ranks on CPU.
+
+The jobs are examples/frameworks/*.py: tiny models built in code, random data,
+nothing downloaded.  A hang in a callback must be alarmed with the rank and its
+file:line; healthy jobs whose validation/evaluation and checkpoint write stay
+quiet for at least three times the alarm threshold must raise nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from conftest import ROOT, json_events, run_ddptop
+
+LIGHTNING = ROOT / "examples" / "frameworks" / "lightning_job.py"
+HF = ROOT / "examples" / "frameworks" / "hf_trainer_job.py"
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+           TOKENIZERS_PARALLELISM="false", WANDB_DISABLED="true")
+THRESHOLD = 10.0  # the detector's alarm threshold for jobs stepping this fast (its min_silence)
+
+
+def stall_alarms(events):
+    return [e for e in events if e["kind"] == "alarm" and e["type"] == "stall"]
+
+
+def steps_at(events, rank=0):
+    """Clock times of the rank's optimizer steps (the injected hook)."""
+    return [e["t"] for e in events if e["kind"] == "progress" and e["rank"] == rank and e["source"] == "hook"]
+
+
+def check_named(events, script: Path, function: str):
+    stalls = stall_alarms(events)
+    assert len(stalls) == 1, [a["message"] for a in stalls]
+    a = stalls[0]
+    assert a["culprits"] == [1], a["message"]
+    w = a["where"]["1"]
+    # where rank 1 is: the callback's own function, at a line of the training script that sleeps
+    assert w["function"].endswith(function) and Path(w["file"]).name == script.name, w
+    assert "time.sleep" in script.read_text().splitlines()[w["line"] - 1] and w["call"] == "time.sleep", w
+    assert f"{script.name}:{w['line']}" in a["message"] and "(`time.sleep`)" in a["message"], a["message"]
+    # and where the other rank waits: in a collective (DDP), said in the same alarm
+    assert "rank 0 waits in" in a["message"], a["message"]
+    stacks = [e for e in events if e["kind"] == "stacks" and e["t"] <= a["t"]]
+    assert stacks and stacks[-1]["hung"] is True and stacks[-1]["culprits"] == [1]
+    last_step = max(t for t in steps_at(events) if t < a["t"])
+    print(f"\n{script.name}: stall alarm {a['t'] - last_step:.1f} s after the last optimizer step; "
+          f"stacks sampled {stacks[0]['t'] - last_step:.1f} s after it")
+    return a
+
+
+def test_a_hang_in_a_lightning_callback_names_the_rank_and_its_line(runs_dir):
+    r = run_ddptop("--json", "--gpu", "sim", "--on-stall", "kill", "torchrun", "--nproc-per-node", "2", str(LIGHTNING),
+                   "--steps", "100000", "--hang-rank", "1", "--hang-at-batch", "40", env=ENV)
+    events = json_events(r.stdout)
+    assert r.returncode == 124, (r.returncode, r.stderr[-2000:])
+    check_named(events, LIGHTNING, "on_train_batch_start")
+    assert events[-1]["kind"] == "state" and events[-1]["state"] == "stopped"
+
+
+def test_a_hang_in_a_trainer_callback_names_the_rank_and_its_line(runs_dir):
+    r = run_ddptop("--json", "--gpu", "sim", "--on-stall", "kill", "torchrun", "--nproc-per-node", "2", str(HF),
+                   "--steps", "100000", "--hang-rank", "1", "--hang-at-step", "30", env=ENV)
+    events = json_events(r.stdout)
+    assert r.returncode == 124, (r.returncode, r.stderr[-2000:])
+    check_named(events, HF, "on_step_begin")
+
+
+def quiet_gaps(events):
+    """Gaps between optimizer steps (rank 0) longer than three alarm thresholds."""
+    ts = steps_at(events)
+    return [b - a for a, b in zip(ts, ts[1:]) if b - a >= 3 * THRESHOLD]
+
+
+def phases(events, rank=0):
+    return {e["phase"] for e in events if e["kind"] == "progress" and e["rank"] == rank and e["source"] == "batch"}
+
+
+def test_a_healthy_lightning_job_with_a_long_validation_and_a_slow_checkpoint_raises_nothing(runs_dir):
+    r = run_ddptop("--json", "--gpu", "sim", "torchrun", "--nproc-per-node", "2", str(LIGHTNING),
+                   "--steps", "90", "--val-every", "60", "--val-time", "32", "--ckpt-every", "70", "--ckpt-time", "32",
+                   env=ENV)
+    events = json_events(r.stdout)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [a["message"] for a in events if a["kind"] == "alarm"] == []
+    # the quiet phases were real: two spells of 30+ s without an optimizer step (validation, checkpoint)
+    assert len(quiet_gaps(events)) >= 2, quiet_gaps(events)
+    assert {"train", "eval", "save"} <= phases(events), phases(events)
+    assert events[-1]["state"] == "succeeded"
+
+
+def test_a_healthy_trainer_job_with_a_long_evaluation_and_a_slow_checkpoint_raises_nothing(runs_dir):
+    r = run_ddptop("--json", "--gpu", "sim", "torchrun", "--nproc-per-node", "2", str(HF),
+                   "--steps", "50", "--eval-every", "30", "--eval-time", "32", "--ckpt-every", "40", "--ckpt-time", "32",
+                   env=ENV)
+    events = json_events(r.stdout)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [a["message"] for a in events if a["kind"] == "alarm"] == []
+    assert len(quiet_gaps(events)) >= 2, quiet_gaps(events)
+    assert {"train", "eval", "save"} <= phases(events), phases(events)
+    assert events[-1]["state"] == "succeeded"
