@@ -441,6 +441,46 @@ def test_a_hang_raises_a_stall_alarm_and_stopping_the_attachment_leaves_the_job(
     assert not left
 
 
+def test_a_lightning_hang_in_a_job_ddptop_did_not_launch_is_named_from_its_stacks(procs, tmp_path):
+    """No hook (plain torchrun) and no progress in the logs (Lightning's bar prints
+    nothing into a file): the ranks' stacks, sampled in turn, are the life signal.
+    The hang is alarmed long before the 120 s first-step grace, naming rank 1 and
+    its line."""
+    script = ROOT / "examples" / "frameworks" / "lightning_job.py"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+            "--log-dir", str(tmp_path / "logs"), "--redirects", "3", str(script),
+            "--steps", "100000", "--hang-rank", "1", "--hang-at-batch", "40"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.pop("DDPTOP_BEAT_DIR", None)
+    with open(tmp_path / "torchrun.out", "wb") as out:
+        job = procs.popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    ranks = wait_ranks(procs, job)
+    wait_for(lambda: file_has(tmp_path / "logs", "*/attempt_0/1/stdout.log", "hanging"), timeout=TIMEOUT,
+             what="rank 1 to hang")
+    attached = time.time()
+    att = attach(procs, "--json", "--gpu", "sim", "attach", "--pid", str(job.pid),
+                 env=dict(os.environ, DDPTOP_RUNS_DIR=str(tmp_path / "runs")))
+    r = Reader(att.stdout)
+    try:
+        alarm = wait_for(lambda: next((e for e in r.events() if e["kind"] == "alarm" and e["type"] == "stall"), None),
+                         timeout=TIMEOUT, what="the stall alarm")
+        print(f"\nattach --pid, no hook: stall alarm {alarm['t'] - attached:.1f} s after attaching")
+        assert alarm["t"] - attached < 120, "no earlier than the first-step grace: the stacks gave no life signal"
+        assert alarm["culprits"] == [1], alarm["message"]
+        w = alarm["where"]["1"]
+        assert w["function"].endswith("on_train_batch_start") and Path(w["file"]).name == script.name, w
+        assert "time.sleep" in script.read_text().splitlines()[w["line"] - 1]
+        watched = [e for e in r.events() if e["kind"] == "progress" and e["source"] == "stack"]
+        assert {e["rank"] for e in watched} == {0, 1}
+        att.send_signal(signal.SIGINT)
+        assert att.wait(timeout=30) == 130
+        assert job.poll() is None and all(alive(pid) for pid in ranks.values())  # the job was left alone
+    finally:
+        r.join(5)
+    procs.remember_tree(job)
+    assert not procs.kill_all()
+
+
 def test_a_crash_seen_in_the_output_gives_exit_code_1(procs, tmp_path):
     job = start_job(procs, tmp_path, "--steps", "100000", "--step-time", "0.1", "--fault", "segv",
                     "--fault-step", "15")

@@ -214,3 +214,73 @@ def test_a_progress_bar_redrawn_with_the_same_count_is_not_life():
     c.t += 1.0
     a.feed([LogEvent(c.t, rank=0, text=" 34%|#  | 101/300 [00:40<00:40, 5.0it/s]")])
     assert a.check(c.t) == [] and a.stall.active is None
+
+
+def watch_round(d, c, moving, counts, dt=5.0):
+    """One round of the stack watch: each rank sampled; ``moving`` ranks' stacks changed."""
+    c.t += dt
+    for r in counts:
+        counts[r] += 1 if r in moving else 0
+        d.watch(r, counts[r], c.t)
+
+
+def test_a_job_watched_by_its_stacks_alone_is_judged_after_the_watch_patience_not_the_grace():
+    """No hook, no log progress (a job ddptop did not launch): moving stacks are
+    life, however long; frozen ones are a stall after ``watch_patience``."""
+    from ddptop.core.stall import StackVerdict
+
+    c = Clock()
+    d = StallDetector(c)
+    counts = {0: 0, 1: 0}
+    for r in counts:
+        d.watch(r, 0, c.t)
+    for _ in range(60):  # five minutes of stacks that move: no alarm
+        watch_round(d, c, {0, 1}, counts)
+        assert d.check() is None
+    frozen_at = c.t
+    alarm = None
+    while alarm is None and c.t < frozen_at + 120:
+        watch_round(d, c, set(), counts)
+        if d.suspect() and d.verdict is None:
+            d.stacks(StackVerdict(c.t, True, (1,), "hung: rank 1 is in `f` at train.py:9", {"1": {"line": 9}}))
+        alarm = d.check()
+    assert alarm is not None and alarm.culprits == (1,) and alarm.where == {"1": {"line": 9}}
+    assert c.t - frozen_at <= 40, c.t - frozen_at  # the watch patience (30 s), not the 120 s first-step grace
+
+
+def test_a_watched_rank_that_moves_while_the_others_are_frozen_is_the_culprit():
+    """Rank 1 spins in its own loop (its stack moves), rank 0 waits in a
+    collective (frozen): stack samples say hung, and the mover is named."""
+    from ddptop.core.stall import StackVerdict
+
+    c = Clock()
+    d = StallDetector(c)
+    counts = {0: 0, 1: 0}
+    for r in counts:
+        d.watch(r, 0, c.t)
+    for _ in range(10):
+        watch_round(d, c, {0, 1}, counts)
+    quiet = c.t
+    alarm = None
+    asked = False
+    while alarm is None and c.t < quiet + 120:
+        watch_round(d, c, {1}, counts)
+        if d.suspect() and not asked:
+            asked = True
+            d.stacks(StackVerdict(c.t, True, (1,), "hung: rank 1 is moving; rank 0 waits in `all_reduce`", {"1": {}}))
+        alarm = d.check()
+        assert alarm is None or alarm.ranks == (0,)
+    assert alarm is not None and alarm.culprits == (1,), "a mover beside a frozen rank must still be alarmed"
+    # one alarm for the episode, while it lasts
+    for _ in range(20):
+        watch_round(d, c, {1}, counts)
+        assert d.check() is None
+    # stacks that say work (every rank moving) never alarm
+    d2 = StallDetector(c)
+    for r in counts:
+        d2.watch(r, counts[r], c.t)
+    for _ in range(40):
+        watch_round(d2, c, {1}, counts)
+        if d2.suspect():
+            d2.stacks(StackVerdict(c.t, False, (), "no hang"))
+        assert d2.check() is None

@@ -62,6 +62,10 @@ class Analyzer:
                     # batches drawn (training or evaluation) and the model's phase: life, not steps
                     st.batch(ev.rank, ev.step, ev.t, ev.phase)
                     continue
+                if ev.source == "stack":
+                    # a job ddptop did not launch: its stack moved (count grew) or not
+                    st.watch(ev.rank, ev.step, ev.t)
+                    continue
                 self.hooked.add(ev.rank)
                 st.step(ev.rank, ev.step, ev.t)
                 self.last_steps[ev.rank] = ev.step

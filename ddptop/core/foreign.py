@@ -42,7 +42,7 @@ from ddptop.core import journal, procs
 from ddptop.core.events import (ENDED, RUNNING, AlarmEvent, Event, GpuEvent, LogEvent, NoteEvent, ProcEvent,
                                 RankEvent, StateEvent)
 from ddptop.core.jobs import EXIT_CRASH_SEEN, EXIT_UNKNOWN, AttachedPid, CommandResult, Control, ExitStatus
-from ddptop.core.pipeline import Pipeline, RankMap, StackCapture, StackSampler, TelemetryLoop
+from ddptop.core.pipeline import Pipeline, RankMap, StackCapture, StackSampler, StackWatch, TelemetryLoop
 from ddptop.core.tailer import Tailer
 
 __all__ = ["EXIT_CRASH_SEEN", "EXIT_UNKNOWN", "ForeignError", "ForeignSession", "resolve_pid"]
@@ -416,6 +416,8 @@ class ForeignSession:
         self.pipeline = Pipeline(node=self.host, stall_after=stall_after, clock=clock,
                                  on_stall=self._stacks_on_stall, sampler=self.samples.request)
         self._telemetry = TelemetryLoop(gpu, self.host, sample_interval, self._rank_procs, self._put)
+        # no hook in a job ddptop did not launch: its ranks' stacks, sampled in turn, are the life signal
+        self.watch = StackWatch(self._rank_pids, self._put, node=self.host)
 
     def _stacks_on_stall(self, alarm: AlarmEvent) -> None:
         self.stacks.request()
@@ -486,6 +488,7 @@ class ForeignSession:
         for src in self._sources.values():
             src.tailer.close()
         self._telemetry.stop()
+        self.watch.stop()
 
     # -- reading -----------------------------------------------------------------
 
@@ -499,6 +502,7 @@ class ForeignSession:
             self._started_sent = True
             out.append(StateEvent(self.started, RUNNING, message=self._intro()))
             self._telemetry.start()
+            self.watch.start()
         while not self._async.empty():
             out.append(self._async.get_nowait())
         ending = False

@@ -128,6 +128,8 @@ class JobModel:
                     info.batches = ev.step
                     info.phase = ev.phase
                     continue
+                if ev.source == "stack":  # the stack watch of a job ddptop did not launch: life, not steps
+                    continue
                 info.last_step = ev.step
                 info.step_source = ev.source
                 info.last_step_t = ev.t

@@ -222,6 +222,95 @@ class StackSampler:
         return d
 
 
+class StackWatch:
+    """Life from stacks, for jobs ddptop did not launch (no hook in the ranks).
+
+    One rank's stack at a time (py-spy, non-blocking), the ranks taken in turn
+    so that each is seen about every ``period`` seconds, never more often than
+    keeps py-spy within ``budget`` of one core on average.  Each sample is
+    compared with that rank's previous one: a changed stack (or a loop running
+    on the CPU) is movement.  Emits ``ProgressEvent(source="stack")`` whose
+    ``step`` counts the movements seen: the stall detector takes a count that
+    grows as life, and a rank watched this way is judged after
+    ``watch_patience`` instead of the first-step grace."""
+
+    def __init__(self, rank_pids: Callable[[], dict[int, int]], emit: Emit, *, node: str = "",
+                 period: float = 5.0, budget: float = 0.02, clock: Callable[[], float] = time.time):
+        self.rank_pids = rank_pids
+        self.emit = emit
+        self.node = node
+        self.period = period
+        self.budget = budget
+        self.clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.cpu_seconds = 0.0  # py-spy's own CPU time so far
+        self.wall_seconds = 0.0
+        self.samples = 0
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, daemon=True, name="ddptop-stack-watch")
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        import resource
+
+        from ddptop.core.events import ProgressEvent
+        from ddptop.core.stack_verdict import moved
+        from ddptop.core.stacks import py_spy
+
+        exe = py_spy()
+        if exe is None:
+            self.emit([NoteEvent(self.clock(), "warning",
+                                 "ddptop did not launch this job, so no hook counts its steps, and py-spy is not "
+                                 "installed: the hang detector has only the ranks' logs (pip install py-spy)",
+                                 node=self.node)])
+            return
+        prev: dict[int, str] = {}
+        moves: dict[int, int] = {}
+        failed: set[int] = set()
+        started = time.monotonic()
+        i = 0
+        while not self._stop.is_set():
+            pids = self.rank_pids()
+            if not pids:
+                self._stop.wait(1.0)
+                continue
+            order = sorted(pids)
+            rank = order[i % len(order)]
+            i += 1
+            t0 = time.monotonic()
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            try:
+                r = subprocess.run([exe, "dump", "--nonblocking", "--full-filenames", "--pid", str(pids[rank])],
+                                   capture_output=True, text=True, errors="replace", timeout=10)
+                text = r.stdout if r.returncode == 0 else ""
+                err = "" if r.returncode == 0 else (r.stderr or r.stdout).strip()[-300:]
+            except (OSError, subprocess.SubprocessError) as e:
+                text, err = "", str(e)
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            took = time.monotonic() - t0
+            cpu = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+            self.cpu_seconds += cpu
+            self.samples += 1
+            self.wall_seconds = time.monotonic() - started
+            if text:
+                m = moved(prev[rank], text) if rank in prev else None
+                prev[rank] = text
+                moves[rank] = moves.get(rank, 0) + (1 if m else 0)
+                self.emit([ProgressEvent(self.clock(), rank=rank, step=moves[rank], source="stack", node=self.node)])
+            elif rank not in failed:
+                failed.add(rank)
+                self.emit([NoteEvent(self.clock(), "warning", f"rank {rank}: py-spy cannot read its stack, so "
+                                     f"only its logs show its progress: {err or 'no output'}", node=self.node)])
+            # the next rank: spread over the period, and within the CPU budget
+            self._stop.wait(max(self.period / len(order), (cpu or took) / self.budget - took))
+
+
 def run_notify(cmd: list[str], alarm: AlarmEvent, run_dir: str) -> NoteEvent | None:
     """--notify-cmd: the person's command with the alarm as JSON on stdin (never a shell)."""
     env = dict(os.environ, DDPTOP_ALARM_TYPE=alarm.type, DDPTOP_ALARM_ID=alarm.id,

@@ -27,7 +27,7 @@ from typing import Callable, Iterable
 
 __all__ = [
     "Frame", "Thread", "RankStack", "Group", "Verdict",
-    "parse_dump", "classify_frame", "rank_state", "verdict", "main_frames",
+    "parse_dump", "classify_frame", "rank_state", "verdict", "main_frames", "moved",
     "CATEGORIES", "KINDS",
 ]
 
@@ -417,6 +417,18 @@ def main_frames(text: str) -> tuple[list[str], list[int]]:
     lines = [f"{f.function} ({_short(f.file)}{f':{f.line}' if f.line else ''})" for f in t.frames]
     user = [i for i, f in enumerate(t.frames) if classify_frame(f) == "user"]
     return lines, user
+
+
+def moved(before: str, now: str) -> bool | None:
+    """Did a rank's main thread move between two dumps (taken some seconds
+    apart)?  A changed stack, or the same one running on the CPU outside any
+    collective (a loop), is movement; None when either dump has no stack."""
+    a, b = rank_state(parse_dump(before)), rank_state(parse_dump(now))
+    if not a.exact or not b.exact:
+        return None
+    if a.exact != b.exact:
+        return True
+    return a.state == b.state == "active" and b.kind not in _WAITING
 
 
 # --------------------------------------------------------------------------- verdict

@@ -38,6 +38,7 @@ class RankState:
     batches: int | None = None  # batches drawn from data loaders (the hook)
     last_batch: float | None = None
     batch_intervals: dict = field(default_factory=dict)  # phase -> deque of (t, batches)
+    watched: int | None = None  # stack movements seen by the stack watch (jobs ddptop did not launch)
     util: float | None = None  # its GPU's utilisation
     cpu: float | None = None
     children_cpu: float | None = None
@@ -99,7 +100,7 @@ class StackVerdict:
 class StallDetector:
     def __init__(self, clock, *, min_silence: float = 10.0, k: float = 3.0, slack: float = 12.0,
                  first_step_grace: float = 120.0, stall_after: float | None = None, start: float | None = None,
-                 io_patience: float = 600.0):
+                 io_patience: float = 600.0, watch_patience: float = 30.0):
         self.clock = clock
         self.min_silence = min_silence
         self.k = k
@@ -114,6 +115,9 @@ class StallDetector:
         self.stacks_pending = False  # stack samples were asked for and have not arrived yet
         self.suspect_at = 0.5  # of the threshold: when to ask for stack samples
         self.io_patience = io_patience  # how long ranks seen in I/O (a checkpoint write) count as work
+        # a rank with no step seen yet but watched by stack samples: frozen this long is a suspect
+        # (instead of the first-step grace, which is for a job starting up unseen)
+        self.watch_patience = watch_patience
 
     def rank(self, r: int) -> RankState:
         st = self.ranks.get(r)
@@ -155,6 +159,14 @@ class StallDetector:
             st.last_other = t if st.last_other is None else max(st.last_other, t)
             win = st.batch_intervals.setdefault(st.phase, deque(maxlen=64))
             win.append((t, count))
+
+    def watch(self, rank: int, moves: int, t: float) -> None:
+        """A stack sample of a rank (no hook): ``moves`` counts the samples that
+        differed from the one before; a count that grew is life."""
+        st = self.rank(rank)
+        if st.watched is not None and moves > st.watched:
+            st.last_other = t if st.last_other is None else max(st.last_other, t)
+        st.watched = moves
 
     def other_progress(self, rank: int, t: float | None = None) -> None:
         self.rank(rank).last_other = self.clock() if t is None else t
@@ -199,7 +211,7 @@ class StallDetector:
 
     def threshold_train(self, st: RankState) -> float:
         if st.last_progress is None:
-            return self.first_step_grace
+            return self.watch_patience if st.watched is not None else self.first_step_grace
         e = st.expected()
         if e is None:
             return max(self.min_silence, 3 * self.min_silence)  # learning: be patient
@@ -224,7 +236,9 @@ class StallDetector:
         pool = self._pool()
         if not pool or self.active is not None:
             return False
-        return all(self._silent(st, now) > self.suspect_at * self.threshold(st) for st in pool)
+        late = [self._silent(st, now) > self.suspect_at * self.threshold(st) for st in pool]
+        # (ranks watched by their stacks: one going quiet while others move is worth a look)
+        return all(late) or any(x and st.watched is not None for x, st in zip(late, pool))
 
     def silence_began(self) -> float:
         """When the current silence began: the latest sign of life of any judged rank."""
@@ -244,12 +258,16 @@ class StallDetector:
         if not pool:
             return None
         stalled = [st for st in pool if self._silent(st, now) > self.threshold(st)]
-        if len(stalled) < len(pool):
-            if self.active is not None and any(self._silent(st, now) < self.threshold(st) for st in pool):
+        if self.active is not None:
+            if any(self._silent(self.ranks[r], now) < self.threshold(self.ranks[r]) for r in self.active.ranks
+                   if r in self.ranks):
                 self.active = None  # progress resumed
             return None
-        if self.active is not None:
-            return None
+        if len(stalled) < len(pool):
+            partial = self._partial(pool, stalled, now)
+            if partial is not None:
+                self.active = partial
+            return partial
         v = self.verdict if self.verdict is not None and self.verdict.t >= self.silence_began() else None
         if v is not None and v.hung is False:
             if not (v.io and self._silent_pool(pool, now) > max(self.io_patience, *(self.threshold(st) for st in pool))):
@@ -261,6 +279,19 @@ class StallDetector:
             return None
         self.active = self._describe(pool, now, v)
         return self.active
+
+    def _partial(self, pool: list[RankState], stalled: list[RankState], now: float) -> Stall | None:
+        """Some ranks frozen, the others' only sign of life their moving stacks
+        (a job ddptop did not launch): a hang when stack samples taken since
+        the frozen ranks went quiet say so (frozen in a collective while the
+        others move: the movers are the culprits)."""
+        if not stalled or any(st.watched is None for st in pool if st not in stalled):
+            return None
+        began = max(max(x for x in (st.last_progress, st.last_other, self.started) if x is not None) for st in stalled)
+        v = self.verdict
+        if v is None or v.t < began or v.hung is not True:
+            return None
+        return self._describe(stalled, now, v)
 
     def _describe(self, pool: list[RankState], now: float, v: StackVerdict | None = None) -> Stall:
         everyone = sorted(self.ranks.values(), key=lambda s: s.rank)

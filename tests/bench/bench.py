@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import signal
 import subprocess
 import sys
 import tempfile
@@ -257,6 +258,30 @@ def bench_alarm_latency() -> None:
                      f"{stacks['span']:.1f} s): {stacks['summary'] or stacks['error']}" if stacks else "; no stack samples"))
 
 
+def bench_stack_watch(ranks: int = 8, seconds: float = 40.0) -> None:
+    """attach --pid's life signal: py-spy's CPU over one core while watching N
+    ranks in turn (target: within 2% of a core on average), and each rank's
+    sampling period."""
+    from ddptop.core.pipeline import StackWatch
+
+    code = "import time, torch\nwhile True:\n    time.sleep(0.01)\n    torch.randn(64, 64) @ torch.randn(64, 64)\n"
+    procs = [subprocess.Popen([sys.executable, "-c", code], start_new_session=True) for _ in range(ranks)]
+    try:
+        time.sleep(5)  # torch imported
+        got: list = []
+        w = StackWatch(lambda: {r: p.pid for r, p in enumerate(procs)}, got.extend)
+        w.start()
+        time.sleep(seconds)
+        w.stop()
+        per_rank = seconds / max(1, len([e for e in got if getattr(e, "rank", None) == 0]))
+        print(f"stack watch ({ranks} ranks, {seconds:.0f} s): py-spy used {100 * w.cpu_seconds / w.wall_seconds:.2f}% "
+              f"of a core (target <= 2%), {w.samples} samples, each rank every {per_rank:.1f} s")
+    finally:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 def bench_attach(lines: int = 200, every: float = 0.1, quiet_s: float = 20) -> None:
     """ddptop attach over a real sshd on 127.0.0.1: the agent's CPU use while
     streaming a quiet job, and the latency from a rank's line being written to
@@ -473,7 +498,7 @@ def bench_signatures(lines: int = 50_000) -> None:
 
 
 BENCHES = {"help": bench_help, "ingest": bench_ingest, "frame": bench_first_frame, "supervise": bench_supervise,
-           "telemetry": bench_telemetry, "hook": bench_hook, "alarm": bench_alarm_latency, "attach": bench_attach, "relaunch": bench_relaunch,
+           "telemetry": bench_telemetry, "hook": bench_hook, "alarm": bench_alarm_latency, "watch": bench_stack_watch, "attach": bench_attach, "relaunch": bench_relaunch,
            "busy-node": bench_busy_node, "signatures": bench_signatures}
 
 if __name__ == "__main__":
