@@ -280,3 +280,13 @@ def test_main_frames_for_the_pane():
     frames, user = main_frames(dumps("slow_checkpoint", 0)[0])
     assert frames[0].startswith("SlowDisk.write (") and "torch/serialization.py:" in frames[1]
     assert user == [0, 3, 4]
+
+
+def test_a_rank_spinning_on_one_line_beside_a_frozen_one_is_a_hang_and_the_frozen_one_the_culprit():
+    """Rank 0 polls on one line (busy, its stack never changes), rank 1 sleeps in
+    its own code: nobody moves, so it is a hang, and the frozen rank is named."""
+    v = verdict({0: dumps("busy_loop"), 1: dumps("gloo_barrier", 1)})
+    assert v.hung is True and v.culprits == (1,), v.summary
+    assert "rank 0 spins on one line" in v.summary
+    # every rank busy on one line (a long computation) is still work
+    assert verdict({0: dumps("busy_loop"), 1: dumps("busy_loop")}).hung is False

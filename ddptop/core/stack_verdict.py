@@ -532,6 +532,14 @@ def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None
         else:
             hung = True
             culprits = [r for r in movers if r not in io] + outside or list(io)
+    elif outside and all(status[r] == "busy" and r not in io for r in movers):
+        # nobody's stack changes: some ranks frozen in their own code, the others
+        # spinning on one line (polling for the frozen ones, as a collective's
+        # wait does): the frozen ones are the culprits
+        hung = True
+        culprits = outside
+        notes.append(f"{_ranks(movers)} {'spins' if len(movers) == 1 else 'spin'} on one line (polling) while "
+                     f"{_ranks(outside)} {'is' if len(outside) == 1 else 'are'} frozen")
     else:
         hung = False
         culprits = []
