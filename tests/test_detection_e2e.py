@@ -118,3 +118,21 @@ def test_a_data_loader_worker_killed_like_the_oom_killer_does_is_named(runs_dir)
     assert "OOM killer" in a["message"] and a["suggested_profiles"] == ["fewer-workers"]
     rep = json.loads(run_ddptop("diagnose", "--json", str(only_run(runs_dir))).stdout)
     assert rep["root_cause"]["signature"] == "dataloader-worker-died" and rep["root_cause"]["rank"] == 1
+
+
+def test_without_py_spy_the_stall_is_still_alarmed_and_says_what_is_missing(runs_dir):
+    """Stack sampling off (as without py-spy or ptrace): the alarm comes from
+    progress and telemetry alone, and says that the stacks are missing and why."""
+    import os
+
+    env = dict(os.environ, DDPTOP_PY_SPY="")
+    r = run_ddptop("--json", "--gpu", "sim", "--on-stall", "kill", "torchrun", "--nproc-per-node", "2", EXAMPLE,
+                   "--steps", "100000", "--step-time", "0.05", "--fault", "hang", "--fault-rank", "1", "--fault-step", "10",
+                   env=env)
+    assert r.returncode == 124, r.stderr[-2000:]
+    events = json_events(r.stdout)
+    (alarm,) = [a for a in alarms(events) if a["type"] == "stall"]
+    assert alarm["culprits"] == [1] and alarm["where"] == {}  # from telemetry: rank 1's GPU idle, rank 0's hot
+    assert "no stacks: stack sampling is off (DDPTOP_PY_SPY is empty)" in alarm["message"], alarm["message"]
+    stacks = [e for e in events if e["kind"] == "stacks"]
+    assert stacks and stacks[0]["hung"] is None and "DDPTOP_PY_SPY" in stacks[0]["error"]

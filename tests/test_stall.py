@@ -284,3 +284,25 @@ def test_a_watched_rank_that_moves_while_the_others_are_frozen_is_the_culprit():
         if d2.suspect():
             d2.stacks(StackVerdict(c.t, False, (), "no hang"))
         assert d2.check() is None
+
+
+def test_each_nodes_stack_verdict_counts_whichever_arrives_last():
+    """A multi-node view gets each node's own samples: one node's ranks hung is
+    the job hung, even when another node (whose rank spins) says work after it."""
+    from ddptop.core.stall import StackVerdict
+
+    for order in ((0, 1), (1, 0)):
+        c = Clock()
+        d = StallDetector(c)
+        run_steps(d, c, [0, 1], 50, 0.2)
+        c.t += 6.0
+        said = [StackVerdict(c.t, False, (), "no hang: rank 0 is moving", node="node-a"),
+                StackVerdict(c.t, True, (1,), "hung: rank 1 is in `f`", {"1": {"line": 3}}, node="node-b")]
+        for i in order:
+            d.stacks(said[i])
+        alarm = None
+        while alarm is None and c.t < 1000 + 60:
+            c.t += 0.5
+            alarm = d.check()
+        assert alarm is not None and alarm.culprits == (1,) and alarm.where == {"1": {"line": 3}}, order
+        assert "Rank 1 is in `f` (on node-b)." in alarm.message, alarm.message

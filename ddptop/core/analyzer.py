@@ -83,7 +83,7 @@ class Analyzer:
                 else:
                     st.rank_ended(ev.rank, ev.exit_code)
             elif isinstance(ev, StacksEvent):
-                st.stacks(StackVerdict(ev.t, ev.hung, ev.culprits, ev.summary, ev.where, ev.error, ev.io))
+                st.stacks(StackVerdict(ev.t, ev.hung, ev.culprits, ev.summary, ev.where, ev.error, ev.io, ev.node))
             elif isinstance(ev, StateEvent) and ev.state in FINAL_STATES:
                 self.finished = True
         return alarms

@@ -265,9 +265,11 @@ class StackWatch:
 
         exe = py_spy()
         if exe is None:
+            from ddptop.core.stacks import _missing
+
             self.emit([NoteEvent(self.clock(), "warning",
-                                 "ddptop did not launch this job, so no hook counts its steps, and py-spy is not "
-                                 "installed: the hang detector has only the ranks' logs (pip install py-spy)",
+                                 "ddptop did not launch this job, so no hook counts its steps, and its stacks cannot "
+                                 f"be sampled ({_missing()}): the hang detector has only the ranks' logs",
                                  node=self.node)])
             return
         prev: dict[int, str] = {}

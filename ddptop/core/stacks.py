@@ -31,8 +31,22 @@ def normalise(dump: str) -> str:
     return "\n".join(_ADDR.sub("", l).rstrip() for l in dump.splitlines() if l.strip())
 
 
+def _missing() -> str:
+    forced = os.environ.get("DDPTOP_PY_SPY")
+    if forced == "":
+        return "stack sampling is off (DDPTOP_PY_SPY is empty)"
+    if forced is not None:
+        return f"DDPTOP_PY_SPY={forced!r} is not an executable file"
+    return ("py-spy is not installed: `pip install py-spy` (or `pip install ddptop[stacks]`) to get every rank's "
+            "Python stack on a stall")
+
+
 def py_spy() -> str | None:
-    """py-spy on PATH, else beside this interpreter (a venv not activated)."""
+    """py-spy: ``DDPTOP_PY_SPY`` when set (a path; empty turns stack sampling
+    off), else on PATH, else beside this interpreter (a venv not activated)."""
+    forced = os.environ.get("DDPTOP_PY_SPY")
+    if forced is not None:
+        return forced if forced and os.path.isfile(forced) and os.access(forced, os.X_OK) else None
     exe = shutil.which("py-spy")
     if exe is None:
         here = Path(sys.executable).parent / "py-spy"
@@ -48,7 +62,7 @@ def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0) -> tuple[dict[
     """
     exe = py_spy()
     if exe is None:
-        return {}, [], "py-spy is not installed: `pip install py-spy` (or `pip install ddptop[stacks]`) to get every rank's Python stack on a stall"
+        return {}, [], _missing()
     raw: dict[int, str] = {}
     errors: dict[int, str] = {}
 

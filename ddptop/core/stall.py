@@ -95,6 +95,36 @@ class StackVerdict:
     where: dict = field(default_factory=dict)
     error: str = ""
     io: tuple[int, ...] = ()  # ranks in I/O in every sample (hung False): work, for ``io_patience``
+    node: str = ""  # whose ranks were sampled (each node of a multi-node job samples its own)
+
+
+def _said(v: StackVerdict) -> str:
+    text = v.summary.split(": ", 1)[1] if v.summary.startswith("hung") and ": " in v.summary else v.summary
+    return f"{text} (on {v.node})" if v.node else text
+
+
+def combine(verdicts: list[StackVerdict]) -> StackVerdict | None:
+    """One verdict from the latest of each node: any node's ranks hung means the
+    job hangs (their culprits named); work only when every node says work."""
+    if not verdicts:
+        return None
+    if len(verdicts) == 1:
+        return verdicts[0]
+    t = max(v.t for v in verdicts)
+    hung = [v for v in verdicts if v.hung is True]
+    if hung:
+        where: dict = {}
+        for v in hung:
+            where.update(v.where)
+        return StackVerdict(t, True, tuple(sorted({r for v in hung for r in v.culprits})),
+                            "hung: " + "; ".join(_said(v) for v in hung if v.summary),
+                            where, "; ".join(v.error for v in verdicts if v.error))
+    unknown = [v for v in verdicts if v.hung is None]
+    if unknown and len(unknown) == len(verdicts):
+        return StackVerdict(t, None, (), "", {}, "; ".join(v.error for v in unknown if v.error))
+    work = [v for v in verdicts if v.hung is False]
+    return StackVerdict(t, False, (), "; ".join(v.summary for v in work if v.summary), {},
+                        "; ".join(v.error for v in verdicts if v.error), tuple(sorted({r for v in work for r in v.io})))
 
 
 class StallDetector:
@@ -111,7 +141,8 @@ class StallDetector:
         self.ranks: dict[int, RankState] = {}
         self.active: Stall | None = None  # the stall being reported, until progress resumes
         self.telemetry_real = False  # util values come from a real or asked-for source
-        self.verdict: StackVerdict | None = None  # the latest stack samples' verdict
+        self.verdict: StackVerdict | None = None  # the latest stack samples' verdict (every node's, combined)
+        self._verdicts: dict[str, StackVerdict] = {}  # node -> its latest
         self.stacks_pending = False  # stack samples were asked for and have not arrived yet
         self.suspect_at = 0.5  # of the threshold: when to ask for stack samples
         self.io_patience = io_patience  # how long ranks seen in I/O (a checkpoint write) count as work
@@ -187,7 +218,9 @@ class StallDetector:
 
     def stacks(self, verdict: StackVerdict) -> None:
         """Stack samples of every rank and what they say (fed as an event, on the caller's clock)."""
-        self.verdict = verdict
+        self._verdicts[verdict.node] = verdict
+        began = self.silence_began()
+        self.verdict = combine([v for v in self._verdicts.values() if v.t >= began] or [verdict])
         self.stacks_pending = False
 
     def rank_ended(self, rank: int, exit_code: int | None = None) -> None:
