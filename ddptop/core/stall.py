@@ -363,7 +363,8 @@ class StallDetector:
         if v is not None and v.hung and v.culprits:
             culprits = list(v.culprits)
             where = dict(v.where)
-        if v is not None and v.summary:
+        if v is not None and v.summary and not (v.hung and v.culprits):
+            # (a verdict that names the culprits is said in the message itself)
             evidence.insert(0, f"stacks ({'frozen' if v.hung else 'unclear'}): {v.summary}")
         elif v is not None and v.error:
             evidence.append(f"no stacks: {v.error}")
