@@ -440,3 +440,33 @@ def test_doctor_on_remote_nodes_over_ssh(tmp_path, sshd):
     assert r.returncode == 2
     assert "== node-a ==" in r.stdout and "ddptop is not installed on node-a" in r.stdout
     assert "pip install 'ddptop==" in r.stdout
+
+
+def test_remote_ddptop_under_the_remote_home_and_nothing_else_expanded(runs_dir, sshd):
+    """`--remote-ddptop '~/venv/bin/ddptop'`: the leading ~/ is the remote home
+    (quoted, the remote shell would not expand it); any other text is quoted."""
+    import shutil
+
+    from ddptop.core.remote import remote_command
+
+    assert remote_command(["~/venv/bin/ddptop", "agent"]) == '"$HOME"/venv/bin/ddptop agent'
+    assert remote_command(["$HOME/my env/ddptop"]) == '"$HOME"/\'my env/ddptop\''
+    assert remote_command(["/opt/$(touch x)/ddptop", "~/x"]) == "'/opt/$(touch x)/ddptop' '~/x'"
+    r = subprocess.run(ddptop_cmd("--headless", "torchrun", "--nproc-per-node", "1", EXAMPLE, "--steps", "3",
+                                  "--step-time", "0"), capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    home_dir = Path.home() / f".ddptop-test-{os.getpid()}"
+    home_dir.mkdir()
+    try:
+        wrapper = home_dir / "ddptop"
+        wrapper.write_text(f"#!/bin/sh\nexec {remote_ddptop(runs_dir)} \"$@\"\n")
+        wrapper.chmod(0o755)
+        a = subprocess.run(ddptop_cmd("--json", "attach", "node-a:latest", "--ssh", " ".join(sshd.ssh),
+                                      "--remote-ddptop", f"~/{home_dir.name}/ddptop"),
+                           capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT)
+        assert a.returncode == 0, a.stderr[-2000:]
+        evs = json_events(a.stdout)
+        assert any(e["kind"] == "log" and e["rank"] == 0 and e["text"].startswith("step 3 ") for e in evs)
+        assert evs[-1]["kind"] == "state" and evs[-1]["state"] == "succeeded"
+    finally:
+        shutil.rmtree(home_dir)

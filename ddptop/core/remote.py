@@ -85,6 +85,17 @@ def _event(d: dict, node: str, skew: float = 0.0) -> Event:
     return from_dict(d)
 
 
+def remote_command(words: list[str]) -> str:
+    """The command line the remote shell runs: every word quoted, so that no
+    user text is expanded there, except a leading ``~/`` or ``$HOME/`` of the
+    first word, which means the remote home (``~/venv/bin/ddptop``)."""
+    first, rest = (words[0], words[1:]) if words else ("", [])
+    for home in ("~/", "$HOME/", "${HOME}/"):
+        if first.startswith(home):
+            return " ".join(['"$HOME"/' + shlex.quote(first[len(home):])] + [shlex.quote(w) for w in rest])
+    return shlex.join(words)
+
+
 class RemoteSession:
     """A run on another node, through ``ddptop agent`` over ssh (a ``JobSession``)."""
 
@@ -238,7 +249,7 @@ class RemoteSession:
             remote += ["--gpu", self.gpu]  # the agent samples a job ddptop did not launch itself
         if self._cursor:
             remote += ["--resume", encode_cursor(self._cursor)]
-        return [*self.ssh, *SSH_OPTIONS, "--", self.host, shlex.join(remote)]
+        return [*self.ssh, *SSH_OPTIONS, "--", self.host, remote_command(remote)]
 
     def _run(self) -> None:
         failures = 0
