@@ -627,3 +627,21 @@ def test_help_lists_doctor():
     assert "ddptop doctor [--json] [--workers N] [--master-port P]" in r.stdout
     r = run_ddptop("doctor", "--help", timeout=60)
     assert r.returncode == 0 and "--master-port" in r.stdout
+
+
+def test_interfaces_that_cannot_be_listed_are_said_so_not_failed_as_matching_nothing(tmp_path, runs_dir, monkeypatch):
+    """psutil failing to list the interfaces (a sandbox without netlink) is not
+    an empty list: NCCL_SOCKET_IFNAME is not checked, and the row says why."""
+    import psutil
+
+    def denied():
+        raise psutil.AccessDenied(msg="netlink socket refused")
+
+    monkeypatch.setattr(psutil, "net_if_addrs", denied)
+    rows = d.run_checks(workers=2, master_port=0, root=tmp_path, env={"NCCL_SOCKET_IFNAME": "eth0"},
+                        backend=NvmlBackend(lib=fake_nvml.make([fake_nvml.FakeGpu()])), packages=d.Packages())
+    (net,) = [r for r in rows if r.name == "NCCL network"]
+    assert net.status == "warn" and "could not list this machine's network interfaces" in net.summary
+    assert "netlink socket refused" in net.summary and "NCCL_SOCKET_IFNAME not checked" in net.summary
+    assert "matches no interface" not in d.format_rows(rows)
+    assert d.check_nccl_net({}, "OSError: x", {}).status == "skipped"

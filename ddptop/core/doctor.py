@@ -828,7 +828,13 @@ def nccl_list_match(spec: str, names: Iterable[str]) -> list[str]:
     return [n for n in names if hit(n) != exclude]
 
 
-def check_nccl_net(env: dict[str, str], ifaces: list[str], ib: dict[str, list[str]]) -> Row:
+def check_nccl_net(env: dict[str, str], ifaces: list[str] | str, ib: dict[str, list[str]]) -> Row:
+    """``ifaces``: the machine's interface names, or why they could not be listed."""
+    if isinstance(ifaces, str):
+        set_ = [k for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") if k in env]
+        return Row("NCCL network", SKIPPED if not set_ else WARN,
+                   f"could not list this machine's network interfaces ({ifaces})"
+                   + (f": {' and '.join(set_)} not checked" if set_ else ""), [], "", {"error": ifaces})
     ev = [f"interfaces: {', '.join(ifaces) or 'none'}"]
     bad, warns = [], []
     data = {"interfaces": ifaces}
@@ -995,12 +1001,13 @@ def run_checks(*, workers: int | None = None, master_port: int = 29500, root: Pa
         cores = os.cpu_count() or 1
     job = running_job_workers() if workers is None else None
     rows.append(check_cpu(cores, n_gpus, workers, job))
+    ifaces: list[str] | str
     try:
         import psutil
 
         ifaces = sorted(psutil.net_if_addrs())
-    except Exception:
-        ifaces = []
+    except Exception as e:  # not an empty list: "matches no interface" would be a false FAIL
+        ifaces = f"{type(e).__name__}: {e}"
     rows += [check_infiniband(ib), check_nccl_net(env, ifaces, ib), check_master_port(master_port)]
     needed = {k for p in problems if p.id in kp.data.get("worked_around", []) for k in p.workaround_env}
     rows.append(check_env(env, ib, needed))
