@@ -360,13 +360,16 @@ def test_output_to_a_pipe_is_named_with_the_remedy_and_ctrl_c_only_detaches(proc
     assert msg == (f"rank 1 stdout is a pipe ({pipe}): ddptop cannot read it. Relaunch under ddptop, or give torchrun "
                    f"--log-dir DIR --redirects 3 (or --tee 3)")
     assert warning_for("rank 0 stderr") and warning_for("torchrun stdout").startswith(f"torchrun stdout is a pipe ({pipe})")
-    # once per rank and stream
-    time.sleep(1.5)
+    # nothing readable from the ranks: their stacks, sampled in turn, are what shows them alive
+    def moved(rank):
+        return max((e["step"] for e in r.events() if e["kind"] == "progress" and e["source"] == "stack"
+                    and e["rank"] == rank), default=0)
+
+    wait_for(lambda: moved(0) >= 2 and moved(1) >= 2, timeout=60, what="both ranks' stacks seen moving")
+    # the warnings came once per rank and stream
     notes = [e["message"] for e in r.events() if e["kind"] == "note"]
     assert sum(n.startswith("rank 1 stdout") for n in notes) == 1
     assert any(n.startswith("no rank's own output can be read") for n in notes), notes
-    # nothing readable from the ranks: no stall alarm may rest on that silence
-    assert not any(e["kind"] == "alarm" and e["type"] == "stall" for e in r.events())
     # Ctrl-C detaches, and never touches the job
     att.send_signal(signal.SIGINT)
     assert att.wait(timeout=30) == 130

@@ -290,3 +290,18 @@ def test_a_rank_spinning_on_one_line_beside_a_frozen_one_is_a_hang_and_the_froze
     assert "rank 0 spins on one line" in v.summary
     # every rank busy on one line (a long computation) is still work
     assert verdict({0: dumps("busy_loop"), 1: dumps("busy_loop")}).hung is False
+
+
+def test_a_loop_seen_on_the_same_line_twice_moved_when_its_variables_changed():
+    """The stack watch (attach --pid) compares one rank's samples some seconds
+    apart: a healthy loop sits on its sleep (or GPU sync) line in both, but its
+    step counter and tensors are new (py-spy --locals); a hung rank's are not."""
+    from ddptop.core.stack_verdict import moved
+
+    a, b = dumps("loop_locals")
+    assert rank_state(parse_dump(a)).exact == rank_state(parse_dump(b)).exact  # the same line
+    assert moved(a, b) is True
+    assert moved(a, a) is False
+    hung1, hung2 = dumps("gloo_barrier", 1)  # rank 1 sleeping in its own code, twice
+    assert moved(hung1, hung2) is False
+    assert moved(a, "Error: no such process") is None

@@ -288,7 +288,10 @@ class StackWatch:
             t0 = time.monotonic()
             r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             try:
-                r = subprocess.run([exe, "dump", "--nonblocking", "--full-filenames", "--pid", str(pids[rank])],
+                # --locals: a healthy loop often sits on the same line in both samples (a sleep, a
+                # GPU sync); its variables (the step counter, new tensors) still change
+                r = subprocess.run([exe, "dump", "--nonblocking", "--full-filenames", "--locals", "--pid",
+                                    str(pids[rank])],
                                    capture_output=True, text=True, errors="replace", timeout=10)
                 text = r.stdout if r.returncode == 0 else ""
                 err = "" if r.returncode == 0 else (r.stderr or r.stdout).strip()[-300:]

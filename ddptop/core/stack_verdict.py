@@ -419,14 +419,38 @@ def main_frames(text: str) -> tuple[list[str], list[int]]:
     return lines, user
 
 
+def _main_block(text: str) -> str:
+    """The main thread's part of a dump, frames and (with --locals) their
+    variables, without the thread's header (whose state flickers)."""
+    t = _main_thread(parse_dump(text))
+    if t is None:
+        return ""
+    out: list[str] = []
+    inside = False
+    for line in text.splitlines():
+        m = _THREAD.match(line)
+        if m or _PROCESS.match(line):
+            if inside:
+                break
+            tid = m.group(1) if m else ""
+            inside = bool(m) and (int(tid, 16) if tid.lower().startswith("0x") else int(tid)) == t.id
+            continue
+        if inside:
+            out.append(line.rstrip())
+    return "\n".join(out)
+
+
 def moved(before: str, now: str) -> bool | None:
     """Did a rank's main thread move between two dumps (taken some seconds
-    apart)?  A changed stack, or the same one running on the CPU outside any
-    collective (a loop), is movement; None when either dump has no stack."""
+    apart)?  A changed stack, the same stack with changed local variables
+    (dumps taken with ``--locals``: a loop's counter, new tensors, on the line
+    where a healthy loop spends its time), or the same stack running on the CPU
+    outside any collective (a loop) is movement; None when either dump has no
+    stack."""
     a, b = rank_state(parse_dump(before)), rank_state(parse_dump(now))
     if not a.exact or not b.exact:
         return None
-    if a.exact != b.exact:
+    if a.exact != b.exact or _main_block(before) != _main_block(now):
         return True
     return a.state == b.state == "active" and b.kind not in _WAITING
 

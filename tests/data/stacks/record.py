@@ -212,6 +212,17 @@ PROGRAMS = {
                 opt.step()
         train()
     """,
+    "loop_locals": """
+        import time, torch
+        def train():
+            for step in range(10**9):
+                x = torch.randn(8, 8)
+                loss = (x @ x).sum()
+                if step == 3:
+                    ready()
+                time.sleep(0.2)  # a healthy step spends its time on this line
+        train()
+    """,
     "slow_checkpoint": """
         import time, torch, torch.distributed as dist
         dist.init_process_group("gloo")
@@ -236,7 +247,8 @@ PROGRAMS = {
     """,
 }
 WORLD = {"gloo_allreduce": 2, "gloo_barrier": 2, "gloo_recv_deadlock": 2, "ddp_backward": 2, "ddp_healthy": 2, "fsdp_allgather": 2, "slow_checkpoint": 2}
-EXTRA = {"queue_get_json": ["--json"], "sleep_callback": ["--locals"], "gloo_barrier": ["--full-filenames"], "ddp_backward": ["--nonblocking"], "slow_checkpoint": ["--full-filenames", "--nonblocking"]}
+EXTRA = {"queue_get_json": ["--json"], "sleep_callback": ["--locals"], "gloo_barrier": ["--full-filenames"], "ddp_backward": ["--nonblocking"], "slow_checkpoint": ["--full-filenames", "--nonblocking"],
+         "loop_locals": ["--full-filenames", "--nonblocking", "--locals"]}
 
 PRELUDE = """
 import os, pathlib
