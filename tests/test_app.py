@@ -328,3 +328,34 @@ def test_bad_events_do_not_crash(tmp_path):
             assert app.query_one("#panes", TabbedContent).active == "pane-r7"
 
     run_async(go())
+
+
+def test_a_row_that_cannot_be_drawn_says_so_once_and_the_others_go_on(tmp_path, monkeypatch):
+    """A failure while drawing one rank's row (or the header) is a note in the
+    log, once, not a row frozen in silence; the other rows keep updating."""
+    import ddptop.ui.app as app_mod
+
+    real = app_mod.rank_cells
+
+    def broken_for_rank_1(info, finished, th):
+        if info.pid == 4343:
+            raise ValueError("a cell for rank 1 went wrong")
+        return real(info, finished, th)
+
+    monkeypatch.setattr(app_mod, "rank_cells", broken_for_rank_1)
+    run_dir = make_run(tmp_path)
+
+    async def go():
+        app = make_app(Session.open(run_dir), poll_interval=0.02)
+        async with app.run_test(size=SIZE) as pilot:
+            table = app.query_one("#ranks", DataTable)
+            await wait_until(pilot, lambda: "could not draw rank 1's row" in log_text(app, "merged"),
+                             what="the note about rank 1's row")
+            await wait_until(pilot, lambda: table.row_count >= 1 and str(table.get_row("0")[7]) == "2",
+                             what="rank 0's row, up to date")
+            app.ingest([LogEvent(time.time(), 0, "stdout", "step 9 loss 0.1")])
+            await wait_until(pilot, lambda: str(table.get_row("0")[7]) == "9", what="rank 0's row moving on")
+            merged = log_text(app, "merged")
+            assert merged.count("could not draw rank 1's row: ValueError: a cell for rank 1") == 1
+
+    run_async(go())

@@ -869,8 +869,19 @@ class DdptopApp(App[str]):
             header = self.query_one("#header", HeaderBar)
             header.set_class(bool(links), "-links")
             header.set_markup(markup + "\n" + links if links else markup)
-        except Exception:
-            pass
+        except Exception as e:  # the header keeps its last text; say why, once
+            self._ui_error("the header", e)
+
+    def _ui_error(self, where: str, e: Exception) -> None:
+        """A part of the screen that could not be drawn: one note in the log per
+        place and error (a viewer never writes the journal)."""
+        key = (where, type(e).__name__, str(e)[:200])
+        seen = self.__dict__.setdefault("_ui_errors", set())
+        if key in seen:
+            return
+        seen.add(key)
+        self._add_line(Line(-1, "note", f"error: could not draw {where}: {type(e).__name__}: {e}", "bold"))
+        self._schedule_flush()
 
     def _run_label(self) -> str:
         """The run id; for a remote attachment, before its run is known, the target."""
@@ -945,7 +956,8 @@ class DdptopApp(App[str]):
                         if wider:
                             self._col_width[col] = len(sval)
                         table.update_cell(key, col, val, update_width=wider)
-            except Exception:
+            except Exception as e:  # this row keeps its last values; say why, once
+                self._ui_error(f"rank {r}'s row", e)
                 continue
         if added:
             try:
