@@ -325,6 +325,17 @@ def test_remote_without_ddptop_or_with_another_protocol_says_what_to_install(tmp
     assert "node-a runs ddptop 9.9 (agent protocol 99)" in r.stderr and "pip install 'ddptop==" in r.stderr
 
 
+def test_a_host_name_ssh_rejects_fails_at_once_with_its_message(tmp_path, sshd):
+    """A hosts file with a name ssh calls invalid: a permanent error, so no retry
+    with backoff: ddptop ends at once with ssh's own words."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("bad'host\n")
+    r = subprocess.run(ddptop_cmd("--headless", "attach", "--hosts-file", str(hosts), "--ssh", " ".join(sshd.ssh)),
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "hostname contains invalid characters" in r.stdout + r.stderr, (r.stdout, r.stderr)
+    assert "retry" not in (r.stdout + r.stderr).lower()
+
+
 def test_agent_on_a_missing_run_is_a_clear_error(runs_dir, sshd):
     r = subprocess.run(ddptop_cmd("--headless", "attach", "node-a:no-such-run", "--ssh", " ".join(sshd.ssh),
                                   "--remote-ddptop", remote_ddptop(runs_dir)),

@@ -39,7 +39,9 @@ FIX_ELSEWHERE = "ddptop fix runs the job again on this machine: run it on the no
 SSH_OPTIONS = ("-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")
 # ssh's own failures that retrying cannot fix
 _SSH_FATAL = ("Permission denied", "Host key verification failed", "Could not resolve hostname",
-              "Bad configuration option", "no such identity", "REMOTE HOST IDENTIFICATION HAS CHANGED")
+              "Bad configuration option", "no such identity", "REMOTE HOST IDENTIFICATION HAS CHANGED",
+              "hostname contains invalid characters", "Bad port", "Unsupported option", "Bad owner or permissions",
+              "Can't open user config file", "garbage at end of line", "Bad escape character")
 
 
 class ProtocolError(ValueError):
