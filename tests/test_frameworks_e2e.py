@@ -16,8 +16,13 @@ from conftest import ROOT, json_events, run_ddptop
 
 LIGHTNING = ROOT / "examples" / "frameworks" / "lightning_job.py"
 HF = ROOT / "examples" / "frameworks" / "hf_trainer_job.py"
-ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-           TOKENIZERS_PARALLELISM="false", WANDB_DISABLED="true")
+OFFLINE = dict(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               WANDB_DISABLED="true")
+
+
+def env():
+    """The environment now (with the runs_dir fixture's DDPTOP_RUNS_DIR), offline."""
+    return dict(os.environ, **OFFLINE)
 THRESHOLD = 10.0  # the detector's alarm threshold for jobs stepping this fast (its min_silence)
 
 
@@ -52,7 +57,7 @@ def check_named(events, script: Path, function: str):
 
 def test_a_hang_in_a_lightning_callback_names_the_rank_and_its_line(runs_dir):
     r = run_ddptop("--json", "--gpu", "sim", "--on-stall", "kill", "torchrun", "--nproc-per-node", "2", str(LIGHTNING),
-                   "--steps", "100000", "--hang-rank", "1", "--hang-at-batch", "40", env=ENV)
+                   "--steps", "100000", "--hang-rank", "1", "--hang-at-batch", "40", env=env())
     events = json_events(r.stdout)
     assert r.returncode == 124, (r.returncode, r.stderr[-2000:])
     check_named(events, LIGHTNING, "on_train_batch_start")
@@ -61,7 +66,7 @@ def test_a_hang_in_a_lightning_callback_names_the_rank_and_its_line(runs_dir):
 
 def test_a_hang_in_a_trainer_callback_names_the_rank_and_its_line(runs_dir):
     r = run_ddptop("--json", "--gpu", "sim", "--on-stall", "kill", "torchrun", "--nproc-per-node", "2", str(HF),
-                   "--steps", "100000", "--hang-rank", "1", "--hang-at-step", "30", env=ENV)
+                   "--steps", "100000", "--hang-rank", "1", "--hang-at-step", "30", env=env())
     events = json_events(r.stdout)
     assert r.returncode == 124, (r.returncode, r.stderr[-2000:])
     check_named(events, HF, "on_step_begin")
@@ -80,7 +85,7 @@ def phases(events, rank=0):
 def test_a_healthy_lightning_job_with_a_long_validation_and_a_slow_checkpoint_raises_nothing(runs_dir):
     r = run_ddptop("--json", "--gpu", "sim", "torchrun", "--nproc-per-node", "2", str(LIGHTNING),
                    "--steps", "90", "--val-every", "60", "--val-time", "32", "--ckpt-every", "70", "--ckpt-time", "32",
-                   env=ENV)
+                   env=env())
     events = json_events(r.stdout)
     assert r.returncode == 0, r.stderr[-2000:]
     assert [a["message"] for a in events if a["kind"] == "alarm"] == []
@@ -93,7 +98,7 @@ def test_a_healthy_lightning_job_with_a_long_validation_and_a_slow_checkpoint_ra
 def test_a_healthy_trainer_job_with_a_long_evaluation_and_a_slow_checkpoint_raises_nothing(runs_dir):
     r = run_ddptop("--json", "--gpu", "sim", "torchrun", "--nproc-per-node", "2", str(HF),
                    "--steps", "50", "--eval-every", "30", "--eval-time", "32", "--ckpt-every", "40", "--ckpt-time", "32",
-                   env=ENV)
+                   env=env())
     events = json_events(r.stdout)
     assert r.returncode == 0, r.stderr[-2000:]
     assert [a["message"] for a in events if a["kind"] == "alarm"] == []
