@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Launch and watch PyTorch distributed (torchrun) jobs live.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # `--run` is not `--run-dir`
     )
     p.add_argument("--version", action="store_true", help="print the version and exit")
     p.add_argument("--run-dir", metavar="DIR", help="journal directory for this launch (created 0700)")
@@ -205,6 +206,7 @@ def cmd_attach(rest: list[str], args) -> int:
     from ddptop.core.jobs import AttachRequest, OpenError, WatchOptions, open_target
 
     ap = argparse.ArgumentParser(prog="ddptop attach", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 allow_abbrev=False,
                                  epilog=ATTACH_EPILOG, description=(
         "Watch a running (or finished) job: a local ddptop run (id, directory or `latest`), the ddptop runs on\n"
         "remote nodes over your own ssh (HOST or HOST:RUN; several hosts make one view), or a torchrun job on\n"
@@ -265,10 +267,50 @@ def cmd_runs() -> int:
     return 0
 
 
+# sub-commands after which ddptop's own options are still ddptop's (up to a `torchrun`)
+_HOISTED = ("fix", "attach", "diagnose", "doctor", "bench", "runs", "profiles")
+
+
+def _hoist(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """ddptop's own options given after a sub-command (``ddptop fix --json torchrun
+    ...``) are taken out of the sub-command's words, in place, and applied; never
+    after the word ``torchrun`` (or ``--``), where everything is torchrun's."""
+    cmd = args.command
+    if not cmd or cmd[0] not in _HOISTED:
+        return
+    takes_value = {s: a.nargs != 0 for a in parser._actions for s in a.option_strings if s not in ("-h", "--help")}
+    taken: list[str] = []
+    rest = [cmd[0]]
+    i = 1
+    while i < len(cmd):
+        tok = cmd[i]
+        if tok == "--" or os.path.basename(tok) == "torchrun":
+            rest += cmd[i:]
+            break
+        name = tok.split("=", 1)[0]
+        if name in takes_value:
+            n = 2 if takes_value[name] and "=" not in tok else 1
+            taken += cmd[i:i + n]
+            i += n
+            continue
+        rest.append(tok)
+        i += 1
+    if not taken:
+        return
+    given = parser.parse_args(taken)
+    default = parser.parse_args([])
+    for k, v in vars(given).items():
+        if k == "command" or v == getattr(default, k):
+            continue
+        setattr(args, k, getattr(args, k) + v if isinstance(v, list) else v)
+    args.command = rest
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    _hoist(parser, args)
     if args.version:
         from ddptop import __version__
 

@@ -119,3 +119,20 @@ def test_ranks_left_by_a_killed_torchrun_are_stopped(runs_dir):
     assert any(e["kind"] == "note" and "leaving ranks" in e["message"] for e in events)
     for pid in pids.values():
         assert not alive(pid)
+
+
+def test_ddptops_own_options_after_a_sub_command_but_never_after_torchrun(runs_dir):
+    """`ddptop fix --json --fix-steps 3 torchrun ...`: --json and --fix-steps are
+    ddptop's; a `--json` after the word torchrun goes to the script unchanged."""
+    r = run_ddptop("fix", "--json", "--fix-steps", "3", "torchrun", "--nproc-per-node", "1", EXAMPLE,
+                   "--steps", "5", "--step-time", "0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = json.loads(r.stdout)  # --json was taken: the report is JSON
+    assert rep["winner"]["label"] == "as given" and rep["attempts"][0]["outcome"] == "progress"
+    # after torchrun, an option named like ddptop's is the script's: train_ddp.py rejects it
+    bad = run_ddptop("--json", "torchrun", "--nproc-per-node", "1", EXAMPLE, "--steps", "1", "--fix-steps", "3")
+    assert bad.returncode != 0
+    assert any("unrecognized arguments: --fix-steps 3" in e.get("text", "") for e in json_events(bad.stdout))
+    # and no abbreviation: --run is not --run-dir
+    ab = run_ddptop("--run", "x", "torchrun", "--nproc-per-node", "1", EXAMPLE)
+    assert ab.returncode == 2 and "unrecognized arguments: --run" in ab.stderr
