@@ -144,12 +144,17 @@ def _fix_after_ui(session, args) -> int:
     meta = session.meta
     if meta is None:
         return _err("this job's command is not known: nothing to run again")
-    cmd = list(meta.user_command)
+    from ddptop.core import journal
+    from ddptop.core.jobs import LocalRun
+    from ddptop.core.profiles import mask_argv
+
+    loc = session.location
+    cmd = journal.real_argv(loc.run_dir, meta)[1] if isinstance(loc, LocalRun) else list(meta.user_command)
     try:
         base = resolve(list(meta.profiles or []))
     except ProfileError as e:
         return _err(str(e))
-    print(f"ddptop: searching for a profile that works: ddptop fix {' '.join(cmd)}", file=sys.stderr)
+    print(f"ddptop: searching for a profile that works: ddptop fix {shlex.join(mask_argv(cmd))}", file=sys.stderr)
     return fix(cmd, base, json_mode=False, steps=args.fix_steps, time_limit=args.fix_time, gpu=args.gpu,
                stall_after=args.stall_after)
 

@@ -136,3 +136,30 @@ def test_ddptops_own_options_after_a_sub_command_but_never_after_torchrun(runs_d
     # and no abbreviation: --run is not --run-dir
     ab = run_ddptop("--run", "x", "torchrun", "--nproc-per-node", "1", EXAMPLE)
     assert ab.returncode == 2 and "unrecognized arguments: --run" in ab.stderr
+
+
+def test_secret_options_are_masked_wherever_the_command_is_shown_and_the_job_gets_them(runs_dir, tmp_path):
+    """`--hf-token X` and `--api-key=X` reach the script as typed, but meta.json,
+    the journal's launch event and --json show them masked; the real command
+    line is kept in a 0600 file that only the supervisor (relaunch) and fix read."""
+    import hashlib
+    import stat
+
+    script = tmp_path / "train.py"
+    script.write_text("import hashlib, sys\n"
+                      "print('args digest', hashlib.sha256(' '.join(sys.argv[1:]).encode()).hexdigest(), flush=True)\n")
+    args = ["--hf-token", "hf_SEKRETvalue123", "--api-key=sk-SEKRET456", "--lr", "0.1"]
+    r = run_ddptop("--json", "torchrun", "--nproc-per-node", "1", str(script), *args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    digest = hashlib.sha256(" ".join(args).encode()).hexdigest()
+    assert f"args digest {digest}" in r.stdout  # the script got the real values
+    run = only_run(runs_dir)
+    shown = r.stdout.replace(digest, "") + (run / "meta.json").read_text() + (run / "events.jsonl").read_text()
+    assert "SEKRET" not in shown
+    launch = [e for e in json_events(r.stdout) if e["kind"] == "launch"][0]
+    assert launch["command"][-5:] == ["--hf-token", "***", "--api-key=***", "--lr", "0.1"]
+    private = run / "argv.private.json"
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600 and "hf_SEKRETvalue123" in private.read_text()
+    # a viewer shows the run without it
+    a = run_ddptop("--json", "attach", str(run))
+    assert a.returncode == 0 and "SEKRET" not in a.stdout.replace(digest, "")

@@ -106,3 +106,17 @@ def test_profiles_command_lists_and_bad_file_is_a_clear_error(tmp_path):
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 2
     assert f"{tmp_path / 'ddptop.toml'}:2: profiles.x.description: expected str" in r.stderr
+
+
+def test_secret_names_by_segment_and_secret_option_values_masked():
+    from ddptop.core.profiles import is_secret, mask_argv
+
+    for name in ("HF_TOKEN", "hfToken", "API_KEY", "APIKEY", "DB_PASSWD", "AWS_SECRET_ACCESS_KEY",
+                 "GOOGLE_CREDENTIALS", "BASIC_AUTH", "WANDB_API_KEY", "hf-token", "api-key", "HUGGING_FACE_HUB_TOKEN"):
+        assert is_secret(name), name
+    for name in ("AUTHOR", "KEYBOARD", "PWD", "MASTER_PORT", "NCCL_IB_HCA", "TOKENIZERS_PARALLELISM", "lr",
+                 "pad-token", "eos_token", "max-tokens", "max_token_len", "num-key-heads", "token-type-ids"):
+        assert not is_secret(name), name
+    assert mask_argv(["torchrun", "t.py", "--hf-token", "abc", "--api-key=xyz", "--lr", "0.1", "--token"]) == [
+        "torchrun", "t.py", "--hf-token", "***", "--api-key=***", "--lr", "0.1", "--token"]
+    assert mask_argv(["t.py", "--password", "--verbose"]) == ["t.py", "--password", "--verbose"]  # a flag, no value

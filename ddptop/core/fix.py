@@ -162,6 +162,9 @@ def recommendation(cmd: list[str], winner: Attempt | None, known: dict[str, Prof
         return "No profile made the job progress. Look at the runs above with `ddptop diagnose RUN_DIR`."
     if not winner.profiles:
         return "The command works as it is."
+    from ddptop.core.profiles import mask_argv
+
+    cmd = mask_argv(cmd)  # printed: secret-named options' values masked
     env = {}
     for name in winner.profiles:
         p = known.get(name)

@@ -30,6 +30,9 @@ SUPERVISOR = "supervisor.json"
 EXIT = "exit.json"
 RELAUNCH = "relaunch.json"  # a relaunch request: {"profiles": [...], "reason": ...}, then SIGUSR1
 BEATS = "beats"  # hook.<rank> / beat.<rank>: "<step> <unix time>", rewritten in place
+# the real command lines when meta.json shows them masked (secret-named options): 0600, read
+# only by the supervisor (relaunch) and `ddptop fix`; no viewer, agent or event shows it
+PRIVATE_ARGV = "argv.private.json"
 
 
 def state_home() -> Path:
@@ -165,6 +168,22 @@ class Meta:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Meta":
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+def write_private_argv(run_dir: Path, command: list[str], user_command: list[str]) -> None:
+    fd = os.open(run_dir / PRIVATE_ARGV, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump({"command": list(command), "user_command": list(user_command)}, f)
+
+
+def real_argv(run_dir: Path, meta: Meta) -> tuple[list[str], list[str]]:
+    """(command, user_command) as typed: from the private file when meta.json
+    shows them masked, else meta's own."""
+    d = read_json(run_dir / PRIVATE_ARGV)
+    if isinstance(d, dict) and all(isinstance(d.get(k), list) and all(isinstance(x, str) for x in d[k])
+                                   for k in ("command", "user_command")):
+        return list(d["command"]), list(d["user_command"])
+    return list(meta.command), list(meta.user_command)
 
 
 def load_meta(run_dir: Path) -> Meta:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ddptop import __version__
 from ddptop.core import journal
-from ddptop.core.profiles import is_secret, mask_env, rewrite_script_args
+from ddptop.core.profiles import is_secret, mask_argv, mask_env, rewrite_script_args
 
 # torchrun options that take no value (kept in sync with torch's parser by
 # tests/test_launcher.py::test_flag_list_matches_torchrun).
@@ -265,10 +265,13 @@ def launch(user_command: list[str], run_dir: Path | None = None, *, gpu: str = "
     if any(k.startswith(("TORCH_FR_DUMP", "TORCH_NCCL_DEBUG_INFO")) for k in plan.env_set):
         (run_dir / "flight").mkdir(mode=0o700, exist_ok=True)
     (run_dir / journal.BEATS).mkdir(mode=0o700)
+    shown_command, shown_user = mask_argv(plan.command), mask_argv(user_command)
+    if shown_command != list(plan.command) or shown_user != list(user_command):
+        journal.write_private_argv(run_dir, plan.command, user_command)  # the real ones, 0600
     meta = journal.Meta(
         run_id=run_dir.name,
-        command=plan.command,
-        user_command=list(user_command),
+        command=shown_command,  # secret-named options' values masked
+        user_command=shown_user,
         env_set=mask_env(plan.env_set),  # secrets never reach the journal in clear
         cwd=os.getcwd(),
         host=journal.hostname(),

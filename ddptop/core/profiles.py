@@ -28,16 +28,57 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.I)
 MASK = "***"
+# a name is secret when one of its segments (split at _ - . and case changes) is, or ends with, one of
+# these (HF_TOKEN, hfToken, API_KEY, APIKEY, DB_PASSWD, AWS_SECRET_ACCESS_KEY, GOOGLE_CREDENTIALS,
+# AUTH, BASIC_AUTH; not AUTHOR, not KEYBOARD, not PWD, the working directory)
+_SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL",
+                 "CREDENTIALS", "CREDS", "AUTH", "COOKIE", "SESSIONID")
+# ...unless the name is about a tokenizer's tokens or a count (--pad-token, --eos-token, --max-token-len,
+# --num-key-heads): words of training scripts, not credentials
+_NOT_SECRET_BEFORE = frozenset(("PAD", "EOS", "BOS", "UNK", "SEP", "CLS", "MASK", "SPECIAL", "MAX", "MIN", "NUM",
+                                "START", "END", "SORT", "DICT", "TEXT", "IMAGE", "AUDIO", "LABEL", "INPUT"))
+_NOT_SECRET_AFTER = frozenset(("LEN", "LENGTH", "SIZE", "DIM", "COUNT", "LIMIT", "HEADS", "TYPE", "TYPES"))
+_SEGMENT = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 
 
 def is_secret(name: str) -> bool:
-    return bool(SECRET.search(name))
+    segs = [seg.upper() for part in re.split(r"[^A-Za-z0-9]+", name) for seg in (_SEGMENT.findall(part) or [part])]
+    for i, seg in enumerate(segs):
+        if seg in _SECRET_WORDS or (len(seg) > 4 and seg.endswith(("TOKEN", "APIKEY", "SECRET", "PASSWORD",
+                                                                   "PASSWD"))):
+            if seg in ("TOKEN", "KEY") and ((i > 0 and segs[i - 1] in _NOT_SECRET_BEFORE)
+                                            or (i + 1 < len(segs) and segs[i + 1] in _NOT_SECRET_AFTER)):
+                continue
+            return True
+    return False
 
 
 def mask_env(env: dict[str, str]) -> dict[str, str]:
     return {k: (MASK if is_secret(k) else v) for k, v in env.items()}
+
+
+def mask_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """A command line with the values of secret-named options masked, in both
+    ``--hf-token X`` and ``--api-key=X`` forms (``-p`` style short options are
+    left alone: their names say nothing)."""
+    out: list[str] = []
+    hide_next = False
+    for tok in argv:
+        if hide_next:
+            hide_next = False
+            if not tok.startswith("-") or tok == "-":
+                out.append(MASK)
+                continue
+        if tok.startswith("--") and len(tok) > 2:
+            name, eq, _value = tok[2:].partition("=")
+            if is_secret(name):
+                if eq:
+                    out.append(f"--{name}={MASK}")
+                    continue
+                hide_next = True
+        out.append(tok)
+    return out
 
 
 @dataclass(frozen=True)

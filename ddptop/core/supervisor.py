@@ -304,17 +304,18 @@ class Supervisor:
             sampler.start()
         watcher = Watcher(self)
         watcher.start()
-        command, env_set, env_unset = list(self.meta.command), dict(self.meta.env_set), list(self.meta.env_unset or [])
+        command, self.user_command = journal.real_argv(self.run_dir, self.meta)  # meta.json may show them masked
+        env_set, env_unset = dict(self.meta.env_set), list(self.meta.env_unset or [])
         first_env = dict(env_set)
         reason = "launch"
         while True:
             self.env_set = env_set  # the current attempt's (the flight-recorder profile's dump directory)
-            from ddptop.core.profiles import mask_env
+            from ddptop.core.profiles import mask_argv, mask_env
 
             diff = {k: v for k, v in env_set.items() if first_env.get(k) != v}
             diff.update({k: None for k in env_unset})
             self.emit(LaunchEvent(time.time(), generation=self.generation, profiles=tuple(self.profiles),
-                                  command=tuple(command), env_diff=mask_env({k: v for k, v in diff.items() if v is not None})
+                                  command=tuple(mask_argv(command)), env_diff=mask_env({k: v for k, v in diff.items() if v is not None})
                                   | {k: None for k, v in diff.items() if v is None}, reason=reason))
             env = dict(os.environ)
             env.update({k: v for k, v in env_set.items() if v != MASK})  # masked: already in os.environ
@@ -332,7 +333,7 @@ class Supervisor:
                 from ddptop.core.launcher import plan_launch
                 from ddptop.core.profiles import resolve
 
-                plan = plan_launch(self.meta.user_command, self.run_dir, cwd=self.meta.cwd,
+                plan = plan_launch(self.user_command, self.run_dir, cwd=self.meta.cwd,
                                    inject=self.meta.inject, profiles=resolve(names))
             except Exception as e:
                 self.emit(NoteEvent(time.time(), "error", f"relaunch with {names} impossible: {e}"))
