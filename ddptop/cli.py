@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     if cmd[0] == "bench":
         if cmd[1:2] != ["p2p"]:
             return _err("usage: ddptop bench p2p [--json] [--timeout S] [--sizes B,B,...] [--ranks N] [--copy-mb M]")
-        from ddptop.bench_p2p import main as bench_p2p  # torch only in the worker processes it starts
+        from ddptop.gpu_bench import main as bench_p2p  # torch only in the worker processes it starts
 
         return bench_p2p(cmd[2:] + (["--json"] if args.json and "--json" not in cmd else []))
     if cmd[0] == "fix":

@@ -177,9 +177,9 @@ def test_na_lost_and_guess(tmp_path):
 
 def test_alarm_box_offers_r_only_for_jobs_ddptop_can_relaunch():
     from ddptop.core.events import AlarmEvent
-    from ddptop.core.model import JobModel
+    from ddptop.core.job_state import JobState
 
-    model = JobModel()
+    model = JobState()
     model.apply([AlarmEvent(1.0, type="stall", id="stall-hang", culprits=(1,), message="no step for 10 s",
                             suggested_profiles=("p2p-off",))])
     ours, level = alarm_markup(model)
@@ -192,7 +192,7 @@ def test_alarm_box_offers_r_only_for_jobs_ddptop_can_relaunch():
 def test_an_ended_rank_shows_no_live_process_figures():
     """After a rank exits its row must not keep saying `running` at 66% CPU."""
     from ddptop.core.events import ProcEvent
-    from ddptop.core.model import RankInfo
+    from ddptop.core.job_state import RankInfo
     from ddptop.ui.telemetry_view import rank_cells
 
     sample = ProcEvent(1.0, rank=0, pid=42, cpu=66.0, rss=300 << 20, status="running", threads=4,

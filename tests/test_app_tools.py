@@ -8,10 +8,10 @@ pytest.importorskip("textual")
 
 from textual.widgets import DataTable, Static  # noqa: E402
 
-from ddptop.bench_p2p import Row  # noqa: E402
+from ddptop.gpu_bench import Row  # noqa: E402
 from ddptop.core.session import Session  # noqa: E402
 from ddptop.ui.app import make_app  # noqa: E402
-from ddptop.ui.tools_view import matrix_text  # noqa: E402
+from ddptop.ui.tool_screens import matrix_text  # noqa: E402
 from test_app import SIZE, make_run, run_async, wait_until  # noqa: E402
 
 

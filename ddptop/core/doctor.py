@@ -716,7 +716,7 @@ def torchrun_jobs(uid: int | None = None) -> list:
     """This user's running torchrun processes (psutil.Process), newest first."""
     import psutil
 
-    from ddptop.core.foreign import torchrun_args
+    from ddptop.core.attach_pid import torchrun_args
 
     uid = os.getuid() if uid is None else uid
     out = []

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ddptop.core import journal
 from ddptop.core.events import AlarmEvent
-from ddptop.core.model import JobModel
+from ddptop.core.job_state import JobState
 from ddptop.core.profiles import Profile, load_all
 from ddptop.core.session import Session
 
@@ -49,7 +49,7 @@ def smoke(cmd: list[str], profiles: list[Profile], run_dir: Path, *, steps: int,
     except Exception as e:
         a.outcome, a.detail = "error", str(e)
         return a
-    model = JobModel()
+    model = JobState()
     first: dict[int, tuple[float, int]] = {}
     alarms: list[AlarmEvent] = []
     stopped = False

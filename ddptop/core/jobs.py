@@ -251,7 +251,7 @@ class Opened:
 
 
 def _local_pid(pid: int, options: WatchOptions, resume: dict[str, int] | None) -> Opened:
-    from ddptop.core.foreign import ForeignError, ForeignSession, launched_by_ddptop, resolve_pid
+    from ddptop.core.attach_pid import ForeignError, ForeignSession, launched_by_ddptop, resolve_pid
     from ddptop.core.session import Session
 
     try:
@@ -298,7 +298,7 @@ def open_local(ref: str = "", *, pid: int | None = None, options: WatchOptions =
     except journal.JournalError:
         newest = None
     if newest is None or journal.run_state(newest).final:
-        from ddptop.core.foreign import describe, find_torchruns
+        from ddptop.core.attach_pid import describe, find_torchruns
 
         found = find_torchruns()
         if len(found) == 1:

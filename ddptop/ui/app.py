@@ -44,7 +44,7 @@ from textual.widgets import (
 from ddptop.core.events import (FINAL_STATES, AlarmEvent, LaunchEvent, LinkEvent, LogEvent, NoteEvent, RankEvent,
                                 StateEvent)
 from ddptop.core.jobs import JobSession, Nodes, RemoteRun
-from ddptop.core.model import JobModel
+from ddptop.core.job_state import JobState
 from ddptop.ui import logview
 from ddptop.ui.logview import Line, PaneBuffer
 from ddptop.ui.telemetry_view import AlarmBox, GpuPane, is_recent, rank_cells
@@ -247,7 +247,7 @@ class HelpScreen(ModalScreen[None]):
 DEFAULT_CHOICE = "\x00default"  # option id of "default (no profile)"
 
 
-def picker_choices(model: JobModel, profiles: dict) -> list[tuple[str, str, str]]:
+def picker_choices(model: JobState, profiles: dict) -> list[tuple[str, str, str]]:
     """(option id, label, reason) for the profile picker: the profiles the alarms
     suggest (latest alarm first, each once), then every other profile, then
     "default (no profile)"."""
@@ -316,7 +316,7 @@ class ProfilePicker(ModalScreen[tuple[str, str] | None]):
         self.dismiss((cid, self._reasons.get(cid, "picked in ddptop")))
 
 
-def env_markup(model: JobModel) -> str:
+def env_markup(model: JobState) -> str:
     """The env-diff panel: the launch, its profiles, env vs the first launch."""
     profs = ", ".join(model.profiles) or "none"
     lines = [f"[b]launch #{model.generation}[/b]   profiles: [b]{escape(profs)}[/b]"]
@@ -421,7 +421,7 @@ class DdptopApp(App[str]):
         super().__init__()
         self.session = session
         self.poll_interval = poll_interval
-        self.model = JobModel()
+        self.model = JobState()
         self._requested_theme = theme
         self._inbox: list = []
         self._inbox_lock = threading.Lock()
@@ -1129,12 +1129,12 @@ class DdptopApp(App[str]):
         self.push_screen(StacksScreen(self.model.stacks))
 
     def action_doctor(self) -> None:
-        from ddptop.ui.tools_view import DoctorScreen
+        from ddptop.ui.tool_screens import DoctorScreen
 
         self.push_screen(DoctorScreen())
 
     def action_bench(self) -> None:
-        from ddptop.ui.tools_view import BenchScreen
+        from ddptop.ui.tool_screens import BenchScreen
 
         self.push_screen(BenchScreen())
 

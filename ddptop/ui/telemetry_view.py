@@ -1,7 +1,7 @@
 """Telemetry widgets for the TUI: the GPU pane, the alarm box, rank-table cells.
 
 Pure formatting helpers come first (tested directly); widgets only turn the
-``JobModel`` into cells and markup.  Nothing here does I/O.
+``JobState`` into cells and markup.  Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from textual.content import Content
 from textual.markup import escape
 from textual.widgets import DataTable, Static
 
-from ddptop.core.model import JobModel
+from ddptop.core.job_state import JobState
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 UTIL_SPARK = 24  # samples shown in the utilisation sparkline
@@ -119,7 +119,7 @@ def gpu_label(node: str, index: int, multi_node: bool) -> str:
     return f"{node}/{index}" if multi_node else str(index)
 
 
-def gpu_rows(model: JobModel, theme) -> dict[str, dict[str, object]]:
+def gpu_rows(model: JobState, theme) -> dict[str, dict[str, object]]:
     """key -> column -> cell (str or rich Text), one row per GPU, in order."""
     err = getattr(theme, "error", None) or "red"
     warn = getattr(theme, "warning", None) or "yellow"
@@ -192,7 +192,7 @@ def rank_cells(info, finished: bool, theme) -> dict[str, object]:
     }
 
 
-def alarm_markup(model: JobModel, max_alarms: int = 3, max_notes: int = 2,
+def alarm_markup(model: JobState, max_alarms: int = 3, max_notes: int = 2,
                  can_relaunch: bool = True) -> tuple[str, str]:
     """(markup, level) for the alarm box; level is "" (hide), "error" or "warning".
     ``can_relaunch`` is False for a job ddptop did not start (r is refused there)."""
@@ -252,7 +252,7 @@ class AlarmBox(Static):
         self._markup = None
         self.can_relaunch = True  # False for a job ddptop did not start
 
-    def show(self, model: JobModel) -> None:
+    def show(self, model: JobState) -> None:
         markup, level = alarm_markup(model, can_relaunch=self.can_relaunch)
         if (markup, level) == self._markup:
             return
@@ -304,7 +304,7 @@ class GpuPane(Vertical):
         for key, label in GPU_COLUMNS:
             table.add_column(label, key=key, width=FIXED_WIDTH.get(key))
 
-    def show(self, model: JobModel, theme) -> None:
+    def show(self, model: JobState, theme) -> None:
         status = model.gpu_status
         if status is None and not model.gpus:
             self.remove_class("-on")

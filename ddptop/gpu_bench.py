@@ -1,7 +1,8 @@
-"""`ddptop bench p2p`: GPU copy and all-reduce bandwidth, each test under its own timeout.
+"""`ddptop bench p2p`: GPU peer-to-peer copy and all-reduce bandwidth, each test under its own timeout.
 
-The monitor never imports torch: this module imports it only inside the
-worker processes it starts (``python -m ddptop.bench_p2p worker ...``), one per
+It lives outside ``ddptop/core`` because its worker processes import torch,
+which the monitor never does: this module imports torch only inside the
+worker processes it starts (``python -m ddptop.gpu_bench worker ...``), one per
 measurement, each under a timeout, so a hanging copy or collective is reported
 as a hang instead of freezing the benchmark.
 
@@ -101,7 +102,7 @@ class Report:
 
 def _worker(args: list[str], timeout: float, env: dict | None = None) -> tuple[str, dict | None, str]:
     """Run one measurement in its own process: ("ok", result, "") or ("hang"|"error", None, why)."""
-    argv = [sys.executable, "-m", "ddptop.bench_p2p", "worker", *args]
+    argv = [sys.executable, "-m", "ddptop.gpu_bench", "worker", *args]
     try:
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              start_new_session=True, env=env)

@@ -199,7 +199,7 @@ class BenchScreen(ModalScreen[None]):
 
     @work(thread=True, exclusive=True, group="bench", exit_on_error=False)
     def _run(self) -> None:
-        from ddptop.bench_p2p import run
+        from ddptop.gpu_bench import run
 
         try:
             rep = run(self.sizes, self.timeout, progress=lambda row: self.app.call_from_thread(self._add, row))
@@ -208,7 +208,7 @@ class BenchScreen(ModalScreen[None]):
             self.app.call_from_thread(self._done, "", f"{type(e).__name__}: {e}")
 
     def _add(self, r) -> None:
-        from ddptop.bench_p2p import _size
+        from ddptop.gpu_bench import _size
 
         self.rows.append(r)
         note = r.message if r.status != "ok" else (f"algbw {r.algbw:.3g} GB/s" if r.algbw is not None else "")

@@ -24,7 +24,7 @@ import pytest
 
 from conftest import EXAMPLE, ROOT, TIMEOUT, alive, ddptop_cmd, json_events, wait_for
 from ddptop.core.events import ENDED, FINAL_STATES
-from ddptop.core.foreign import (EXIT_UNKNOWN, ForeignError, ForeignSession, _start_offset, parse_torchrun_options,
+from ddptop.core.attach_pid import (EXIT_UNKNOWN, ForeignError, ForeignSession, _start_offset, parse_torchrun_options,
                                  resolve_pid, torchrun_args)
 
 

@@ -1,4 +1,4 @@
-"""JobModel: the state of a job, folded from events.  Pure, no I/O."""
+"""JobState: the state of a job, folded from events.  Pure, no I/O."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class RankInfo:
 
 
 @dataclass
-class JobModel:
+class JobState:
     state: str = STARTING
     exit_code: int | None = None
     message: str = ""
