@@ -153,6 +153,55 @@ def find_torchruns() -> list[psutil.Process]:
     return out
 
 
+# -- a running job's ranks and data-loader workers (ddptop doctor's CPU budget) --
+
+
+@dataclass
+class JobWorkers:
+    torchrun_pid: int
+    ranks: int
+    workers_per_rank: int  # the most data-loader (child) processes any rank has
+
+
+def torchrun_jobs(uid: int | None = None) -> list[psutil.Process]:
+    """This user's running torchrun processes, newest first: unlike
+    :func:`find_torchruns`, those ddptop launched too (the doctor counts the
+    workers of any job, wherever it was started)."""
+    uid = os.getuid() if uid is None else uid
+    out = []
+    for p in psutil.process_iter(["cmdline", "uids", "create_time"]):
+        try:
+            if p.info["uids"] is None or p.info["uids"].real != uid or p.pid == os.getpid():
+                continue
+            if torchrun_args(p.info["cmdline"] or []) is not None:
+                out.append(p)
+        except psutil.Error:
+            continue
+    out.sort(key=lambda p: (p.info.get("create_time") or 0, p.pid), reverse=True)
+    return out
+
+
+def job_workers(proc: psutil.Process) -> JobWorkers | None:
+    """A torchrun's ranks (its children) and the most child processes (data-loader workers) any rank has."""
+    try:
+        ranks = proc.children()
+    except psutil.Error:
+        return None
+    per = []
+    for r in ranks:
+        try:
+            per.append(len(r.children(recursive=True)))
+        except psutil.Error:
+            per.append(0)
+    return JobWorkers(proc.pid, len(ranks), max(per, default=0))
+
+
+def running_job_workers() -> JobWorkers | None:
+    """The ranks and workers of this user's newest running torchrun, None when none runs."""
+    jobs = torchrun_jobs()
+    return job_workers(jobs[0]) if jobs else None
+
+
 def describe(proc: psutil.Process, width: int = 100) -> str:
     """``PID  STARTED  COMMAND`` for a listing."""
     try:
