@@ -53,3 +53,46 @@ def test_no_byte_sequence_crashes_the_parsers(data):
     progress._parse(text)
     SignatureMatcher()._feed(text, 0, 1, "")
     SignatureMatcher()._feed(text, None, None, "")
+
+
+def test_a_line_the_progress_parser_fails_on_is_noted_once_and_later_lines_are_still_parsed(monkeypatch):
+    """A parser bug on one line must neither pass silently nor turn progress
+    detection off: one warning note (however often the bug strikes), and the
+    steps after the bad lines are still counted."""
+    from ddptop.core import progress
+    from ddptop.core.analyzer import Analyzer
+    from ddptop.core.events import AlarmEvent, LogEvent, NoteEvent
+    from ddptop.core.pipeline import Pipeline
+
+    inner = progress._parse
+
+    def parse(text):
+        if "BAD" in text:
+            raise ValueError(f"cannot parse {text!r}")
+        return inner(text)
+
+    monkeypatch.setattr(progress, "_parse", parse)
+    an = Analyzer(lambda: 0.0)
+    out = []
+    for step in range(1, 11):
+        out += an.feed([LogEvent(float(step), rank=1, text=f"step {step} loss 0.5" + (" BAD" if step in (3, 6) else ""),
+                                 path="logs/1/stdout.log")])
+    notes = [e for e in out if isinstance(e, NoteEvent)]
+    assert len(notes) == 1, notes
+    assert notes[0].level == "warning" and notes[0].t == 3.0
+    assert "progress parser failed on line 3 of rank 1's stdout: ValueError: cannot parse 'step 3 loss 0.5 BAD'" \
+        in notes[0].message and "that line was skipped" in notes[0].message
+    assert an.notes == notes and not [e for e in out if isinstance(e, AlarmEvent)]
+    assert an.last_steps[1] == 10  # the lines after the bad ones still count
+    assert an.stall.ranks[1].step == 10
+
+    # the pipeline forwards the note into its owner's stream (and reacts to alarms only)
+    reacted = []
+    pipe = Pipeline(clock=lambda: 0.0, on_alarm=reacted.append)
+    got = pipe.process([LogEvent(1.0, rank=0, text="step 1 BAD", path="logs/0/stdout.log")], 1.0)
+    assert [type(e) for e in got] == [NoteEvent] and "line 1 of rank 0's stdout" in got[0].message
+    pipe.react(got)
+    assert reacted == []
+    # (a transient progress-bar line has no line number)
+    got = Pipeline(clock=lambda: 0.0).process([LogEvent(1.0, rank=0, text=" 5/9 [00:01<00:01] BAD", transient=True)])
+    assert "failed on a line of rank 0's stdout" in got[0].message

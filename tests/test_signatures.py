@@ -312,3 +312,29 @@ def test_a_store_timeout_waiting_for_clients_is_its_own_root_cause():
                       "clients joined.", 0, 1, "log")
     rc = root_cause(findings)
     assert rc is not None and rc.signature == "store-clients-timeout" and rc.detail["joined"] == "1"
+
+
+def test_a_line_the_signature_matcher_fails_on_is_noted_once_and_later_lines_are_still_matched(monkeypatch):
+    """A matcher bug on some lines must neither pass silently nor turn signature
+    detection off: one warning note, and the signatures after still alarm."""
+    from ddptop.core.analyzer import Analyzer
+    from ddptop.core.events import AlarmEvent, LogEvent, NoteEvent
+
+    inner = SignatureMatcher._feed
+
+    def feed(self, text, rank, line, source):
+        if "BAD" in text:
+            raise KeyError("boom")
+        return inner(self, text, rank, line, source)
+
+    monkeypatch.setattr(SignatureMatcher, "_feed", feed)
+    an = Analyzer(lambda: 0.0)
+    lines = ["BAD line", "step 1", "BAD again", REAL["cuda-oom"], "BAD once more", REAL["port-in-use"]]
+    out = []
+    for i, text in enumerate(lines):
+        out += an.feed([LogEvent(float(i), rank=None, text=text, path="torchrun.log")])
+    notes = [e for e in out if isinstance(e, NoteEvent)]
+    assert len(notes) == 1, notes
+    assert notes[0].level == "warning" and notes[0].t == 0.0
+    assert notes[0].message.startswith("signature matcher failed on line 1 of torchrun's output: KeyError: 'boom'")
+    assert [a.id for a in out if isinstance(a, AlarmEvent)] == ["cuda-oom", "port-in-use"]

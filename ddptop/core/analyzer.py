@@ -3,17 +3,24 @@
 Combines the progress parser, the signature matcher and the stall detector.
 Runs live inside the supervisor (so alarms land in the journal whoever is
 watching) and post-mortem in ``ddptop diagnose``.
+
+A parser that fails on a line (a bug) skips that line only; the failure
+comes out as a warning note, once per kind of failure, instead of silence.
 """
 
 from __future__ import annotations
 
 import time
+import traceback
 
-from ddptop.core.events import (FINAL_STATES, AlarmEvent, Event, GpuEvent, LogEvent, ProcEvent,
+from ddptop.core.events import (FINAL_STATES, AlarmEvent, Event, GpuEvent, LogEvent, NoteEvent, ProcEvent,
                                 ProgressEvent, RankEvent, StacksEvent, StateEvent)
 from ddptop.core.progress import OTHER, parse_progress
 from ddptop.core.signatures import CAUSE, GENERIC, Finding, SignatureMatcher, cascade_level, root_cause
 from ddptop.core.stall import StackVerdict, StallDetector
+
+
+MAX_FAILURE_NOTES = 20  # parser-failure notes per analyzer, at most
 
 
 class Analyzer:
@@ -31,14 +38,23 @@ class Analyzer:
         self.last_steps: dict[int, int | None] = {}
         self.hooked: set[int] = set()  # ranks whose steps come from the hook/beat
         self._bar_counts: dict[tuple, int] = {}  # (rank, kind, total, epoch) -> the last count a bar showed
+        self.notes: list[NoteEvent] = []  # every note made (``feed`` returns the new ones)
+        self._new_notes: list[NoteEvent] = []
+        self._failures: set[tuple] = set()  # (parser, exception type, where it was raised): noted once
+        self._line: LogEvent | None = None  # the line being parsed, for the notes of parser failures
+        self._progress_failed = lambda e: self._parser_failed("progress parser", e)
+        self._signature_failed = lambda e: self._parser_failed("signature matcher", e)
 
-    def feed(self, events: list[Event]) -> list[AlarmEvent]:
-        alarms: list[AlarmEvent] = []
+    def feed(self, events: list[Event]) -> list[AlarmEvent | NoteEvent]:
+        """Take events in; return the new alarms, and a note for each new kind
+        of parser failure (a line a parser failed on is skipped)."""
+        alarms: list[AlarmEvent | NoteEvent] = []
         st = self.stall
         for ev in events:
             if isinstance(ev, LogEvent):
+                self._line = ev
                 if ev.transient:
-                    p = parse_progress(ev.text)
+                    p = parse_progress(ev.text, self._progress_failed)
                     if p is not None and ev.rank is not None:
                         self._progress(ev.rank, p, ev.t)
                     continue
@@ -46,13 +62,13 @@ class Analyzer:
                 n = self.line_no[key] = self.line_no.get(key, 0) + 1
                 if ev.rank is not None:
                     st.output(ev.rank, ev.t)
-                    p = parse_progress(ev.text)
+                    p = parse_progress(ev.text, self._progress_failed)
                     if p is not None:
                         self._progress(ev.rank, p, ev.t)
                 m = self.matchers.get(key)
                 if m is None:
                     m = self.matchers[key] = SignatureMatcher()
-                for f in m.feed(ev.text, ev.rank, n, ev.path):
+                for f in m.feed(ev.text, ev.rank, n, ev.path, self._signature_failed):
                     self.findings.append(f)
                     a = self._alarm_for(f, ev.t)
                     if a is not None:
@@ -86,7 +102,36 @@ class Analyzer:
                 st.stacks(StackVerdict(ev.t, ev.hung, ev.culprits, ev.summary, ev.where, ev.error, ev.io, ev.node))
             elif isinstance(ev, StateEvent) and ev.state in FINAL_STATES:
                 self.finished = True
+        self._line = None
+        if self._new_notes:
+            alarms[:0] = self._new_notes
+            self._new_notes = []
         return alarms
+
+    def _parser_failed(self, parser: str, e: Exception) -> None:
+        """A parser raised on the current line: note it, once per parser, type of
+        exception and place it was raised (not once per line: a bug that hits
+        every line must not flood the stream)."""
+        tb = traceback.extract_tb(e.__traceback__)
+        place = (tb[-1].filename, tb[-1].lineno) if tb else None
+        key = (parser, type(e).__name__, place)
+        if key in self._failures or len(self._failures) >= MAX_FAILURE_NOTES:
+            return
+        self._failures.add(key)
+        ev = self._line
+        if ev is None:
+            who = "a line"
+        else:
+            whose = f"rank {ev.rank}'s {ev.stream}" if ev.rank is not None else "torchrun's output"
+            n = None if ev.transient else self.line_no.get(ev.path or str(ev.rank))
+            who = f"line {n} of {whose}" if n else f"a line of {whose}"
+        where = f" ({place[0].rsplit('/', 1)[-1]}:{place[1]})" if place else ""
+        note = NoteEvent(ev.t if ev is not None else self.clock(), "warning",
+                         f"{parser} failed on {who}: {type(e).__name__}: {str(e)[:200]}{where}; that line was skipped "
+                         "(later lines failing the same way are skipped without a note). This is a bug in ddptop: "
+                         "please report it with that line.", node=self.node)
+        self.notes.append(note)
+        self._new_notes.append(note)
 
     def _progress(self, rank: int, p, t: float) -> None:
         if p.step is not None:

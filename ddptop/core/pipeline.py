@@ -24,7 +24,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from ddptop.core.events import AlarmEvent, Event, LaunchEvent, NoteEvent
 from ddptop.core.jobs import CommandResult
@@ -369,9 +369,11 @@ class Pipeline:
 
         return Analyzer(self.clock, stall_after=self.stall_after, node=self.node)
 
-    def process(self, events: list[Event], now: float | None = None, *, check: bool = False) -> list[AlarmEvent]:
+    def process(self, events: list[Event], now: float | None = None, *,
+                check: bool = False) -> list[AlarmEvent | NoteEvent]:
         """Feed ``events``; stall-check when due (or ``check``); return the new
-        alarms.  The owner puts them in its stream, then calls ``react``."""
+        alarms, and the analyzer's notes (a parser that failed on a line).  The
+        owner puts them in its stream, then calls ``react``."""
         now = self.clock() if now is None else now
         for i in range(len(events) - 1, -1, -1):
             ev = events[i]
@@ -383,9 +385,17 @@ class Pipeline:
                 events = events[i + 1:]
                 break
         an = self.analyzer
-        alarms = an.feed([e for e in events if not isinstance(e, AlarmEvent)])
+        alarms: list[AlarmEvent] = []
+        notes: list[NoteEvent] = []
+        for e in an.feed([e for e in events if not isinstance(e, AlarmEvent)]):
+            if isinstance(e, AlarmEvent):
+                alarms.append(e)
+            else:
+                notes.append(e)
         if self.stall_only:
+            # (each node's own analyzer has made its notes, and its signature alarms)
             alarms = [a for a in alarms if a.type == "stall"]
+            notes = []
         if check or now - self._last_check >= self.check_every:
             self._last_check = now
             self._sample_stacks(now)
@@ -393,7 +403,7 @@ class Pipeline:
         if not self.crash_seen and (any(a.type == "crash" for a in alarms)
                                     or any(f.signature in CRASH_SIGNATURES for f in an.findings)):
             self.crash_seen = True
-        return alarms
+        return [*notes, *alarms]
 
     def _sample_stacks(self, now: float) -> None:
         st = self.analyzer.stall
@@ -406,8 +416,10 @@ class Pipeline:
                 self._sampled_at = now
                 st.stacks_pending = True
 
-    def react(self, alarms: list[AlarmEvent]) -> None:
-        """Run the reactions to alarms that are now in the stream."""
+    def react(self, events: Sequence[Event]) -> None:
+        """Run the reactions to alarms that are now in the stream (``events``:
+        what ``process`` returned; what is not an alarm has none)."""
+        alarms = [a for a in events if isinstance(a, AlarmEvent)]
         if self.on_alarm is not None:
             for a in alarms:
                 self.on_alarm(a)

@@ -4,13 +4,16 @@
 "other" progress (an eval/validation bar, a checkpoint being saved) that
 shows the job is alive but must not be mistaken for training steps -- or None.
 ANSI codes and rank prefixes (``[default0]:``, ``[rank3]:``, nested) are
-stripped first.  Never raises, whatever the bytes.
+stripped first.  Never raises, whatever the bytes: a line the parser fails
+on (a bug) counts as no progress, and ``on_error`` hears of it (the analyzer
+turns it into a note, so the failure is not silent).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
 _PREFIX = re.compile(r"^(?:\s*\[(?:default|rank)\d+\]:\s?)+")
@@ -65,10 +68,15 @@ _FORMATS: list[tuple[str, re.Pattern]] = [
 _HF_STEP = re.compile(r"'step': (\d+)")
 
 
-def parse_progress(text: str) -> Progress | None:
+def parse_progress(text: str, on_error: Callable[[Exception], None] | None = None) -> Progress | None:
+    """The progress ``text`` reports, or None.  An exception inside the parser
+    (a bug: it must never take the monitor down) skips this line only, and is
+    passed to ``on_error`` when given."""
     try:
         return _parse(text)
-    except Exception:  # a parser must never take the monitor down
+    except Exception as e:
+        if on_error is not None:
+            on_error(e)
         return None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ddptop.core.progress import clean
 
@@ -273,10 +274,16 @@ class SignatureMatcher:
         self._block_rank: int | None = None
         self._in_traceback: dict[int | None, bool] = {}
 
-    def feed(self, text: str, rank: int | None, line: int | None = None, source: str = "") -> list[Finding]:
+    def feed(self, text: str, rank: int | None, line: int | None = None, source: str = "",
+             on_error: Callable[[Exception], None] | None = None) -> list[Finding]:
+        """The findings in one line.  An exception inside the matcher (a bug: it
+        must never take the monitor down) skips this line only, and is passed
+        to ``on_error`` when given."""
         try:
             return self._feed(text, rank, line, source)
-        except Exception:
+        except Exception as e:
+            if on_error is not None:
+                on_error(e)
             return []
 
     def _feed(self, text, rank, line, source):
