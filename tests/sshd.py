@@ -151,7 +151,13 @@ def stop_sshd(s: Sshd) -> None:
 
 
 def remote_ddptop(runs_dir: Path) -> str:
-    """How the remote side runs ddptop: this interpreter, this checkout, these runs."""
+    """How the remote side runs ddptop: this interpreter, this checkout, these runs,
+    and the GPUs as this side sees them (sshd gives the remote side a fresh
+    environment: the NVIDIA library's path and CUDA_VISIBLE_DEVICES are passed on)."""
+    import shlex
+
     root = Path(__file__).resolve().parents[1]
+    gpu_env = "".join(f"{k}={shlex.quote(os.environ[k])} " for k in ("LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES")
+                      if k in os.environ)
     return (f"env DDPTOP_RUNS_DIR={runs_dir} PYTHONPATH={root} PATH={os.path.dirname(sys.executable)}:/usr/bin:/bin "
-            f"{sys.executable} -m ddptop")
+            f"{gpu_env}{sys.executable} -m ddptop")

@@ -13,11 +13,13 @@ pytest.importorskip("textual")
 from textual.widgets import DataTable, RichLog, TabbedContent  # noqa: E402
 
 from ddptop.core.events import LogEvent, RankEvent, StateEvent  # noqa: E402
+from ddptop.core.jobs import CommandResult  # noqa: E402
 from ddptop.core.session import Session  # noqa: E402
 from ddptop.ui import logview  # noqa: E402
 from ddptop.ui.app import QuitScreen, make_app  # noqa: E402
 from ddptop.ui.themes import load_themes  # noqa: E402
 from conftest import rank_started, write_run
+from helpers import wait_until
 
 TEST_TIMEOUT = 30  # seconds per test
 SIZE = (120, 40)
@@ -54,7 +56,7 @@ class SpySession:
 
     def stop(self):
         self.stop_calls += 1
-        return True
+        return CommandResult(True)
 
     def __getattr__(self, name):
         return getattr(self._s, name)
@@ -65,16 +67,8 @@ def log_text(app, key: str) -> str:
     return "\n".join(strip.text for strip in log.lines)
 
 
-async def wait_until(pilot, pred, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        await pilot.pause(0.05)
-        try:
-            if pred():
-                return
-        except Exception:
-            pass
-    raise AssertionError(f"timed out waiting for {what}")
+def active_pane(app) -> str:
+    return app.query_one("#panes", TabbedContent).active
 
 
 def test_table_and_merged_pane(tmp_path):
@@ -112,38 +106,35 @@ def test_rank_pane_and_filter(tmp_path):
         async with app.run_test(size=SIZE) as pilot:
             await wait_until(pilot, lambda: "rank1 step 4" in log_text(app, "merged"), what="lines")
             await pilot.press("1")
-            await pilot.pause()
-            assert app.query_one("#panes", TabbedContent).active == "pane-r1"
+            await wait_until(pilot, lambda: active_pane(app) == "pane-r1", what="rank 1's pane")
+            await wait_until(pilot, lambda: "rank1 step 4" in log_text(app, "r1"), what="rank 1's lines in its pane")
             r1 = log_text(app, "r1")
             assert "rank1 step 0" in r1 and "rank1 step 4" in r1
             assert "rank0" not in r1 and "[r1]" not in r1
             # tab goes on to the next pane (torchrun), shift+tab back
             await pilot.press("tab")
-            await pilot.pause()
-            assert app.query_one("#panes", TabbedContent).active == "pane-torchrun"
+            await wait_until(pilot, lambda: active_pane(app) == "pane-torchrun", what="the torchrun pane")
             await pilot.press("shift+tab", "shift+tab")
-            await pilot.pause()
-            assert app.query_one("#panes", TabbedContent).active == "pane-r0"
+            await wait_until(pilot, lambda: active_pane(app) == "pane-r0", what="rank 0's pane")
             await pilot.press("m")
-            await pilot.pause()
-            assert app.query_one("#panes", TabbedContent).active == "pane-merged"
+            await wait_until(pilot, lambda: active_pane(app) == "pane-merged", what="the merged pane")
 
-            # filter: case-insensitive, applied to merged and rank panes
+            # filter: case-insensitive, applied to merged and rank panes (what was shown
+            # before the filter is gone once it is applied: waiting for that is waiting for the filter)
             await pilot.press("slash")
             await pilot.press(*"STEP 3")
-            await pilot.pause()
+            await wait_until(pilot, lambda: "step 2" not in log_text(app, "merged")
+                             and "[r0] rank0 step 3" in log_text(app, "merged"), what="the filter applied")
             merged = log_text(app, "merged")
             assert "[r0] rank0 step 3" in merged and "[r1] rank1 step 3" in merged
             assert "step 2" not in merged and "torchrun says" not in merged
             await pilot.press("enter", "1")  # keep the filter, look at rank 1
-            await pilot.pause()
-            r1 = log_text(app, "r1")
-            assert "rank1 step 3" in r1 and "step 4" not in r1
+            await wait_until(pilot, lambda: active_pane(app) == "pane-r1" and "step 4" not in log_text(app, "r1")
+                             and "rank1 step 3" in log_text(app, "r1"), what="rank 1's pane, filtered")
             # esc clears the filter
             await pilot.press("slash", "escape")
-            await pilot.pause()
-            r1 = log_text(app, "r1")
-            assert "rank1 step 0" in r1 and "rank1 step 4" in r1
+            await wait_until(pilot, lambda: "rank1 step 0" in log_text(app, "r1")
+                             and "rank1 step 4" in log_text(app, "r1"), what="rank 1's pane, the filter cleared")
 
     run_async(go())
 
@@ -187,9 +178,9 @@ def test_many_lines_are_bounded(tmp_path):
             batch = [LogEvent(now, 0, "stdout", f"flood {i}") for i in range(50_000)]
             batch.append(LogEvent(now, 0, "stdout", "bad \x00\x07 control \x1b[999;;m chars " + "x" * 100_000))
             app.ingest(batch)
-            await pilot.pause(0.4)  # widgets are written at most every FLUSH_EVERY
+            # widgets are written at most every FLUSH_EVERY: wait for the batch's last line
+            await wait_until(pilot, lambda: "flood 49999" in log_text(app, "merged"), what="the flood's last line")
             merged = log_text(app, "merged")
-            assert "flood 49999" in merged
             assert "lines not shown" in merged
             assert len(app.query_one("#log-merged", RichLog).lines) <= logview.RERENDER_LINES + 60
             assert len(app._panes["r0"].lines) <= 20_000
@@ -197,8 +188,7 @@ def test_many_lines_are_bounded(tmp_path):
             log = app.query_one("#log-merged", RichLog)
             before = len(log.lines)
             app.ingest([LogEvent(now, 1, "stdout", f"burst {i}") for i in range(3000)])
-            await pilot.pause(0.4)
-            assert "burst 2999" in log_text(app, "merged")
+            await wait_until(pilot, lambda: "burst 2999" in log_text(app, "merged"), what="the burst's last line")
             assert f"{3000 - logview.TICK_LINES} lines not shown" in log_text(app, "merged")
             assert len(log.lines) - before <= logview.TICK_LINES + 1 or len(log.lines) == logview.LOG_MAX_LINES
 
@@ -214,15 +204,14 @@ def test_quit_detach_does_not_stop(tmp_path):
         async with app.run_test(size=SIZE) as pilot:
             await wait_until(pilot, lambda: "rank0 step 2" in log_text(app, "merged"), what="lines")
             await pilot.press("q")
-            await pilot.pause()
-            assert isinstance(app.screen, QuitScreen)
+            await wait_until(pilot, lambda: isinstance(app.screen, QuitScreen), what="the quit dialog")
             await pilot.press("escape")  # cancel
-            await pilot.pause()
-            assert not isinstance(app.screen, QuitScreen)
+            await wait_until(pilot, lambda: not isinstance(app.screen, QuitScreen), what="the quit dialog closed")
+            assert app.return_value is None
             await pilot.press("q")
-            await pilot.pause()
+            await wait_until(pilot, lambda: isinstance(app.screen, QuitScreen), what="the quit dialog again")
             await pilot.click("#detach")
-            await pilot.pause()
+            await wait_until(pilot, lambda: app.return_value is not None, what="the app to exit")
         return app.return_value
 
     assert run_async(go()) == "detach"
@@ -238,8 +227,7 @@ def test_quit_stop_calls_stop(tmp_path):
         async with app.run_test(size=SIZE) as pilot:
             await wait_until(pilot, lambda: "rank0 step 2" in log_text(app, "merged"), what="lines")
             await pilot.press("ctrl+c")
-            await pilot.pause()
-            assert isinstance(app.screen, QuitScreen)
+            await wait_until(pilot, lambda: isinstance(app.screen, QuitScreen), what="the quit dialog")
             await pilot.click("#stop")
             await wait_until(pilot, lambda: app.return_value is not None, what="exit")
         return app.return_value
@@ -261,7 +249,7 @@ def test_quit_finished_run(tmp_path):
             row = [str(c) for c in app.query_one("#ranks", DataTable).get_row("1")]
             assert "exited 0" in row
             await pilot.press("q")
-            await pilot.pause()
+            await wait_until(pilot, lambda: app.return_value is not None, what="the app to exit")
         return app.return_value
 
     assert run_async(go()) == "finished"
@@ -279,17 +267,15 @@ def test_help_and_themes(tmp_path):
             assert app.theme == "ddptop-light"
             assert "ddptop-dark" in app.available_themes
             await pilot.press("question_mark")
-            await pilot.pause()
-            assert type(app.screen).__name__ == "HelpScreen"
+            await wait_until(pilot, lambda: type(app.screen).__name__ == "HelpScreen", what="the help screen")
             await pilot.press("escape")
-            await pilot.pause()
-            assert type(app.screen).__name__ != "HelpScreen"
+            await wait_until(pilot, lambda: type(app.screen).__name__ != "HelpScreen", what="the help screen closed")
             app.theme = "ddptop-dark"
             await pilot.pause()
         app2 = make_app(Session.open(run_dir), theme="no-such-theme", poll_interval=0.02)
         async with app2.run_test(size=SIZE) as pilot:
             await pilot.pause()
-            assert app2.theme == "textual-dark"
+            assert app2.theme == "textual-dark"  # (chosen when the app starts: nothing to wait for)
 
     run_async(go())
 
@@ -312,7 +298,7 @@ def test_bad_events_do_not_crash(tmp_path):
     async def go():
         app = make_app(Session.open(run_dir), poll_interval=0.02)
         async with app.run_test(size=SIZE) as pilot:
-            await pilot.pause()
+            await wait_until(pilot, lambda: "rank0 step 2" in log_text(app, "merged"), what="the run's lines")
             now = time.time()
             app.ingest([
                 LogEvent(now, 7, "stdout", "\udcff surrogate \ufffd"),
@@ -320,12 +306,12 @@ def test_bad_events_do_not_crash(tmp_path):
                 RankEvent(now, rank=3, local_rank=1, node="other", pid=None, attempt=1, alive=True),
                 StateEvent(now, state="running"),
             ])
-            await pilot.pause()
-            assert "r7" in app._panes and "r3" in app._panes
+            await wait_until(pilot, lambda: "r7" in app._panes and "r3" in app._panes, what="panes for ranks 7 and 3")
             assert app.model.attempt == 1
+            await wait_until(pilot, lambda: "surrogate" in log_text(app, "merged")
+                             and "link bold" in log_text(app, "merged"), what="the odd lines, drawn")
             await pilot.press("7")
-            await pilot.pause()
-            assert app.query_one("#panes", TabbedContent).active == "pane-r7"
+            await wait_until(pilot, lambda: active_pane(app) == "pane-r7", what="rank 7's pane")
 
     run_async(go())
 

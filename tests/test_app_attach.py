@@ -23,8 +23,9 @@ from ddptop.core.session import Session  # noqa: E402
 from ddptop.ui.app import HeaderBar, link_markup, make_app  # noqa: E402
 from ddptop.ui.telemetry_view import AlarmBox  # noqa: E402
 from conftest import rank_started, write_run
+from helpers import wait_until as _wait_until
 from sshd import remote_ddptop
-from test_app_relaunch import header_text, log_text, wait_until as _wait_until  # noqa: E402
+from test_app_relaunch import header_text, log_text  # noqa: E402
 
 WAIT = 60.0  # seconds for any one thing to show up
 SIZE = (140, 45)

@@ -18,6 +18,7 @@ from ddptop.core.events import LaunchEvent  # noqa: E402
 from ddptop.core.session import Session  # noqa: E402
 from ddptop.ui.app import HeaderBar, ProfilePicker, make_app  # noqa: E402
 from conftest import rank_started, write_run
+from helpers import wait_for, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = (140, 45)
@@ -26,17 +27,6 @@ SIZE = (140, 45)
 def run_async(coro, timeout=30):
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
-
-async def wait_until(pilot, pred, timeout=10.0, what="condition", step=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        await pilot.pause(step)
-        try:
-            if pred():
-                return
-        except Exception:
-            pass
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def header_text(app) -> str:
@@ -181,33 +171,30 @@ def test_relaunch_from_the_tui_with_real_torchrun(tmp_path):
     async def go():
         app = make_app(session)
         async with app.run_test(size=SIZE) as pilot:
-            deadline = time.monotonic() + 120
-            while not any(a.type == "stall" for a in app.model.alarms):
-                assert time.monotonic() < deadline, "no stall alarm within 120 s"
-                assert not app.model.finished, f"the job ended first: {app.model.state}"
-                await pilot.pause(0.5)
+            await wait_until(pilot, lambda: any(a.type == "stall" for a in app.model.alarms), timeout=120, step=0.5,
+                             what="a stall alarm",
+                             fail_if=lambda: app.model.finished and f"the job ended first: {app.model.state}")
             await pilot.press("r")
             await wait_until(pilot, lambda: isinstance(app.screen, ProfilePicker), what="the picker")
             first = option_labels(app)[0]
             assert first.startswith("p2p-off") and "suggested" in first, first
             await pilot.press("enter")
-            deadline = time.monotonic() + 150
-            while not (app.model.generation == 1 and app.model.state == "succeeded"):
-                assert time.monotonic() < deadline, f"gen {app.model.generation}, state {app.model.state}"
-                assert not (app.model.finished and app.model.state != "succeeded"), app.model.state
-                await pilot.pause(0.5)
-            await wait_until(pilot, lambda: "launch #1" in header_text(app), what="the header", timeout=5)
+            await wait_until(pilot, lambda: app.model.generation == 1 and app.model.state == "succeeded", timeout=150,
+                             step=0.5, what=lambda: f"the relaunch to succeed (gen {app.model.generation}, "
+                                                    f"state {app.model.state})",
+                             fail_if=lambda: app.model.finished and app.model.state != "succeeded" and app.model.state)
+            await wait_until(pilot, lambda: "launch #1" in header_text(app), what="the header")
             head = header_text(app)
             assert "launch #1" in head and "p2p-off" in head, head
             assert app.model.profiles == ("p2p-off",) and app.model.env_diff == {"NCCL_P2P_DISABLE": "1"}
             await wait_until(pilot, lambda: "relaunch #1 with profiles p2p-off" in log_text(app, "merged"),
-                             what="the separator", timeout=5)
+                             what="the separator")
             old = _rank_pids_gen0(run_dir)
             assert len(old) == 2, old
             alive = [p for p in old if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
             assert not alive, f"generation-0 ranks still running: {alive}"
             await pilot.press("q")
-            await wait_until(pilot, lambda: not app.is_running, what="the app to quit", timeout=5)
+            await wait_until(pilot, lambda: not app.is_running, what="the app to quit")
         assert app.return_value == "finished"
 
     try:
@@ -215,6 +202,4 @@ def test_relaunch_from_the_tui_with_real_torchrun(tmp_path):
     finally:
         if session.is_live:
             session.stop()
-            deadline = time.monotonic() + 60
-            while not (run_dir / "exit.json").exists() and time.monotonic() < deadline:
-                time.sleep(0.2)
+            wait_for(lambda: (run_dir / "exit.json").exists(), timeout=60, what="the job to stop")

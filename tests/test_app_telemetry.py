@@ -16,6 +16,7 @@ from ddptop.core.session import Session  # noqa: E402
 from ddptop.ui.app import make_app  # noqa: E402
 from ddptop.ui.telemetry_view import AlarmBox, GpuPane, alarm_markup, sparkline  # noqa: E402
 from conftest import rank_started, write_run
+from helpers import wait_until
 
 TEST_TIMEOUT = 30
 SIZE = (160, 45)
@@ -25,17 +26,6 @@ GIB = 1024**3
 def run_async(coro, timeout=TEST_TIMEOUT):
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
-
-async def wait_until(pilot, pred, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        await pilot.pause(0.05)
-        try:
-            if pred():
-                return
-        except Exception:
-            pass
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def gpu(t, index, util, **kw):
@@ -124,11 +114,9 @@ def test_gpu_pane_ranks_and_alarm(tmp_path):
             pane = app.query_one("#gpu-pane", GpuPane)
             assert pane.display
             await pilot.press("g")
-            await pilot.pause()
-            assert not pane.display
+            await wait_until(pilot, lambda: not pane.display, what="the GPU pane hidden")
             await pilot.press("g")
-            await pilot.pause()
-            assert pane.display
+            await wait_until(pilot, lambda: pane.display, what="the GPU pane shown again")
 
     run_async(go())
 

@@ -261,7 +261,8 @@ def test_ui_refuses_to_stop_or_relaunch_a_foreign_job(procs, tmp_path):
     pytest.importorskip("textual")
     import asyncio
 
-    from test_app_relaunch import log_text, wait_until
+    from helpers import wait_until
+    from test_app_relaunch import log_text
 
     from ddptop.ui.app import QuitScreen, make_app
 
@@ -279,8 +280,7 @@ def test_ui_refuses_to_stop_or_relaunch_a_foreign_job(procs, tmp_path):
         async with app.run_test(size=(120, 40)) as pilot:
             await until(pilot, lambda: "step " in merged(app), "lines")
             await pilot.press("q")
-            await pilot.pause()
-            assert isinstance(app.screen, QuitScreen)
+            await until(pilot, lambda: isinstance(app.screen, QuitScreen), "the quit dialog")
             await pilot.press("s")  # stop: refused, the app keeps watching
             await until(pilot, lambda: "will not stop" in merged(app), "the refusal in the log")
             assert app.return_value is None and not app._stopping
@@ -288,9 +288,9 @@ def test_ui_refuses_to_stop_or_relaunch_a_foreign_job(procs, tmp_path):
             await until(pilot, lambda: "relaunch refused" in merged(app), "the relaunch refusal")
             assert "ENDED" not in str(app.query_one("#header").render())
             await pilot.press("q")
-            await pilot.pause()
+            await until(pilot, lambda: isinstance(app.screen, QuitScreen), "the quit dialog again")
             await pilot.click("#detach")
-            await pilot.pause()
+            await until(pilot, lambda: app.return_value is not None, "the app to exit")
         return app.return_value
 
     try:
@@ -376,9 +376,11 @@ def test_output_to_a_pipe_is_named_with_the_remedy_and_ctrl_c_only_detaches(proc
     r.join()
     err = att.stderr.read().decode()
     assert "will not stop" in err and "the job keeps running" in err
-    time.sleep(1)
+    # the attachment has exited: the job trains on after it (new steps), not just "is not dead yet"
+    seen = len(job_out.lines)
+    wait_for(lambda: any("step " in l for l in job_out.lines[seen:]), timeout=60,
+             what="the job to go on training after the detach")
     assert job.poll() is None and alive(ranks[0]) and alive(ranks[1])
-    wait_for(lambda: "step 3 " in job_out.text(), timeout=60, what="the job to go on training")
 
 
 def test_output_shared_with_torchrun_in_one_file_is_read_as_torchrun_output(procs, tmp_path):
@@ -433,6 +435,8 @@ def test_a_hang_raises_a_stall_alarm_and_stopping_the_attachment_leaves_the_job(
         # (e) asking the attachment to stop does not stop the job
         att.send_signal(signal.SIGINT)
         assert att.wait(timeout=30) == 130
+        # (the job is hung: no new output to wait for.  The attachment has exited, so it
+        # can do nothing more; the pause gives a signal it might have sent time to act)
         time.sleep(2)
         assert job.poll() is None and all(alive(pid) for pid in ranks.values())
         assert all(psutil.Process(pid).ppid() == job.pid for pid in ranks.values())

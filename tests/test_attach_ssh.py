@@ -39,14 +39,14 @@ def finish(p, timeout=TIMEOUT):
 
 def drain(session, until, timeout=TIMEOUT, what="condition"):
     """Poll a session, keeping every event, until until(events) is true."""
-    events = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        events += session.poll()
-        if until(events):
-            return events
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last events: {events[-5:]}")
+    events: list = []
+
+    def done():
+        events.extend(session.poll())
+        return until(events)
+
+    wait_for(done, timeout, interval=0.05, what=lambda: f"{what}; last events: {events[-5:]}")
+    return events
 
 
 def test_attach_over_ssh_shows_the_job_and_relaunches_it(runs_dir, sshd):
@@ -433,6 +433,18 @@ def test_nodes_that_differ_in_nccl_version_or_transport_are_a_finding(tmp_path, 
     assert all(s.versions.get("torch") for s in ms.sessions) and not any("in torch" in n for n in notes)
 
 
+def gpus_row_here():
+    """The doctor's GPUs row for this machine, from the same check run here."""
+    from ddptop.core.doctor import check_gpus
+    from ddptop.core.gpu.nvml import NvmlBackend
+
+    b = NvmlBackend()
+    try:
+        return check_gpus(b.topology(), b.error, b.fault)
+    finally:
+        b.shutdown()
+
+
 def test_doctor_on_remote_nodes_over_ssh(tmp_path, sshd):
     """`ddptop doctor --host H`: the node's own ddptop runs the checks there; a host
     without ddptop is a failed row with the install command."""
@@ -442,9 +454,11 @@ def test_doctor_on_remote_nodes_over_ssh(tmp_path, sshd):
                        capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT)
     d = json.loads(r.stdout)
     assert sorted(d["hosts"]) == ["node-a", "node-b"]
+    here = gpus_row_here()  # both "nodes" are this machine: with or without GPUs, the same row
     for h in ("node-a", "node-b"):
         rows = {row["name"]: row for row in d["hosts"][h]["rows"]}
-        assert rows["GPUs"]["status"] == "skipped" and "/dev/shm" in rows and "Master port" in rows
+        assert (rows["GPUs"]["status"], rows["GPUs"]["summary"]) == (here.status, here.summary)
+        assert "/dev/shm" in rows and "Master port" in rows
     assert r.returncode == max(h["summary"]["exit_code"] for h in d["hosts"].values())
     r = subprocess.run(ddptop_cmd("doctor", "--host", "node-a", *common, "--remote-ddptop", "/nonexistent/ddptop"),
                        capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT)

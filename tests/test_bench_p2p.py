@@ -83,6 +83,9 @@ def run_bench(*args, env=None, timeout=300):
 
 
 def test_without_a_gpu_pairs_are_skipped_and_the_all_reduce_runs_on_gloo():
+    # (no CUDA GPU for the benchmark's workers on any machine: conftest.no_cuda_outside_tests_gpu;
+    # tests/gpu measures real ones)
+    assert os.environ.get("CUDA_VISIBLE_DEVICES") == ""
     code, rep, err = run_bench("--sizes", "4096,1048576", "--timeout", "120")
     assert code == 0, err
     rows = rep["rows"]

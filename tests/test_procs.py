@@ -3,12 +3,12 @@ of every process, on a real tree (a child forked from a non-main thread too)."""
 
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
 
 from ddptop.core import procs
+from helpers import wait_for
 
 TREE = r"""
 import subprocess, sys, threading, time
@@ -27,9 +27,7 @@ def tree():
     me = psutil.Process(p.pid)
     try:
         assert p.stdout.readline().strip() == "ready"
-        deadline = time.monotonic() + 20
-        while len(me.children(recursive=True)) < 5 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: len(me.children(recursive=True)) >= 5, timeout=20, interval=0.05, what="the process tree")
         yield me
     finally:
         for c in me.children(recursive=True):

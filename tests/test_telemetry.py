@@ -7,6 +7,7 @@ import sys
 import pynvml
 
 import fake_nvml
+from helpers import wait_for
 from ddptop.core.events import AlarmEvent, GpuEvent, GpuStatusEvent, ProcEvent
 from ddptop.core.gpu.nvml import NvmlBackend
 from ddptop.core.gpu.sim import SimBackend
@@ -107,17 +108,22 @@ def test_gpu_from_env():
 
 
 def test_proc_stats_of_real_processes_busy_and_sleeping():
-    busy = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<30: pass"])
-    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<120: pass"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         tel = Telemetry(SimBackend("n"), "n")
         ranks = [RankProc(0, 0, busy.pid), RankProc(1, 1, idle.pid)]
         tel.tick(ranks)
-        import time
-        time.sleep(1.5)
-        ev = tel.tick(ranks)
-        procs = {e.rank: e for e in ev if isinstance(e, ProcEvent)}
-        gpus = gpus_of(ev)
+
+        def busy_seen():
+            # each tick's CPU % is over the time since the last one: on a loaded
+            # machine the busy process may take a while to get half a core
+            ev = tel.tick(ranks)
+            procs = {e.rank: e for e in ev if isinstance(e, ProcEvent)}
+            gpus = gpus_of(ev)
+            return (procs[0].cpu or 0) > 50 and (gpus[0].util or 0) > 50 and (procs, gpus)
+
+        procs, gpus = wait_for(busy_seen, timeout=60, interval=1.0, what="the busy process at over 50% CPU")
         assert procs[0].cpu > 50 and procs[1].cpu < 10
         assert procs[0].rss > 1_000_000 and procs[0].threads >= 1 and procs[0].status in ("running", "sleeping")
         assert procs[1].status == "sleeping"

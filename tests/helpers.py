@@ -1,0 +1,75 @@
+"""Waiting for a condition, for every test: never a fixed sleep before an assertion.
+
+A fixed ``pause(0.4)`` or ``time.sleep(1.5)`` followed by an assertion fails on
+a loaded machine, where the thing takes longer; waiting for the asserted
+condition itself is both faster and sure.  ``wait_until`` is for Pilot tests
+of the UI (it lets the app run while it waits), ``wait_for`` for everything
+else.  Both return the predicate's (true) value, and both take:
+
+* ``fail_if``: a condition under which waiting on is pointless (the job ended
+  first): it fails at once, with what ``fail_if`` returned;
+* ``retry_on``: the exceptions from the predicate that mean "not yet".  For
+  ``wait_until`` any ``Exception`` (a widget not mounted yet, a table row not
+  added yet); for ``wait_for`` none: an exception fails at once.
+* ``what``: what is waited for, for the failure message (a string, or a
+  function that returns one when the wait fails).
+
+(``tests`` is on ``sys.path`` the way pytest runs the suite, as for ``conftest``:
+``from helpers import wait_for, wait_until``.)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+UI_TIMEOUT = 15.0  # seconds, for something in the UI to show up
+
+def _describe(what) -> str:
+    return what() if callable(what) else what
+
+
+def _check(pred: Callable[[], Any], fail_if, what, retry_on) -> tuple[Any, BaseException | None]:
+    """(pred's value; the exception it raised, if one of ``retry_on``)."""
+    if fail_if is not None:
+        why = fail_if()
+        if why:
+            raise AssertionError(f"gave up waiting for {_describe(what)}: {why}")
+    try:
+        return pred(), None
+    except retry_on as e:
+        return None, e
+
+
+def _timed_out(timeout: float, what, err: BaseException | None) -> AssertionError:
+    last = f" (the last check raised {type(err).__name__}: {err})" if err is not None else ""
+    return AssertionError(f"timed out after {timeout:g}s waiting for {_describe(what)}{last}")
+
+
+async def wait_until(pilot, pred: Callable[[], Any], timeout: float = UI_TIMEOUT,
+                     what: str | Callable[[], str] = "condition", step: float = 0.05,
+                     fail_if: Callable[[], Any] | None = None,
+                     retry_on: tuple[type[BaseException], ...] = (Exception,)) -> Any:
+    """Let the app run (``pilot.pause(step)``) until ``pred()`` is true; return its value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v, err = _check(pred, fail_if, what, retry_on)
+        if v:
+            return v
+        if time.monotonic() >= deadline:
+            raise _timed_out(timeout, what, err)
+        await pilot.pause(step)
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 60, interval: float = 0.1,
+             what: str | Callable[[], str] = "condition", fail_if: Callable[[], Any] | None = None,
+             retry_on: tuple[type[BaseException], ...] = ()) -> Any:
+    """Call ``pred()`` every ``interval`` seconds until it is true; return its value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v, err = _check(pred, fail_if, what, retry_on)
+        if v:
+            return v
+        if time.monotonic() >= deadline:
+            raise _timed_out(timeout, what, err)
+        time.sleep(interval)
