@@ -16,7 +16,8 @@ from ddptop.core.events import LogEvent, RankEvent, StateEvent  # noqa: E402
 from ddptop.core.jobs import CommandResult  # noqa: E402
 from ddptop.core.session import Session  # noqa: E402
 from ddptop.ui import logview  # noqa: E402
-from ddptop.ui.app import QuitScreen, make_app  # noqa: E402
+from ddptop.ui.app import make_app  # noqa: E402
+from ddptop.ui.dialogs import QuitScreen  # noqa: E402
 from ddptop.ui.themes import load_themes  # noqa: E402
 from conftest import rank_started, write_run
 from helpers import wait_until
@@ -183,7 +184,7 @@ def test_many_lines_are_bounded(tmp_path):
             merged = log_text(app, "merged")
             assert "lines not shown" in merged
             assert len(app.query_one("#log-merged", RichLog).lines) <= logview.RERENDER_LINES + 60
-            assert len(app._panes["r0"].lines) <= 20_000
+            assert len(app.logs.buffers["r0"].lines) <= 20_000
             # an ordinary big batch: at most TICK_LINES written, plus one notice
             log = app.query_one("#log-merged", RichLog)
             before = len(log.lines)
@@ -306,7 +307,7 @@ def test_bad_events_do_not_crash(tmp_path):
                 RankEvent(now, rank=3, local_rank=1, node="other", pid=None, attempt=1, alive=True),
                 StateEvent(now, state="running"),
             ])
-            await wait_until(pilot, lambda: "r7" in app._panes and "r3" in app._panes, what="panes for ranks 7 and 3")
+            await wait_until(pilot, lambda: "r7" in app.logs.buffers and "r3" in app.logs.buffers, what="panes for ranks 7 and 3")
             assert app.model.attempt == 1
             await wait_until(pilot, lambda: "surrogate" in log_text(app, "merged")
                              and "link bold" in log_text(app, "merged"), what="the odd lines, drawn")
@@ -319,16 +320,16 @@ def test_bad_events_do_not_crash(tmp_path):
 def test_a_row_that_cannot_be_drawn_says_so_once_and_the_others_go_on(tmp_path, monkeypatch):
     """A failure while drawing one rank's row (or the header) is a note in the
     log, once, not a row frozen in silence; the other rows keep updating."""
-    import ddptop.ui.app as app_mod
+    import ddptop.ui.rank_table as table_mod
 
-    real = app_mod.rank_cells
+    real = table_mod.rank_cells
 
     def broken_for_rank_1(info, finished, th):
         if info.pid == 4343:
             raise ValueError("a cell for rank 1 went wrong")
         return real(info, finished, th)
 
-    monkeypatch.setattr(app_mod, "rank_cells", broken_for_rank_1)
+    monkeypatch.setattr(table_mod, "rank_cells", broken_for_rank_1)
     run_dir = make_run(tmp_path)
 
     async def go():

@@ -20,8 +20,9 @@ from textual.widgets import DataTable  # noqa: E402
 from ddptop.core.events import LinkEvent  # noqa: E402
 from ddptop.core.remote import MultiSession, RemoteSession  # noqa: E402
 from ddptop.core.session import Session  # noqa: E402
-from ddptop.ui.app import HeaderBar, link_markup, make_app  # noqa: E402
-from ddptop.ui.telemetry_view import AlarmBox  # noqa: E402
+from ddptop.ui.app import make_app  # noqa: E402
+from ddptop.ui.header import HeaderBar, link_markup  # noqa: E402
+from ddptop.ui.alarm_box import AlarmBox  # noqa: E402
 from conftest import rank_started, write_run
 from helpers import wait_until as _wait_until
 from sshd import remote_ddptop
@@ -111,7 +112,7 @@ def test_two_attached_nodes_one_view(tmp_path, sshd):
             assert "[r0] rank0 step 0 loss 0.0" in merged and "[r1] rank1 step 2 loss 0.2" in merged
             assert "[node-a torchrun] torchrun on node-a: rendezvous done" in merged
             assert "[node-b torchrun] torchrun on node-b: rendezvous done" in merged
-            assert "node-a: link up" in merged
+            assert "link to node-a up" in merged
             # GPUs: one row per node's GPU 0, labelled by node, grouped by node
             gpus = app.query_one("#gpus", DataTable)
             await wait_until(pilot, lambda: gpus.row_count == 2
@@ -128,8 +129,8 @@ def test_two_attached_nodes_one_view(tmp_path, sshd):
 
             # the links drop: the log says so, both come back, nothing is shown twice
             assert sshd.drop_links() >= 2
-            await wait_until(pilot, lambda: "node-a: link down" in log_text(app, "merged")
-                             and "node-b: link down" in log_text(app, "merged"), what="the links to drop")
+            await wait_until(pilot, lambda: "link to node-a down" in log_text(app, "merged")
+                             and "link to node-b down" in log_text(app, "merged"), what="the links to drop")
             await wait_until(pilot, lambda: "node-a ● up" in header_text(app) and "node-b ● up" in header_text(app),
                              what="both links to come back")
             with open(runs[1] / "logs" / "x_abc" / "attempt_0" / "0" / "stdout.log", "a") as f:
@@ -175,7 +176,7 @@ def test_a_node_that_cannot_be_attached_says_why(tmp_path, sshd):
             assert "LINK node-b failed" in text and "ddptop is not installed on node-b" in text
             assert box.border_title == "1 link failed"
             # RichLog holds lines written before its first layout until it has a size
-            await wait_until(pilot, lambda: "node-b: link failed: ddptop is not installed on node-b"
+            await wait_until(pilot, lambda: "link to node-b failed: ddptop is not installed on node-b"
                              in log_text(app, "merged") and "[r0] rank0 step 2 loss 0.2" in log_text(app, "merged"),
                              what="the link failure and node-a's lines in the merged log")
 

@@ -16,7 +16,9 @@ from textual.widgets import OptionList, RichLog, Static  # noqa: E402
 
 from ddptop.core.events import LaunchEvent  # noqa: E402
 from ddptop.core.session import Session  # noqa: E402
-from ddptop.ui.app import HeaderBar, ProfilePicker, make_app  # noqa: E402
+from ddptop.ui.app import make_app  # noqa: E402
+from ddptop.ui.dialogs import ProfilePicker  # noqa: E402
+from ddptop.ui.header import HeaderBar  # noqa: E402
 from conftest import rank_started, write_run
 from helpers import wait_for, wait_until
 

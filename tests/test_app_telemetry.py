@@ -14,7 +14,8 @@ from textual.widgets import DataTable  # noqa: E402
 
 from ddptop.core.session import Session  # noqa: E402
 from ddptop.ui.app import make_app  # noqa: E402
-from ddptop.ui.telemetry_view import AlarmBox, GpuPane, alarm_markup, sparkline  # noqa: E402
+from ddptop.ui.alarm_box import AlarmBox, alarm_markup  # noqa: E402
+from ddptop.ui.gpu_pane import GpuPane, sparkline  # noqa: E402
 from conftest import rank_started, write_run
 from helpers import wait_until
 
@@ -181,7 +182,7 @@ def test_an_ended_rank_shows_no_live_process_figures():
     """After a rank exits its row must not keep saying `running` at 66% CPU."""
     from ddptop.core.events import ProcEvent
     from ddptop.core.job_state import RankInfo
-    from ddptop.ui.telemetry_view import rank_cells
+    from ddptop.ui.rank_table import rank_cells
 
     sample = ProcEvent(1.0, rank=0, pid=42, cpu=66.0, rss=300 << 20, status="running", threads=4,
                        children=2, children_cpu=10.0, gpu=0, gpu_mapping="nvml")

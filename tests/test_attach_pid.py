@@ -264,7 +264,8 @@ def test_ui_refuses_to_stop_or_relaunch_a_foreign_job(procs, tmp_path):
     from helpers import wait_until
     from test_app_relaunch import log_text
 
-    from ddptop.ui.app import QuitScreen, make_app
+    from ddptop.ui.app import make_app
+    from ddptop.ui.dialogs import QuitScreen
 
     p, _ = start_lone_rank(procs, tmp_path)
     s = ForeignSession(p.pid, gpu="none")

@@ -495,3 +495,18 @@ def test_remote_ddptop_under_the_remote_home_and_nothing_else_expanded(runs_dir,
         assert evs[-1]["kind"] == "state" and evs[-1]["state"] == "succeeded"
     finally:
         shutil.rmtree(home_dir)
+
+
+def test_doctor_refuses_a_host_name_that_ssh_would_read_as_an_option(tmp_path, sshd):
+    """`ddptop doctor --host=-oProxyCommand=...`: a failed row naming the host,
+    and ssh never runs it (the file the ProxyCommand would create is not there)."""
+    marker = tmp_path / "proxy-ran"
+    r = subprocess.run(ddptop_cmd("doctor", "--json", f"--host=-oProxyCommand=touch {marker}", "--host", "node-a",
+                                  "--ssh", " ".join(sshd.ssh), "--remote-ddptop", remote_ddptop(tmp_path)),
+                       capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT)
+    d = json.loads(r.stdout)
+    bad = d["hosts"][f"-oProxyCommand=touch {marker}"]["rows"]
+    assert bad[0]["status"] == "fail" and "begins with '-': refused" in bad[0]["summary"]
+    assert not marker.exists()
+    assert any(row["name"] == "GPUs" for row in d["hosts"]["node-a"]["rows"])  # the good host is still checked
+    assert r.returncode == 2

@@ -163,3 +163,27 @@ def test_secret_options_are_masked_wherever_the_command_is_shown_and_the_job_get
     # a viewer shows the run without it
     a = run_ddptop("--json", "attach", str(run))
     assert a.returncode == 0 and "SEKRET" not in a.stdout.replace(digest, "")
+
+
+def test_a_runs_directory_of_another_user_is_refused(runs_dir, tmp_path, monkeypatch):
+    """What ddptop writes (commands, logs, stacks) never goes into a runs
+    directory that another user owns: the launch fails before anything starts,
+    and a capture for an attached job is refused the same way."""
+    import pytest
+
+    if os.getuid() != 0:
+        pytest.skip("giving a directory to another user needs root")
+    runs_dir.mkdir(mode=0o700)
+    os.chown(runs_dir, 65534, 65534)
+    r = run_ddptop("--headless", "torchrun", "--nproc-per-node", "1", EXAMPLE, "--steps", "1")
+    assert r.returncode == 2 and "belongs to another user (uid 65534)" in r.stderr, r.stderr[-2000:]
+    assert list(runs_dir.iterdir()) == [] and "step 1" not in r.stdout  # nothing started, nothing written
+    from ddptop.core import journal
+
+    monkeypatch.setenv("DDPTOP_RUNS_DIR", str(runs_dir))
+    with pytest.raises(journal.JournalError, match="belongs to another user"):
+        journal.make_private_dir(journal.attached_dir("pid-1") / "stacks" / "x")
+    assert not (runs_dir / "attached").exists()
+    os.chown(runs_dir, 0, 0)  # ours again: the same launch goes ahead
+    ok = run_ddptop("--headless", "torchrun", "--nproc-per-node", "1", EXAMPLE, "--steps", "1", "--step-time", "0")
+    assert ok.returncode == 0, ok.stderr[-2000:]

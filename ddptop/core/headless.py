@@ -7,12 +7,14 @@ import sys
 import time
 from typing import TextIO
 
-from ddptop.core.events import (AlarmEvent, Event, GpuEvent, GpuStatusEvent, LaunchEvent, LinkEvent, LogEvent, NoteEvent,
-                                ProcEvent, RankEvent, StacksEvent, StateEvent)
+from ddptop.core.event_text import describe
+from ddptop.core.events import Event, LogEvent
 from ddptop.core.jobs import JobSession
 
 
 def format_text(ev: Event) -> str | None:
+    """One event as a line of headless output, or None (telemetry, progress,
+    a progress bar's redraw: the journal and --json keep them)."""
     if isinstance(ev, LogEvent):
         if ev.transient:
             return None  # progress bars: the completed line follows
@@ -20,57 +22,14 @@ def format_text(ev: Event) -> str | None:
         if ev.stream == "stderr":
             prefix = prefix[:-1] + "!]"
         return f"{prefix} {ev.text}"
-    if isinstance(ev, StateEvent):
-        s = f"== ddptop: job {ev.state}"
-        if ev.exit_code is not None:
-            s += f", exit code {ev.exit_code}"
-        if ev.message:
-            s += f" ({ev.message})"
-        return s + " =="
-    if isinstance(ev, RankEvent):
-        if ev.alive:
-            what = "started"
-        elif ev.exit_code is None:
-            what = "ended"
-        else:
-            what = f"exited with code {ev.exit_code}"
-            if ev.exit_code < 0:
-                try:
-                    what += f" ({signal.Signals(-ev.exit_code).name})"
-                except ValueError:
-                    pass
-        return f"== ddptop: rank {ev.rank} (local {ev.local_rank}, pid {ev.pid}, attempt {ev.attempt}) {what} =="
-    if isinstance(ev, (GpuEvent, ProcEvent)):
-        return None  # telemetry every second: in --json output and the journal only
-    if isinstance(ev, LaunchEvent):
-        if ev.generation == 0:
-            return None
-        return (f"== ddptop: relaunch #{ev.generation} with profiles {', '.join(ev.profiles) or 'default'}"
-                f" ({ev.reason}); env changes: {ev.env_diff} ==")
-    if ev.kind == "progress":
+    said = describe(ev)
+    if said is None:
         return None
-    if isinstance(ev, GpuStatusEvent):
-        if ev.fault:  # a driver that is there but broken is a problem, not "no GPU"
-            return f"!! ddptop: GPUs not monitored, {ev.message}: {ev.fault}"
-        return f"== ddptop: GPUs ({ev.backend}): {ev.message} =="
-    if isinstance(ev, AlarmEvent):
-        return f"!! ddptop ALARM [{ev.type}/{ev.id}] {ev.message}"
-    if isinstance(ev, StacksEvent):
-        if ev.error and not ev.samples:
-            return f"== ddptop: no stack samples: {ev.error} =="
-        verdict = {True: "frozen", False: "moving (work)", None: "unclear"}[ev.hung]
-        return (f"== ddptop: stacks of {len(ev.ranks)} ranks, {ev.samples} samples over {ev.span:.1f} s: {verdict}"
-                + (f"; {ev.summary}" if ev.summary else "") + (f" ({ev.dir})" if ev.dir else "") + " ==")
-    if isinstance(ev, NoteEvent):
-        return f"== ddptop {ev.level}: {ev.message} =="
-    if isinstance(ev, LinkEvent):
-        s = f"== ddptop: link to {ev.node} {ev.state}"
-        if ev.message:
-            s += f": {ev.message}"
-        if ev.retry_in is not None:
-            s += f" (retrying in {ev.retry_in:g} s)"
-        return s + " =="
-    return f"== ddptop: {ev.to_json()} =="
+    if said.urgent:
+        return f"!! ddptop {said.text}" if said.level == "alarm" else f"!! ddptop: {said.text}"
+    if said.label:
+        return f"== ddptop {said.label}: {said.text} =="
+    return f"== ddptop: {said.text} =="
 
 
 def run_headless(session: JobSession, *, json_mode: bool, out: TextIO | None = None,

@@ -47,8 +47,21 @@ def runs_home() -> Path:
     return Path(override) if override else state_home() / "runs"
 
 
+def check_owner(path: Path) -> None:
+    """Refuse a runs directory that belongs to another user: what ddptop writes
+    there (commands, logs, stacks) would be theirs to read or replace."""
+    try:
+        uid = Path(path).stat().st_uid
+    except OSError:
+        return
+    if uid != os.getuid():
+        raise JournalError(f"{path} belongs to another user (uid {uid}), not to you (uid {os.getuid()}): ddptop keeps "
+                           "runs only in a directory of yours; set DDPTOP_RUNS_DIR or use --run-dir")
+
+
 def make_private_dir(path: Path) -> Path:
-    """Create ``path`` and any missing parent, each mode 0700 (whatever the umask)."""
+    """Create ``path`` and any missing parent, each mode 0700 (whatever the umask).
+    Under the runs home, a home or parent of another user's is refused (JournalError)."""
     path = Path(path)
     missing = []
     p = path
@@ -57,6 +70,10 @@ def make_private_dir(path: Path) -> Path:
         if p.parent == p:
             break
         p = p.parent
+    home = runs_home()
+    if path == home or home in path.parents:
+        check_owner(home)
+        check_owner(p)
     for d in reversed(missing):
         try:
             d.mkdir(mode=0o700)
@@ -86,6 +103,7 @@ def create_run_dir(run_dir: Path | None) -> Path:
     if run_dir is None:
         home = runs_home()
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        check_owner(home)
         base = new_run_id()
         run_dir = home / base
         n = 1
@@ -95,6 +113,7 @@ def create_run_dir(run_dir: Path | None) -> Path:
     run_dir = Path(run_dir).absolute()
     if (run_dir / META).exists():
         raise JournalError(f"{run_dir} already holds a ddptop run; choose another --run-dir")
+    check_owner(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(run_dir, 0o700)
     return run_dir

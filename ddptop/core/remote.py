@@ -642,7 +642,11 @@ def doctor_rows(host: str, ssh: list[str], remote_cmd: str, args: list[str], tim
     that cannot be reached, or has no ddptop, is one failed row saying so."""
     from ddptop.core.doctor.report import FAIL, Row
 
-    argv = [*ssh, *SSH_OPTIONS, host, shlex.join([*shlex.split(remote_cmd), "doctor", "--json", *args])]
+    try:
+        check_host(host)
+    except ValueError as e:
+        return [Row("ssh", FAIL, str(e), [], "fix the host name (in --host, or the hosts file)")]
+    argv = [*ssh, *SSH_OPTIONS, "--", host, remote_command([*shlex.split(remote_cmd), "doctor", "--json", *args])]
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:

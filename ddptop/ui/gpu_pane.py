@@ -1,29 +1,24 @@
-"""Telemetry widgets for the TUI: the GPU pane, the alarm box, rank-table cells.
-
-Pure formatting helpers come first (tested directly); widgets only turn the
-``JobState`` into cells and markup.  Nothing here does I/O.
+"""The GPU pane: one row per GPU (utilisation and its history, memory, power,
+temperature, the ranks on it, clocks, PCIe, throttling, ECC), its title and
+footnote.  The formatting helpers are pure (tested directly); the widget only
+turns the ``JobState`` into cells.  Nothing here does I/O.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Iterable
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.content import Content
-from textual.markup import escape
 from textual.widgets import DataTable, Static
 
 from ddptop.core.job_state import JobState
+from ddptop.ui.fmt import NA, fmt_gib, fmt_pct
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 UTIL_SPARK = 24  # samples shown in the utilisation sparkline
 POWER_SPARK = 12
-GIB = 1024**3
-MIB = 1024**2
-NA = "n/a"
 GUESS_NOTE = "rank↔GPU mapping is a guess: NVML pids do not match (container?)"
 SIM_TITLE = "GPUs — SIMULATED (utilisation = rank CPU %)"
 
@@ -34,6 +29,7 @@ GPU_COLUMNS = (  # most important first: narrow terminals cut the right-hand sid
     ("ecc", "ECC/retired"), ("name", "name"),
 )
 FIXED_WIDTH = {"hist": UTIL_SPARK, "phist": POWER_SPARK}
+
 
 
 # -- formatting ----------------------------------------------------------------
@@ -57,20 +53,10 @@ def sparkline(values: Iterable[float | None], width: int, top: float | None = 10
     return " " * (width - len(out)) + "".join(out)
 
 
-def fmt_pct(v: float | None) -> str:
-    return NA if v is None else f"{v:.0f}%"
 
 
-def fmt_gib(v: int | None) -> str:
-    return NA if v is None else f"{v / GIB:.1f}"
 
 
-def fmt_bytes(v: int | None) -> str:
-    if v is None:
-        return NA
-    if v >= GIB:
-        return f"{v / GIB:.1f} GiB"
-    return f"{v / MIB:.0f} MiB"
 
 
 def fmt_mem(used: int | None, total: int | None) -> str:
@@ -163,109 +149,7 @@ def gpu_rows(model: JobState, theme) -> dict[str, dict[str, object]]:
     return rows
 
 
-def rank_cells(info, finished: bool, theme) -> dict[str, object]:
-    """The telemetry columns of one rank-table row."""
-    p = info.proc
-    if p is None:
-        return {"gpu": "-", "cpu": "-", "rss": "-", "status": "-", "threads": "-", "workers": "-"}
-    stale = finished or info.alive is False
-    dim = "dim" if stale else ""
-    gpu = "-" if p.gpu is None else f"{p.gpu}{'?' if p.gpu_mapping == 'guess' else ''}"
-    status = p.status or "-"
-    sstyle = dim
-    if status == "zombie":
-        sstyle = getattr(theme, "error", None) or "red"
-    elif status == "disk-sleep":
-        sstyle = getattr(theme, "warning", None) or "yellow"
-    workers = "-" if p.children is None else str(p.children)
-    if p.children and p.children_cpu:
-        workers += f" ({p.children_cpu:.0f}%)"
-    if stale:  # the process is gone: no live figures (RSS stays, dim, as its last size)
-        status, sstyle, workers = ("ended" if info.alive is False else "-"), "dim", "-"
-    return {
-        "gpu": gpu,
-        "cpu": Text("-" if stale else fmt_pct(p.cpu), style=dim),
-        "rss": Text(fmt_bytes(p.rss), style=dim),
-        "status": Text(status, style=sstyle),
-        "threads": "-" if p.threads is None else str(p.threads),
-        "workers": workers,
-    }
-
-
-def alarm_markup(model: JobState, max_alarms: int = 3, max_notes: int = 2,
-                 can_relaunch: bool = True) -> tuple[str, str]:
-    """(markup, level) for the alarm box; level is "" (hide), "error" or "warning".
-    ``can_relaunch`` is False for a job ddptop did not start (r is refused there)."""
-    lines = []
-    failed = [(node, ln) for node, ln in model.links.items() if ln.state == "failed"]
-    for node, ln in failed[:2]:
-        lines.append(f"[b $error]✗ LINK {escape(node)} failed[/]  {escape(ln.message or 'gave up reconnecting')}")
-    if len(failed) > 2:
-        lines.append(f"[dim]… {len(failed) - 2} more failed links (all are in the merged log)[/]")
-    alarms = model.alarms[-max_alarms:][::-1]
-    for a in alarms:
-        var = "$error" if a.type in ("crash", "gpu", "stall", "signature") else "$warning"
-        head = f"[b {var}]⚠ {escape(a.type.upper())}[/] [b]{escape(a.id)}[/]"
-        if a.culprits:
-            head += f"  [b $error]culprit: {escape(','.join(f'r{r}' for r in a.culprits))}[/]"
-        elif a.ranks:
-            head += f"  ranks: {escape(','.join(f'r{r}' for r in a.ranks))}"
-        if a.node:
-            head += f"  [dim]{'' if a.node == 'all nodes' else 'node '}{escape(a.node)}[/]"
-        if a.suggested_profiles:
-            head += f"  [$accent]try: {escape(' '.join('--profile ' + p for p in a.suggested_profiles))}[/] " + (
-                "[dim](r relaunches)[/]" if can_relaunch else "[dim](ddptop did not start this job: relaunch it under ddptop)[/]")
-        if a.type == "stall" and model.stacks is not None:
-            head += "  [dim](s: stacks)[/]"
-        lines.append(head + f"  {escape(a.message)}")
-    more = len(model.alarms) - len(alarms)
-    if more > 0:
-        lines.append(f"[dim]… {more} earlier alarm{'s' if more != 1 else ''} (all are in the merged log)[/]")
-    said = [ln.message for _node, ln in failed if ln.message]
-    notes = [n for n in model.notes if n.level in ("warning", "error")
-             and not any(m in n.message for m in said)][-max_notes:][::-1]
-    for n in notes:
-        lines.append(f"[dim $warning]{escape(n.level)}:[/] [dim]{escape(n.message)}[/]")
-    if not lines:
-        return "", ""
-    return "\n".join(lines), ("error" if alarms or failed else "warning")
-
-
-# -- widgets -------------------------------------------------------------------
-
-
-class AlarmBox(Static):
-    """The latest alarms (and warning notes); hidden while there are none."""
-
-    DEFAULT_CSS = """
-    AlarmBox {
-        display: none; height: auto; max-height: 8; padding: 0 1;
-        border: round $error; border-title-color: $error; border-title-style: bold;
-        background: $error 8%;
-    }
-    AlarmBox.-warning { border: round $warning; border-title-color: $warning; background: $warning 5%; }
-    AlarmBox.-on { display: block; }
-    """
-
-    def __init__(self, **kw) -> None:
-        super().__init__("", **kw)
-        self._markup = None
-        self.can_relaunch = True  # False for a job ddptop did not start
-
-    def show(self, model: JobState) -> None:
-        markup, level = alarm_markup(model, can_relaunch=self.can_relaunch)
-        if (markup, level) == self._markup:
-            return
-        self._markup = (markup, level)
-        self.update(Content.from_markup(markup) if markup else "")
-        n = len(model.alarms)
-        k = sum(1 for ln in model.links.values() if ln.state == "failed")
-        title = [f"{n} alarm{'s' if n != 1 else ''}"] if n else []
-        if k:
-            title.append(f"{k} link{'s' if k != 1 else ''} failed")
-        self.border_title = ", ".join(title) or "warnings"
-        self.set_class(bool(markup), "-on")
-        self.set_class(level == "warning", "-warning")
+# -- the widget ----------------------------------------------------------------
 
 
 class GpuPane(Vertical):
@@ -362,7 +246,3 @@ class GpuPane(Vertical):
                 if wider:
                     self._widths[col] = len(sval)
                 table.update_cell(key, col, val, update_width=wider)
-
-
-def is_recent(t: float, within: float = 120.0) -> bool:
-    return time.time() - t <= within

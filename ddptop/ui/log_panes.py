@@ -1,0 +1,212 @@
+"""The log panes: the merged log, one pane per rank and torchrun's own output,
+as tabs, each a bounded buffer (``logview.PaneBuffer``) and a ``RichLog``
+with a line for progress bars under it.
+
+``LogPanes`` owns the buffers and their widgets, the filter and the wrap
+setting.  Only the visible pane is written; a hidden one re-renders when it
+is shown.  The app decides *when* to write (``flush``: at most every
+``FLUSH_EVERY`` seconds while output floods in).
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import App
+from textual.containers import Vertical
+from textual.widget import Widget
+from textual.widgets import Input, RichLog, Static, TabbedContent, TabPane
+
+from ddptop.ui import logview
+from ddptop.ui.logview import Line, PaneBuffer
+
+FLUSH_EVERY = 0.2  # seconds between writes to the widgets while output floods in
+
+
+class LogPanes:
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self.buffers: dict[str, PaneBuffer] = {"merged": PaneBuffer("merged", merged=True)}
+        self.views: dict[str, tuple[RichLog, Static]] = {}
+        self.filter = ""
+        self.wrap = True
+        self.palette: list[str] = []  # rank prefix colours, from the theme
+        self.multi_node = False  # several nodes: torchrun lines and prefixes name theirs
+
+    # -- widgets ---------------------------------------------------------------
+
+    def make_view(self, key: str) -> list[Widget]:
+        """The widgets of pane ``key``: its log and its progress-bar line."""
+        log = RichLog(max_lines=logview.LOG_MAX_LINES, wrap=self.wrap, markup=False, highlight=False, id=f"log-{key}")
+        live = Static("", classes="live", id=f"live-{key}")
+        self.views[key] = (log, live)
+        return [Vertical(log, live, classes="logview")]
+
+    @staticmethod
+    def key_of(rank: int | None) -> str:
+        return "torchrun" if rank is None else f"r{rank}"
+
+    def order(self) -> list[str]:
+        ranks = sorted(int(k[1:]) for k in self.buffers if k.startswith("r"))
+        order = ["merged"] + [f"r{r}" for r in ranks]
+        if "torchrun" in self.buffers:
+            order.append("torchrun")
+        return order
+
+    def ensure(self, key: str) -> PaneBuffer:
+        """The pane ``key``'s buffer; a new pane gets its tab, in rank order."""
+        pane = self.buffers.get(key)
+        if pane is not None:
+            return pane
+        pane = self.buffers[key] = PaneBuffer(key)
+        title = "torchrun" if key == "torchrun" else f"rank {key[1:]}"
+        tp = TabPane(title, *self.make_view(key), id=f"pane-{key}")
+        order = self.order()
+        tabs = self.app.query_one("#panes", TabbedContent)
+        after = order[order.index(key) + 1:]
+        before = next((f"pane-{k}" for k in after if k in self.views and k != key and self.mounted(k)), None)
+        if before is not None:
+            tabs.add_pane(tp, before=before)
+        else:
+            tabs.add_pane(tp)
+        return pane
+
+    def ensure_rank(self, rank: int) -> bool:
+        """Make rank ``rank``'s pane; True when it is new."""
+        if f"r{rank}" in self.buffers:
+            return False
+        self.ensure(f"r{rank}")
+        return True
+
+    def mounted(self, key: str) -> bool:
+        try:
+            self.app.query_one(f"#pane-{key}", TabPane)
+            return True
+        except Exception:
+            return False
+
+    def active_key(self) -> str:
+        try:
+            active = self.app.query_one("#panes", TabbedContent).active or "pane-merged"
+        except Exception:
+            return "merged"
+        return active.removeprefix("pane-")
+
+    def active_log(self) -> RichLog | None:
+        view = self.views.get(self.active_key())
+        return view[0] if view is not None else None
+
+    # -- lines -------------------------------------------------------------------
+
+    def add_line(self, line: Line) -> None:
+        """A line for the merged pane and, for a rank's or torchrun's, its own."""
+        self.buffers["merged"].add(line)
+        if line.rank is None or line.rank >= 0:
+            key = self.key_of(line.rank)
+            (self.buffers.get(key) or self.ensure(key)).add(line)
+
+    def set_live(self, rank: int | None, stream: str, text: str) -> None:
+        """A progress bar's latest redraw (shown under the log, not kept)."""
+        self.buffers["merged"].set_live(rank, stream, text)
+        key = self.key_of(rank)
+        (self.buffers.get(key) or self.ensure(key)).set_live(rank, stream, text)
+
+    def separator(self, line: Line) -> None:
+        """A line in the merged pane and every rank's (a relaunch)."""
+        for key, pane in self.buffers.items():
+            if key == "merged" or key.startswith("r"):
+                pane.add(line)
+
+    def mark_dirty(self) -> None:
+        """Every pane re-renders whole when next shown (theme, wrap, filter, nodes)."""
+        for pane in self.buffers.values():
+            pane.dirty = True
+
+    def set_multi_node(self, multi: bool) -> None:
+        if multi != self.multi_node:
+            self.multi_node = multi
+            self.mark_dirty()
+
+    # -- rendering ---------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write what is new to the visible pane; hidden panes re-render on show."""
+        active = self.active_key()
+        for key, pane in self.buffers.items():
+            if key == active:
+                self.render(key)
+            elif pane.pending:
+                pane.pending = []
+                pane.dirty = True
+
+    def render_active(self) -> None:
+        self.render(self.active_key())
+
+    def render(self, key: str) -> None:
+        pane = self.buffers.get(key)
+        view = self.views.get(key)
+        if pane is None or view is None:
+            return
+        log, live = view
+        try:
+            full, lines, hidden = pane.take_render(self.filter)
+            if full:
+                log.clear()
+            text = logview.render_lines(lines, pane.merged, self.palette, hidden, full, self.multi_node)
+            if text is not None:
+                log.write(text, scroll_end=None)
+            if pane.live_changed or full:
+                pane.live_changed = False
+                self._render_live(pane, live)
+        except Exception as e:
+            try:
+                log.write(Text(f"<could not render lines: {e}>", style="dim"))
+            except Exception:
+                pass
+
+    def _render_live(self, pane: PaneBuffer, live: Static) -> None:
+        needle = self.filter.lower()
+        parts = []
+        for (rank, stream), raw in list(pane.live.items())[-4:]:
+            if needle and needle not in logview.plain(raw).lower():
+                continue
+            parts.append(Line(rank, stream, raw))
+        text = logview.render_lines(parts, pane.merged, self.palette, 0, False, self.multi_node) if parts else None
+        live.update(text if text is not None else "")
+        live.set_class(text is not None, "-on")
+
+    # -- what the keys do ---------------------------------------------------------
+
+    def show(self, key: str) -> bool:
+        """Bring pane ``key`` to the front (False: there is no such pane yet)."""
+        if key not in self.buffers or not self.mounted(key):
+            return False
+        self.app.query_one("#panes", TabbedContent).active = f"pane-{key}"
+        self.render(key)
+        if not isinstance(self.app.focused, Input):
+            self.views[key][0].focus()
+        return True
+
+    def cycle(self, step: int) -> None:
+        order = [k for k in self.order() if self.mounted(k)]
+        if not order:
+            return
+        cur = self.active_key()
+        i = order.index(cur) if cur in order else 0
+        self.show(order[(i + step) % len(order)])
+
+    def set_filter(self, text: str) -> bool:
+        """Show only lines containing ``text`` (case-insensitive); True if it changed."""
+        if text == self.filter:
+            return False
+        self.filter = text
+        self.mark_dirty()
+        self.render_active()
+        return True
+
+    def toggle_wrap(self) -> bool:
+        self.wrap = not self.wrap
+        for log, _live in self.views.values():
+            log.wrap = self.wrap
+        self.mark_dirty()
+        self.render_active()
+        return self.wrap

@@ -1,0 +1,52 @@
+"""One event-to-text function for headless mode and the UI: both say the same words."""
+
+import asyncio
+import time
+
+from ddptop.core.event_text import describe
+from ddptop.core.events import AlarmEvent, LinkEvent, NoteEvent, RankEvent, StacksEvent, StateEvent
+from ddptop.core.headless import format_text
+
+
+def test_each_kind_in_words_and_headless_decorates_them():
+    t = time.time()
+    alarm = AlarmEvent(t, type="stall", id="stall-hot", message="Hot stall. Odd rank out: rank 1.", culprits=(1,),
+                       node="node-b")
+    assert format_text(alarm) == "!! ddptop ALARM [stall/stall-hot] Hot stall. Odd rank out: rank 1."
+    assert describe(alarm, nodes=True).text == "ALARM [stall/stall-hot] (node-b) Hot stall. Odd rank out: rank 1."
+    assert format_text(StateEvent(t, state="failed", exit_code=1, message="rank 1 died")) == (
+        "== ddptop: job failed, exit code 1 (rank 1 died) ==")
+    assert format_text(RankEvent(t, rank=1, local_rank=1, pid=42, alive=False, exit_code=-11, attempt=0)) == (
+        "== ddptop: rank 1 (local 1, pid 42, attempt 0) exited with code -11 (SIGSEGV) ==")
+    assert format_text(NoteEvent(t, "warning", "py-spy is missing")) == "== ddptop warning: py-spy is missing =="
+    assert format_text(LinkEvent(t, node="n1", state="down", message="ssh exited 255", retry_in=2)) == (
+        "== ddptop: link to n1 down: ssh exited 255 (retrying in 2 s) ==")
+    st = StacksEvent(t, ranks=(0, 1), samples=2, span=1.0, hung=True, summary="hung: rank 1 is in main")
+    assert format_text(st) == "== ddptop: stacks of 2 ranks, 2 samples over 1.0 s: frozen; hung: rank 1 is in main =="
+
+
+def test_the_ui_writes_the_same_words_into_its_merged_log(tmp_path):
+    """An alarm, a note, a state change and stacks reach the UI's merged log in
+    the words headless mode prints (without its == decoration)."""
+    from ddptop.core.session import Session
+    from ddptop.ui.app import make_app
+    from helpers import wait_until
+    from test_app import log_text, make_run
+
+    run_dir = make_run(tmp_path)
+    t = time.time()
+    events = [AlarmEvent(t, type="stall", id="stall-hot", message="Hot stall. Odd rank out: rank 1.", culprits=(1,)),
+              NoteEvent(t, "warning", "py-spy is missing"),
+              StacksEvent(t, ranks=(0, 1), samples=2, span=1.0, hung=True, summary="hung: rank 1 is in main"),
+              StateEvent(t, state="failed", exit_code=1, message="rank 1 died")]
+
+    async def go():
+        app = make_app(Session.open(run_dir), poll_interval=0.02)
+        async with app.run_test(size=(200, 40)) as pilot:
+            app.ingest(events)
+            await wait_until(pilot, lambda: "job failed" in log_text(app, "merged"), what="the state line")
+            text = log_text(app, "merged").replace("\n", "")  # (long lines wrap)
+            for ev in events:
+                assert describe(ev).line() in text, describe(ev).line()
+
+    asyncio.run(go())
