@@ -586,3 +586,51 @@ def test_attach_over_ssh_to_a_job_ddptop_did_not_launch(procs, tmp_path, sshd):
     assert any(e["kind"] == "link" and e["state"] == "up" for e in ev)
     assert sum(1 for e in ev if e["kind"] == "log" and e["text"].startswith("step ")) == 2 * 1500
     assert ev[-1]["kind"] == "state" and ev[-1]["state"] == ENDED
+
+
+def test_a_job_ddptop_did_not_launch_is_named_from_nccl_ras(procs, tmp_path, monkeypatch):
+    """attach --pid to a plain torchrun job whose ranks have NCCL_RAS_ADDR (the
+    user's own setting) pointing at the RAS stand-in: the port is read from a
+    rank's environment, the answer (built from the real ranks' pids and steps,
+    the held-back rank chosen at random) is used because it names this job's
+    processes, and the alarm names the held rank with stack sampling off."""
+    import random
+
+    from ras_server import Job, Rank, RasServer
+
+    held = random.randrange(2)
+    ranks: dict[int, int] = {}
+
+    def steps(r: int) -> int:
+        logs = list((tmp_path / "logs").glob(f"*/attempt_0/{r}/stdout.log"))
+        lines = [l for l in logs[0].read_text(errors="replace").splitlines() if l.startswith("step ")] if logs else []
+        return int(lines[-1].split()[1]) if lines else 0
+
+    srv = RasServer(lambda: Job([Rank(r, pid, "127.0.0.1", gpu=r, counts={"AllReduce": steps(r) + (r != held)})
+                                 for r, pid in sorted(ranks.items())]))
+    try:
+        monkeypatch.setenv("NCCL_RAS_ADDR", srv.addr)
+        job = start_job(procs, tmp_path, "--steps", "100000", "--step-time", "0.1", "--fault", "hang",
+                        "--fault-rank", str(held), "--fault-step", "25")
+        monkeypatch.delenv("NCCL_RAS_ADDR")  # (ddptop finds it in the ranks, not in its own environment)
+        ranks.update(wait_ranks(procs, job))
+        wait_for(lambda: file_has(tmp_path / "logs", "*/attempt_0/0/stdout.log", "step 3 "), timeout=TIMEOUT,
+                 what="training steps")
+        att = attach(procs, "--json", "--gpu", "none", "--stall-after", "4", "attach", "--pid", str(job.pid),
+                     env=dict(os.environ, DDPTOP_RUNS_DIR=str(tmp_path / "runs"), DDPTOP_PY_SPY=""))
+        r = Reader(att.stdout)
+        try:
+            alarm = wait_for(lambda: next((e for e in r.events() if e["kind"] == "alarm" and e["type"] == "stall"),
+                                          None), timeout=TIMEOUT, what="the stall alarm")
+            assert alarm["culprits"] == [held] and "(NCCL RAS)" in alarm["message"], alarm["message"]
+            said = [e for e in r.events() if e["kind"] == "ras"]
+            assert said and said[0]["ok"] and said[0]["addr"] == srv.addr
+            assert Path(said[0]["file"]).is_relative_to(tmp_path / "runs")
+            att.send_signal(signal.SIGINT)
+            assert att.wait(timeout=30) == 130
+        finally:
+            r.join(5)
+    finally:
+        srv.close()
+    procs.remember_tree(job)
+    assert not procs.kill_all()

@@ -143,7 +143,8 @@ def _ddptop_install():
     force_timeout = os.environ.get("DDPTOP_PG_TIMEOUT")
 
     def patch_init(module):
-        """Override init_process_group's backend/timeout (gloo, fail-fast profiles)."""
+        """Override init_process_group's backend/timeout (gloo, fail-fast profiles), and say
+        which NCCL the process group uses (a note: NCCL's RAS port is there from 2.24)."""
         try:
             import datetime
 
@@ -163,8 +164,20 @@ def _ddptop_install():
                 if force_timeout:
                     kwargs["timeout"] = datetime.timedelta(seconds=float(force_timeout))
                     changes.append(f"timeout -> {float(force_timeout):g} s")
-                note(f"ddptop profile: init_process_group {', '.join(changes)}")
-                return real(*args, **kwargs)
+                if changes:
+                    note(f"ddptop profile: init_process_group {', '.join(changes)}")
+                out = real(*args, **kwargs)
+                try:  # which NCCL (if any): whether NCCL's RAS port should answer
+                    backend = str(c10d.get_backend())
+                    if "nccl" in backend.lower():
+                        import torch
+
+                        v = torch.cuda.nccl.version()
+                        v = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+                        note(f"process group on {backend}: NCCL version {v}")
+                except Exception:
+                    pass
+                return out
 
             c10d.init_process_group = init_process_group
             module.init_process_group = init_process_group
@@ -215,8 +228,7 @@ def _ddptop_install():
 
     hooks = {"torch.optim.optimizer": [register], "torch.utils.data.dataloader": [patch_loader],
              "torch.nn.modules.module": [patch_module], "torch.serialization": [patch_save]}
-    if force_backend or force_timeout:
-        hooks.setdefault("torch.distributed", []).append(patch_init)
+    hooks.setdefault("torch.distributed", []).append(patch_init)  # profiles' overrides; which NCCL
     if fr_dir:
         hooks.setdefault("torch.distributed", []).append(flight_dumps)
 

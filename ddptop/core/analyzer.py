@@ -10,17 +10,20 @@ comes out as a warning note, once per kind of failure, instead of silence.
 
 from __future__ import annotations
 
+import re
 import time
 import traceback
 
 from ddptop.core.events import (FINAL_STATES, AlarmEvent, Event, GpuEvent, LogEvent, NoteEvent, ProcEvent,
-                                ProgressEvent, RankEvent, StacksEvent, StateEvent)
+                                ProgressEvent, RankEvent, RasEvent, StacksEvent, StateEvent)
 from ddptop.core.progress import OTHER, parse_progress
 from ddptop.core.signatures import CAUSE, GENERIC, Finding, SignatureMatcher, cascade_level, root_cause
 from ddptop.core.stall import StackVerdict, StallDetector
 
 
 MAX_FAILURE_NOTES = 20  # parser-failure notes per analyzer, at most
+# NCCL says its version in its INFO lines (NCCL_DEBUG=INFO), the step hook in a note
+NCCL_VERSION = re.compile(r"\bNCCL version (\d+\.\d+\.\d+)")
 
 
 class Analyzer:
@@ -42,6 +45,7 @@ class Analyzer:
         self._new_notes: list[NoteEvent] = []
         self._failures: set[tuple] = set()  # (parser, exception type, where it was raised): noted once
         self._line: LogEvent | None = None  # the line being parsed, for the notes of parser failures
+        self.nccl_version: str | None = None  # the NCCL the ranks use, once a line or the hook says it
         self._progress_failed = lambda e: self._parser_failed("progress parser", e)
         self._signature_failed = lambda e: self._parser_failed("signature matcher", e)
 
@@ -65,6 +69,10 @@ class Analyzer:
                     p = parse_progress(ev.text, self._progress_failed)
                     if p is not None:
                         self._progress(ev.rank, p, ev.t)
+                if self.nccl_version is None and "NCCL version" in ev.text:
+                    v = NCCL_VERSION.search(ev.text)
+                    if v:
+                        self.nccl_version = v.group(1)
                 m = self.matchers.get(key)
                 if m is None:
                     m = self.matchers[key] = SignatureMatcher()
@@ -100,6 +108,15 @@ class Analyzer:
                     st.rank_ended(ev.rank, ev.exit_code)
             elif isinstance(ev, StacksEvent):
                 st.stacks(StackVerdict(ev.t, ev.hung, ev.culprits, ev.summary, ev.where, ev.error, ev.io, ev.node))
+            elif isinstance(ev, RasEvent):
+                if ev.ok:
+                    st.ras_said(ev.t, ev.culprits, ev.text)
+                if ev.version and self.nccl_version is None:
+                    self.nccl_version = ev.version
+            elif isinstance(ev, NoteEvent) and self.nccl_version is None and "NCCL version" in ev.message:
+                m = NCCL_VERSION.search(ev.message)
+                if m:
+                    self.nccl_version = m.group(1)
             elif isinstance(ev, StateEvent) and ev.state in FINAL_STATES:
                 self.finished = True
         self._line = None

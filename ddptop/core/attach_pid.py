@@ -462,14 +462,47 @@ class ForeignSession:
         self.stacks = StackCapture(journal.attached_dir(f"pid-{self.pid}"), self._rank_pids, self._put)
         self.samples = StackSampler(journal.attached_dir(f"pid-{self.pid}"), self._rank_pids, self._put,
                                     node=self.host)
+        from ddptop.core.pipeline import RasProbe
+
+        # NCCL's RAS port, from a rank's environment; on the default port (which another job of
+        # this user may share) an answer counts only if it names this job's processes
+        self.ras = RasProbe(self._ras_addr, journal.attached_dir(f"pid-{self.pid}"), self._rank_pids, self._put,
+                            node=self.host, clock=clock, job_pids=True)
         self.pipeline = Pipeline(node=self.host, stall_after=stall_after, clock=clock,
-                                 on_stall=self._stacks_on_stall, sampler=self.samples.request)
+                                 on_stall=self._stacks_on_stall, sampler=self.samples.request, ras=self.ras,
+                                 ras_always=self._nccl_in_use)
         self._telemetry = TelemetryLoop(gpu, self.host, sample_interval, self._rank_procs, self._put)
         # no hook in a job ddptop did not launch: its ranks' stacks, sampled in turn, are the life signal
         self.watch = StackWatch(self._rank_pids, self._put, node=self.host)
 
     def _stacks_on_stall(self, alarm: AlarmEvent) -> None:
         self.stacks.request()
+
+    def _nccl_in_use(self) -> bool:
+        """Whether to ask NCCL's RAS port (no hook here to say which backend the
+        job uses): a rank's environment names the port (the user set it), or a
+        rank has NCCL loaded."""
+        for pid in list(self._rank_pids().values())[:1]:
+            try:
+                if "NCCL_RAS_ADDR" in psutil.Process(pid).environ():
+                    return True
+                with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
+                    return any("libnccl" in line or "librccl" in line for line in f)
+            except (OSError, psutil.Error):
+                return False
+        return False
+
+    def _ras_addr(self) -> str | None:
+        """NCCL_RAS_ADDR as a rank sees it (its environment), None when RAS is off."""
+        for pid in list(self._rank_pids().values())[:1]:
+            try:
+                env = psutil.Process(pid).environ()
+            except psutil.Error:
+                return None
+            if env.get("NCCL_RAS_ENABLE") == "0":
+                return None
+            return env.get("NCCL_RAS_ADDR") or "localhost:28028"
+        return None
 
     def _put(self, events: list[Event]) -> None:
         for ev in events:
@@ -531,6 +564,7 @@ class ForeignSession:
         stopping them); the result arrives as a note."""
         if self.finished:
             return CommandResult(False, "the job has ended")
+        self.pipeline.ask_ras()  # and what NCCL sees, where it is asked (see Pipeline.ask_ras)
         return self.stacks.request()
 
     def close(self) -> None:

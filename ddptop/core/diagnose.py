@@ -86,7 +86,47 @@ def flight_reports(paths: list[str]) -> list[dict]:
     return out
 
 
-def report(an: Analyzer, flights: list[dict] | None = None) -> dict:
+def ras_reports(paths: list[str]) -> list[dict]:
+    """NCCL RAS answers among the paths (kept by ddptop beside a stall's stacks,
+    ``RUN/stacks/*-ras.json|txt``, or an ``ncclras`` output file given
+    directly), the latest per run, each read: who NCCL saw behind, in global
+    ranks where the run's journal knows the pids."""
+    from ddptop.core import ras
+
+    out = []
+    for p in map(Path, paths):
+        files = sorted(p.glob("stacks/*-ras.*")) if p.is_dir() else [p] if "ras" in p.name.lower() else []
+        if not files:
+            continue
+        f = files[-1]
+        try:
+            raw = f.read_text(errors="replace")
+        except OSError as e:
+            out.append({"file": str(f), "error": str(e)})
+            continue
+        st = ras.parse(raw, "json" if raw.lstrip().startswith("{") else "text")
+        by_pid: dict[int, int] = {}
+        if p.is_dir():
+            try:
+                with open(p / journal.EVENTS, encoding="utf-8", errors="replace") as fh:
+                    for line in fh:
+                        if '"kind": "rank"' not in line and '"kind":"rank"' not in line:
+                            continue
+                        try:
+                            d = json.loads(line)
+                        except ValueError:
+                            continue  # a damaged line: (the live readers say so; here it only costs a mapping)
+                        if isinstance(d, dict) and isinstance(d.get("pid"), int) and isinstance(d.get("rank"), int):
+                            by_pid[d["pid"]] = d["rank"]
+            except OSError:
+                pass
+        v = ras.verdict(st, lambda _host, pid: by_pid.get(pid))
+        out.append({"file": str(f), "version": st.version, "format": st.format, "culprits": v.culprits,
+                    "verdict": v.text or "every rank launched the same collectives, none missing"})
+    return out
+
+
+def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[dict] | None = None) -> dict:
     from ddptop.core.signatures import collective_counters, counter_verdict
 
     rc = an.root_cause()
@@ -94,6 +134,9 @@ def report(an: Analyzer, flights: list[dict] | None = None) -> dict:
     culprits, said = counter_verdict(counters)
     if rc is not None and rc.rank is not None and rc.level == 0 and not culprits:
         culprits = (rc.rank,)
+    for r in ras_answers or []:
+        if not culprits and r.get("culprits"):
+            culprits = tuple(r["culprits"])  # NCCL's own view
     return {
         "root_cause": rc.to_dict() if rc else None,
         "culprits": list(culprits),
@@ -102,6 +145,7 @@ def report(an: Analyzer, flights: list[dict] | None = None) -> dict:
         "findings": [f.to_dict() for f in an.findings],
         "progress": {str(r): {"last_step": s} for r, s in sorted(an.last_steps.items())},
         "flight_recorder": flights or [],
+        "nccl_ras": ras_answers or [],
     }
 
 
@@ -135,6 +179,12 @@ def format_report(rep: dict) -> str:
         out.append("")
         out.append("Last training step per rank: " + ", ".join(
             f"r{r}={v['last_step'] if v['last_step'] is not None else '?'}" for r, v in rep["progress"].items()))
+    for r in rep.get("nccl_ras", []):
+        out.append("")
+        if r.get("error"):
+            out.append(f"NCCL RAS ({r['file']}): unreadable: {r['error']}")
+        else:
+            out.append(f"NCCL RAS ({r['file']}, NCCL {r['version'] or '?'}, {r['format']}): {r['verdict']}")
     for fr in rep.get("flight_recorder", []):
         out.append("")
         out.append(f"Flight recorder ({fr['dir']}, ranks {', '.join(map(str, fr['ranks'])) or 'none'}):")
@@ -144,6 +194,6 @@ def format_report(rep: dict) -> str:
 
 def main(paths: list[str], json_mode: bool) -> int:
     an = analyze_paths(paths)
-    rep = report(an, flight_reports(paths))
+    rep = report(an, flight_reports(paths), ras_reports(paths))
     print(json.dumps(rep, indent=2) if json_mode else format_report(rep))
     return 1 if rep["root_cause"] else 0

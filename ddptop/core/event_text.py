@@ -15,7 +15,7 @@ import signal
 from dataclasses import dataclass
 
 from ddptop.core.events import (AlarmEvent, Event, GpuStatusEvent, LaunchEvent, LinkEvent, NoteEvent, RankEvent,
-                                StacksEvent, StateEvent)
+                                RasEvent, StacksEvent, StateEvent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +85,12 @@ def describe(ev: Event, *, nodes: bool = False) -> Said | None:
         verdict = {True: "frozen", False: "moving (work)", None: "unclear"}[ev.hung]
         return Said(f"stacks of {len(ev.ranks)} ranks, {ev.samples} samples over {ev.span:.1f} s: {verdict}"
                     + (f"; {ev.summary}" if ev.summary else "") + (f" ({ev.dir})" if ev.dir else ""))
+    if isinstance(ev, RasEvent):
+        if not ev.ok:
+            return Said(f"no NCCL RAS answer ({ev.addr}): {ev.error}", "info")
+        said = ev.text or "every rank launched the same collectives, none missing"
+        return Said(f"NCCL RAS (NCCL {ev.version or '?'}, {ev.format}, {ev.took:.2f} s): {said}"
+                    + (f" ({ev.file})" if ev.file else ""), "warning" if ev.culprits else "info")
     if isinstance(ev, NoteEvent):
         return Said(ev.message, ev.level if ev.level in ("warning", "error") else "info", label=ev.level)
     if isinstance(ev, LinkEvent):

@@ -261,6 +261,29 @@ class StacksEvent(Event):
 
 
 @dataclass(frozen=True)
+class RasEvent(Event):
+    """What NCCL's RAS port said when ddptop asked (at a suspected stall,
+    during a stall, on a stack capture): ``culprits`` (global ranks) and
+    ``text`` (who launched which collective, who is missing or dead), ``behind``
+    (rank, as a string key -> what RAS says of it, for the rank table), or
+    ``error`` (why there is no answer: refused, timed out, RAS off, NCCL too
+    old).  ``file``: the raw answer, kept in the run's stall capture."""
+
+    kind: ClassVar[str] = "ras"
+    addr: str = ""
+    ok: bool = False
+    version: str = ""  # NCCL's, as the answer says it
+    format: str = ""  # json | text
+    culprits: tuple[int, ...] = ()
+    text: str = ""
+    behind: dict = field(default_factory=dict)
+    error: str = ""
+    took: float = 0.0  # seconds the query took
+    file: str = ""
+    node: str = ""
+
+
+@dataclass(frozen=True)
 class LinkEvent(Event):
     """The state of the link to an attached node (``ddptop attach HOST``).
 
@@ -279,7 +302,7 @@ class LinkEvent(Event):
 _KINDS: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (StateEvent, RankEvent, LogEvent, NoteEvent, LaunchEvent, ProgressEvent, GpuStatusEvent, GpuEvent,
-                ProcEvent, AlarmEvent, LinkEvent, StacksEvent)
+                ProcEvent, AlarmEvent, LinkEvent, StacksEvent, RasEvent)
 }
 
 

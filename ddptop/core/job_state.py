@@ -20,6 +20,7 @@ from ddptop.core.events import (
     ProcEvent,
     ProgressEvent,
     RankEvent,
+    RasEvent,
     StacksEvent,
     StateEvent,
 )
@@ -66,6 +67,7 @@ class JobState:
     env_diff: dict = field(default_factory=dict)  # current launch vs the first
     alarms: list[AlarmEvent] = field(default_factory=list)
     stacks: StacksEvent | None = None  # the latest stack samples (the stacks pane)
+    ras: RasEvent | None = None  # what NCCL's RAS port said last (an answer, not an error)
     notes: list[NoteEvent] = field(default_factory=list)
     links: dict[str, LinkEvent] = field(default_factory=dict)  # attached node -> its link's latest state
 
@@ -119,6 +121,7 @@ class JobState:
                         info.pid = None
                         info.alive = None
                     self.alarms = []
+                    self.ras = None
                 self.generation = ev.generation
                 self.profiles = ev.profiles
                 self.env_diff = ev.env_diff
@@ -141,6 +144,9 @@ class JobState:
                 self.alarms.append(ev)
             elif isinstance(ev, StacksEvent):
                 self.stacks = ev
+            elif isinstance(ev, RasEvent):
+                if ev.ok:
+                    self.ras = ev
             elif isinstance(ev, NoteEvent):
                 self.notes.append(ev)
             elif isinstance(ev, LinkEvent):
@@ -165,3 +171,14 @@ class JobState:
                 if ev.state in FINAL_STATES:
                     self.ended = ev.t
                     self.exit_code = ev.exit_code
+
+
+def ras_of(model: JobState, rank: int) -> str:
+    """What NCCL's RAS port said of ``rank`` ("AllReduce #4411 (others #4412)",
+    "dead"), while no step has come since it answered; "" otherwise."""
+    ev = model.ras
+    if ev is None or not ev.behind:
+        return ""
+    if any(info.last_step_t is not None and info.last_step_t > ev.t for info in model.ranks.values()):
+        return ""  # progress since: the stall is over
+    return str(ev.behind.get(str(rank), "ok" if ev.behind else ""))

@@ -171,8 +171,10 @@ def _override_options(options: list[str], overrides: dict[str, str]) -> list[str
 
 
 def plan_launch(user_command: list[str], run_dir: Path, cwd: str | None = None, inject: bool = True,
-                profiles: list | None = None) -> LaunchPlan:
-    """Check the command and build what will run.  Raises LaunchError early."""
+                profiles: list | None = None, ras_addr: str | None = None) -> LaunchPlan:
+    """Check the command and build what will run.  Raises LaunchError early.
+    ``ras_addr``: NCCL's RAS address to keep (a relaunch); by default a free
+    local port, unless the user set NCCL_RAS_ADDR or turned RAS off."""
     if not user_command or Path(user_command[0]).name != "torchrun":
         raise LaunchError("expected `ddptop [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [ARGS]`")
     cwd = cwd or os.getcwd()
@@ -238,6 +240,13 @@ def plan_launch(user_command: list[str], run_dir: Path, cwd: str | None = None, 
     ]
     if os.environ.get("PYTHONUNBUFFERED") is None:
         env_set["PYTHONUNBUFFERED"] = "1"
+    if ("NCCL_RAS_ADDR" not in env_set and os.environ.get("NCCL_RAS_ADDR") is None
+            and env_set.get("NCCL_RAS_ENABLE", os.environ.get("NCCL_RAS_ENABLE")) != "0"):
+        # NCCL's RAS port, one per launch: two jobs on a node would otherwise share 28028 and
+        # a query could land on the other job's processes (a relaunch keeps the first's)
+        from ddptop.core.ras import free_port
+
+        env_set["NCCL_RAS_ADDR"] = ras_addr or f"127.0.0.1:{free_port()}"
     env_set["DDPTOP_BEAT_DIR"] = str(run_dir / journal.BEATS)  # where ddptop.beat() writes
     if inject:
         old = os.environ.get("PYTHONPATH")

@@ -20,6 +20,7 @@ attempt is) and ``run_notify`` (the ``--notify-cmd`` reaction).
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -338,7 +339,8 @@ class Pipeline:
                  on_stall: Callable[[AlarmEvent], None] | None = None,
                  on_alarm: Callable[[AlarmEvent], None] | None = None,
                  sampler: Callable[[], bool] | None = None,
-                 resample_every: float = 20.0, stacks_wait: float = 10.0):
+                 resample_every: float = 20.0, stacks_wait: float = 10.0,
+                 ras: "RasProbe | None" = None, ras_always: bool | Callable[[], bool] = False):
         """``stall_only``: the sources' own signature alarms are already in their
         streams (the nodes of a multi-node job): only stalls are judged here.
         ``on_stall``: run once per stall alarm batch, with its first stall;
@@ -347,7 +349,11 @@ class Pipeline:
         the detector suspects a stall, again every ``resample_every`` seconds
         while the silence lasts; their ``StacksEvent`` confirms the stall (or
         says it is work) and names the culprit.  The alarm waits for them at
-        most ``stacks_wait`` seconds."""
+        most ``stacks_wait`` seconds.  ``ras``: asked with the stack samples
+        when the job uses NCCL (a line or the step hook said its version) or
+        ``ras_always`` (the user set NCCL_RAS_ADDR; or a function that says
+        whether the ranks loaded NCCL): its ``RasEvent`` names who NCCL sees
+        behind."""
         self.node = node
         self.stall_after = stall_after
         self.clock = clock
@@ -360,6 +366,9 @@ class Pipeline:
         self.sampler = sampler
         self.resample_every = resample_every
         self.stacks_wait = stacks_wait
+        self.ras = ras
+        self.ras_always = ras_always
+        self._ras_unknown_said = False
         self._sampled_at = -1e18
         self._last_check = -1e18
         self.analyzer = self._new_analyzer()
@@ -409,12 +418,33 @@ class Pipeline:
         st = self.analyzer.stall
         if st.stacks_pending and now - self._sampled_at > self.stacks_wait:
             st.stacks_pending = False  # they did not come in time: judge without them
-        if self.sampler is None or self.analyzer.finished or not self.analyzer.detect_stalls:
+        if self.analyzer.finished or not self.analyzer.detect_stalls:
             return
-        if st.suspect(now) and now - self._sampled_at >= self.resample_every and not st.stacks_pending:
-            if self.sampler():
-                self._sampled_at = now
-                st.stacks_pending = True
+        if not (st.suspect(now) and now - self._sampled_at >= self.resample_every and not st.stacks_pending):
+            return
+        asked = self.ask_ras()
+        if self.sampler is not None and self.sampler():
+            st.stacks_pending = True
+            asked = True
+        if asked:
+            self._sampled_at = now
+
+    def ask_ras(self) -> bool:
+        """Ask NCCL's RAS port now (a suspected stall, a stall, a stack capture),
+        if the job uses NCCL or the user pointed NCCL_RAS_ADDR somewhere."""
+        if self.ras is None:
+            return False
+        always = self.ras_always() if callable(self.ras_always) else self.ras_always
+        if not (always or self.analyzer.nccl_version):
+            return False
+        v = self.analyzer.nccl_version
+        if v and not always and _vtuple(v) < (2, 24):
+            if not self._ras_unknown_said:
+                self._ras_unknown_said = True
+                self.ras.emit([NoteEvent(self.clock(), "info", f"NCCL {v} has no RAS port (it came in 2.24): the "
+                                         "culprit comes from stacks and telemetry only", node=self.node)])
+            return False
+        return self.ras.request()
 
     def react(self, events: Sequence[Event]) -> None:
         """Run the reactions to alarms that are now in the stream (``events``:
@@ -464,3 +494,108 @@ class TelemetryLoop(threading.Thread):
                 tel.backend.shutdown()
             except Exception as e:
                 self.emit([NoteEvent(time.time(), "warning", f"telemetry shutdown failed: {e!r}")])
+
+
+class RasProbe:
+    """Asks NCCL's RAS port what NCCL sees (``core/ras.py``), off the caller's
+    thread, one query at a time, and emits a ``RasEvent``: who launched which
+    collective, who is missing or dead, as global ranks.  The raw answer is
+    kept beside the stall's stack samples (``dest/stacks/<time>-ras.json``).
+
+    ``addr()`` gives the address of the current attempt (None: RAS is off);
+    ``rank_pids()`` the job's ranks on this node, to map RAS's (host, pid) to
+    global ranks.  A query is asked for at a suspected stall, during a stall
+    and with a stack capture; the caller decides whether NCCL is in use."""
+
+    def __init__(self, addr: Callable[[], str | None], dest: Path, rank_pids: Callable[[], dict[int, int]],
+                 emit: Emit, *, node: str = "", timeout: float = 5.0, clock: Callable[[], float] = time.time,
+                 job_pids: bool = False):
+        """``job_pids``: use an answer only if it names this job's pids (a
+        default port another job may share)."""
+        self.addr, self.dest, self.rank_pids, self.emit = addr, Path(dest), rank_pids, emit
+        self.node, self.timeout, self.clock, self.job_pids = node, timeout, clock, job_pids
+        self._busy = threading.Lock()
+        self.asked = 0
+
+    def request(self) -> bool:
+        addr = self.addr()
+        if not addr or not self._busy.acquire(blocking=False):
+            return False
+        self.asked += 1
+        threading.Thread(target=self._run, args=(addr,), name="ddptop-ras", daemon=True).start()
+        return True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._busy.acquire(timeout=-1 if timeout is None else timeout):
+            self._busy.release()
+            return True
+        return False
+
+    def _local_ranks(self) -> dict[int, int]:
+        try:
+            return {pid: rank for rank, pid in self.rank_pids().items()}
+        except Exception:
+            return {}
+
+    def _run(self, addr: str) -> None:
+        from ddptop.core import ras
+        from ddptop.core.events import RasEvent
+
+        t0 = self.clock()
+        try:
+            try:
+                st = ras.query(addr, timeout=self.timeout)
+            except (ras.RasError, ValueError) as e:
+                why = str(e)
+                if "refused" in why.lower():
+                    why += (" (no RAS port there: NCCL older than 2.24, RAS turned off with NCCL_RAS_ENABLE=0, "
+                            "NCCL not started yet, or another user's job holds the port)")
+                self.emit([RasEvent(t0, addr=addr, error=why, node=self.node)])
+                return
+            by_pid = self._local_ranks()
+            if self.job_pids and not (ras.job_pids(st) & set(by_pid)):
+                self.emit([RasEvent(t0, addr=addr, error="the answer is about another job's processes "
+                                    "(a shared default port): ignored", node=self.node)])
+                return
+            local = _local_addresses()
+
+            def rank_of(host: str, pid: int) -> int | None:
+                return by_pid.get(pid) if (not host or host in local or len(local) == 0) else None
+
+            v = ras.verdict(st, rank_of)
+            file = ""
+            try:
+                from ddptop.core.journal import make_private_dir
+
+                d = make_private_dir(self.dest / "stacks")
+                f = d / (time.strftime("%Y%m%d-%H%M%S") + f"-ras.{'json' if st.format == 'json' else 'txt'}")
+                f.write_text(st.raw)
+                file = str(f)
+            except Exception:
+                pass
+            self.emit([RasEvent(t0, addr=addr, ok=True, version=st.version, format=st.format,
+                                culprits=tuple(v.culprits), text=v.text, behind={str(k): s for k, s in v.behind.items()},
+                                took=st.took, file=file, node=self.node)])
+        except Exception as e:  # never let a query take the watching down
+            self.emit([RasEvent(t0, addr=addr, error=f"RAS query failed: {e!r}", node=self.node)])
+        finally:
+            self._busy.release()
+
+
+def _vtuple(v: str) -> tuple[int, ...]:
+    out = []
+    for x in v.split(".")[:3]:
+        digits = "".join(c for c in x if c.isdigit())
+        out.append(int(digits) if digits else 0)
+    return tuple(out)
+
+
+def _local_addresses() -> set[str]:
+    """This machine's addresses (RAS names hosts by IP); empty when unknown."""
+    try:
+        import psutil
+
+        return {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs
+                if a.family in (socket.AF_INET, socket.AF_INET6)}
+    except Exception:
+        return set()

@@ -144,6 +144,8 @@ class StallDetector:
         self.verdict: StackVerdict | None = None  # the latest stack samples' verdict (every node's, combined)
         self._verdicts: dict[str, StackVerdict] = {}  # node -> its latest
         self.stacks_pending = False  # stack samples were asked for and have not arrived yet
+        # what NCCL's RAS port said last: (t, culprits, text); NCCL's own view of who is behind
+        self.ras: tuple[float, tuple[int, ...], str] | None = None
         self.suspect_at = 0.5  # of the threshold: when to ask for stack samples
         self.io_patience = io_patience  # how long ranks seen in I/O (a checkpoint write) count as work
         # a rank with no step seen yet but watched by stack samples: frozen this long is a suspect
@@ -222,6 +224,10 @@ class StallDetector:
         began = self.silence_began()
         self.verdict = combine([v for v in self._verdicts.values() if v.t >= began] or [verdict])
         self.stacks_pending = False
+
+    def ras_said(self, t: float, culprits: tuple[int, ...], text: str) -> None:
+        """What NCCL's RAS port said at ``t`` (see ``RasEvent``)."""
+        self.ras = (t, tuple(culprits), text)
 
     def rank_ended(self, rank: int, exit_code: int | None = None) -> None:
         st = self.rank(rank)
@@ -368,6 +374,14 @@ class StallDetector:
             evidence.insert(0, f"stacks ({'frozen' if v.hung else 'unclear'}): {v.summary}")
         elif v is not None and v.error:
             evidence.append(f"no stacks: {v.error}")
+        # 5. NCCL's own view (RAS): who launched fewer collectives, who is missing or dead
+        ras = self.ras if self.ras is not None and self.ras[0] >= self.silence_began() and self.ras[2] else None
+        if ras is not None:
+            if ras[1]:
+                if set(ras[1]) != set(culprits):
+                    where = {r: w for r, w in where.items() if r in ras[1]}
+                culprits = list(ras[1])
+            # (what RAS said is in the message itself)
         # classification
         cpu_bound = [st.rank for st in everyone if (st.cpu or 0) + (st.children_cpu or 0) >= BUSY_CPU
                      and (st.util is None or st.util <= IDLE_UTIL)]
@@ -393,6 +407,8 @@ class StallDetector:
         msg = f"{what}. {last}."
         if culprits:
             msg += f" Odd rank out: {', '.join(f'rank {r}' for r in sorted(set(culprits)))}."
+        if ras is not None:
+            msg += f" {ras[2][:1].upper()}{ras[2][1:]}."
         if v is not None and v.hung and v.summary:
             said = v.summary.split(": ", 1)[1] if v.summary.startswith("hung") and ": " in v.summary else v.summary
             msg += f" {said[:1].upper()}{said[1:]}."

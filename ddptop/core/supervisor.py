@@ -78,7 +78,8 @@ class Watcher(threading.Thread):
         try:
             session = Session(sup.run_dir)
             pipe = Pipeline(node=sup.meta.host, stall_after=sup.meta.stall_after,
-                            on_alarm=sup.notify, on_stall=sup.on_stall, sampler=sup.samples.request)
+                            on_alarm=sup.notify, on_stall=sup.on_stall, sampler=sup.samples.request,
+                            ras=sup.ras, ras_always="NCCL_RAS_ADDR" in os.environ)
         except Exception as e:
             sup.emit(NoteEvent(time.time(), "warning", f"detection disabled: {e!r}"))
             return
@@ -87,6 +88,7 @@ class Watcher(threading.Thread):
             if sup.stacks_request:  # asked for (the TUI's p key, or through an attachment)
                 sup.stacks_request = False
                 sup.stacks.request("asked for")
+                pipe.ask_ras()
             try:
                 alarms = pipe.process(session.poll())
             except Exception as e:
@@ -167,6 +169,17 @@ class Supervisor:
 
         self.stacks = StackCapture(run_dir, self._rank_pids, self.events.write_many)
         self.samples = StackSampler(run_dir, self._rank_pids, self.events.write_many, node=self.meta.host)
+        from ddptop.core.pipeline import RasProbe
+
+        self.ras = RasProbe(self._ras_addr, run_dir, self._rank_pids, self.events.write_many, node=self.meta.host)
+
+    def _ras_addr(self) -> str | None:
+        """NCCL's RAS address for the current attempt (None: RAS turned off)."""
+        env = {**os.environ, **self.env_set}
+        if env.get("NCCL_RAS_ENABLE") == "0":
+            return None
+        addr = env.get("NCCL_RAS_ADDR")
+        return None if addr == MASK else (addr or "localhost:28028")
 
     def _rank_pids(self) -> dict[int, int]:
         return {i["rank"]: pid for pid, (p, i) in list(self.ranks.items()) if not i.get("ended")}
@@ -334,7 +347,8 @@ class Supervisor:
                 from ddptop.core.profiles import resolve
 
                 plan = plan_launch(self.user_command, self.run_dir, cwd=self.meta.cwd,
-                                   inject=self.meta.inject, profiles=resolve(names))
+                                   inject=self.meta.inject, profiles=resolve(names),
+                                   ras_addr=first_env.get("NCCL_RAS_ADDR"))
             except Exception as e:
                 self.emit(NoteEvent(time.time(), "error", f"relaunch with {names} impossible: {e}"))
                 break

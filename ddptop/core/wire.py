@@ -32,7 +32,7 @@ from typing import Any
 
 PROTO_NAME = "ddptop-agent"
 MAJOR = 1  # a client and an agent of different majors cannot talk
-MINOR = 1  # 1: exit status in bye, typed replies, location in hello
+MINOR = 2  # 1: exit status in bye, typed replies, location in hello; 2: "ras" events
 PROTOCOL = MAJOR  # (the "version" field: what protocol 1 agents and clients compare)
 CONTROL = frozenset({"hello", "cursor", "bye", "reply", "error"})
 

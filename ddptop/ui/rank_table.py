@@ -14,14 +14,14 @@ from typing import Callable
 from rich.text import Text
 from textual.widgets import DataTable
 
-from ddptop.core.job_state import JobState
+from ddptop.core.job_state import JobState, ras_of
 from ddptop.ui.fmt import fmt_age, fmt_bytes, fmt_pct
 
 COLUMNS = (
     ("rank", "rank"), ("local", "local"), ("node", "node"), ("pid", "pid"), ("state", "state"),
     ("attempt", "attempt"), ("since", "last output"), ("step", "step"),
     ("gpu", "GPU"), ("cpu", "CPU"), ("rss", "RSS"), ("status", "status"), ("threads", "thr"),
-    ("workers", "workers"), ("lines", "lines"),
+    ("workers", "workers"), ("lines", "lines"), ("nccl", "NCCL (RAS)"),
 )
 QUIET_AFTER = 60.0  # seconds without output before "last output" is coloured as a warning
 
@@ -55,8 +55,8 @@ def rank_cells(info, finished: bool, theme) -> dict[str, object]:
     }
 
 
-def rank_row(r: int, info, finished: bool, theme, now: float) -> dict[str, object]:
-    """Every column of rank ``r``'s row."""
+def rank_row(r: int, info, finished: bool, theme, now: float, ras: str = "") -> dict[str, object]:
+    """Every column of rank ``r``'s row (``ras``: what NCCL's RAS port said of it during a stall)."""
     th = theme
     if info.alive is None:
         state = Text("waiting", style="dim")
@@ -87,6 +87,7 @@ def rank_row(r: int, info, finished: bool, theme, now: float) -> dict[str, objec
                 + (f" ({info.phase})" if info.phase in ("eval", "save") else ""),
         **rank_cells(info, finished, th),
         "lines": info.lines,
+        "nccl": Text(ras, style=(th.error or "") if ras and ras != "ok" else "dim") if ras else "-",
     }
 
 
@@ -110,7 +111,7 @@ class RankTable(DataTable):
         added = False
         for r, info in sorted(model.ranks.items()):
             try:
-                row = rank_row(r, info, finished, theme, now)
+                row = rank_row(r, info, finished, theme, now, ras_of(model, r))
                 key = str(r)
                 if key not in self.rows:
                     self.add_row(*row.values(), key=key)

@@ -497,9 +497,70 @@ def bench_signatures(lines: int = 50_000) -> None:
         print(f"signatures: {kind:<10} {best * 1e6:6.2f} us/line ({1 / best:,.0f} lines/s on one core)")
 
 
+def bench_ras(queries: int = 30) -> None:
+    """NCCL RAS: one query (connect, handshake, report, parse, verdict) against
+    the stand-in server, per format and job size; and, end to end, a hung
+    2-rank job's alarm with the culprit from RAS (stack sampling off)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from ras_server import Job, Rank, RasServer
+
+    from ddptop.core import ras
+
+    for n in (8, 64, 1024):
+        job = Job([Rank(r, 10000 + r, f"10.0.{r // 8}.1", gpu=r % 8, counts={"AllReduce": 4412 - (r == 5)})
+                   for r in range(n)])
+        for version, fmt in (("2.29.2", "json"), ("2.27.3", "text")):
+            srv = RasServer(lambda: job, version=version)
+            took = []
+            for _ in range(queries):
+                t0 = time.perf_counter()
+                v = ras.verdict(ras.query(srv.addr, timeout=5))
+                took.append(time.perf_counter() - t0)
+            srv.close()
+            assert v.culprits == [5]
+            print(f"ras: query+parse+verdict, {n:5d} ranks, {fmt:4}: median {statistics.median(took) * 1000:6.2f} ms")
+    # end to end: the alarm's culprit from RAS
+    with tempfile.TemporaryDirectory() as d:
+        runs = Path(d) / "runs"
+
+        def real_job():
+            rs = [x for x in runs.glob("*/meta.json")] if runs.exists() else []
+            if not rs:
+                return Job([])
+            run = rs[0].parent
+            pids = {}
+            for line in (run / "events.jsonl").read_text().splitlines():
+                e = json.loads(line)
+                if e.get("kind") == "rank" and e.get("alive"):
+                    pids[e["rank"]] = e["pid"]
+            out = []
+            for r, pid in sorted(pids.items()):
+                try:
+                    step = int((run / "beats" / f"hook.{r}").read_text().split()[0])
+                except (OSError, ValueError, IndexError):
+                    step = 0
+                out.append(Rank(r, pid, "127.0.0.1", counts={"AllReduce": step + (r != 1)}))
+            return Job(out)
+
+        srv = RasServer(real_job)
+        env = dict(os.environ, DDPTOP_RUNS_DIR=str(runs), NCCL_RAS_ADDR=srv.addr, DDPTOP_PY_SPY="")
+        r = subprocess.run([sys.executable, "-m", "ddptop", "--json", "--gpu", "none", "--on-stall", "kill", "torchrun",
+                            "--nproc-per-node", "2", str(ROOT / "examples" / "train_ddp.py"), "--steps", "100000",
+                            "--step-time", "0.2", "--fault", "hang", "--fault-step", "20"],
+                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+        srv.close()
+        evs = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
+        last_step = max(e["t"] for e in evs if e["kind"] == "log" and e["text"].startswith("step "))
+        alarm = next(e for e in evs if e["kind"] == "alarm" and e["type"] == "stall")
+        said = [e for e in evs if e["kind"] == "ras" and e["ok"]]
+        print(f"ras: hung 2-rank job (steps 0.2 s): RAS asked {said[0]['t'] - last_step:.1f} s after the last step, "
+              f"answered in {said[0]['took'] * 1000:.1f} ms; alarm {alarm['t'] - last_step:.1f} s after the last step "
+              f"naming rank(s) {alarm['culprits']} from RAS")
+
+
 BENCHES = {"help": bench_help, "ingest": bench_ingest, "frame": bench_first_frame, "supervise": bench_supervise,
            "telemetry": bench_telemetry, "hook": bench_hook, "alarm": bench_alarm_latency, "watch": bench_stack_watch, "attach": bench_attach, "relaunch": bench_relaunch,
-           "busy-node": bench_busy_node, "signatures": bench_signatures}
+           "busy-node": bench_busy_node, "signatures": bench_signatures, "ras": bench_ras}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(BENCHES)

@@ -1,0 +1,244 @@
+"""NCCL RAS: the client, both report formats, the known quirks, and who is behind.
+
+The answers come from ``tests/ras_server.py``, a stand-in that speaks NCCL's
+protocol and lays its reports out as NCCL's source does; each test chooses
+the job (ranks, pids, counts) and the rank held back, so no answer is canned.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ddptop.core import ras
+from ras_server import Job, Rank, RasServer
+
+
+def job_of(n: int, held: set[int], *, op: int = 4412, kind: str = "AllReduce", missing: set[int] = frozenset(),
+           dead: set[int] = frozenset(), pid0: int = 5000, host: str = "10.0.0.7") -> Job:
+    """``n`` ranks that launched ``op`` operations of ``kind``; the ``held`` ones one fewer."""
+    return Job([Rank(r, pid0 + r, host, gpu=r, counts={kind: op - (1 if r in held else 0), "Broadcast": 2},
+                     missing=r in missing, dead=r in dead) for r in range(n)])
+
+
+@pytest.fixture
+def server():
+    made = []
+
+    def make(job, version="2.29.2"):
+        s = RasServer(lambda: job, version=version)
+        made.append(s)
+        return s
+    yield make
+    for s in made:
+        s.close()
+
+
+@pytest.mark.parametrize("version,fmt", [("2.29.2", "json"), ("2.28.9", "json"), ("2.27.3", "text"),
+                                         ("2.25.1", "text")])
+def test_the_rank_that_never_launched_the_collective_is_named(server, version, fmt):
+    """JSON where the server has it (2.28.7+, 2.28.9's broken comma included),
+    the text report otherwise (before 2.26: one count for every kind); the
+    held-back rank, chosen at random here, is the culprit in either."""
+    rng = random.Random(version)
+    n = rng.choice([2, 4, 8])
+    held = rng.randrange(n)
+    s = server(job_of(n, {held}), version)
+    st = ras.query(s.addr, timeout=5)
+    assert st.format == fmt and st.version.startswith(version)
+    assert s.queries[-1].split("|")[0] == "CLIENT PROTOCOL 2"
+    v = ras.verdict(st)
+    assert v.culprits == [held]
+    kind = "AllReduce" if tuple(map(int, version.split("."))) >= (2, 26) else "collective"
+    top = 4412 + 2 if kind == "collective" else 4412
+    assert f"launched {kind} #{top}" in v.text and f"rank {held} stopped at #{top - 1}" in v.text
+    assert v.text.endswith("(NCCL RAS)")
+
+
+def test_global_ranks_from_host_and_pid(server):
+    """A communicator's ranks are not the job's: the mapping goes by host and pid."""
+    job = job_of(4, {2})
+    s = server(job)
+    by_pid = {r.pid: 10 + r.rank for r in job.ranks}  # the job's global ranks 10..13
+    v = ras.verdict(ras.query(s.addr), lambda host, pid: by_pid.get(pid) if host == "10.0.0.7" else None)
+    assert v.culprits == [12] and "ranks 10, 11, 13 launched AllReduce #4412; rank 12 stopped at #4411" in v.text
+    assert v.behind == {12: "AllReduce #4411 (others #4412)"}
+
+
+@pytest.mark.parametrize("version", ["2.29.2", "2.28.9", "2.27.3", "2.25.1"])
+def test_missing_and_dead_ranks_are_named(server, version):
+    job = job_of(4, set(), missing={3}, dead={3})
+    s = server(job, version)
+    st = ras.query(s.addr)
+    v = ras.verdict(st)
+    assert 3 in v.culprits
+    assert "rank 3" in v.text and ("dead" in v.text or "missing" in v.text)
+    if st.format == "json":
+        assert st.comms[0].missing[0].dead and st.comms[0].missing[0].pid == 5003
+
+
+def test_a_rank_ahead_of_the_rest_is_the_odd_one_out(server):
+    job = job_of(4, set())
+    job.ranks[1].counts["AllReduce"] += 1  # it went on into a collective nobody else launched
+    v = ras.verdict(ras.query(server(job).addr))
+    assert v.culprits == [1] and "rank 1 went on to #4413" in v.text
+
+
+def test_a_healthy_job_says_nothing(server):
+    v = ras.verdict(ras.query(server(job_of(4, set())).addr))
+    assert v.culprits == [] and v.text == ""
+
+
+def test_whole_second_timeouts_and_no_json_before_2_28_7(server):
+    """ddptop sends TIMEOUT as an integer (fractions are refused up to
+    2.29.2), and reads the text report when SET FORMAT is unknown."""
+    s = server(job_of(2, {1}), "2.27.3")
+    ras.query(s.addr, timeout=2.5)
+    cmds = s.queries[-1].split("|")
+    assert cmds[1] == "TIMEOUT 1" and cmds[-1] == "VERBOSE STATUS" and "SET FORMAT json" in cmds
+
+
+def test_no_server_and_not_a_ras_server_are_clear_errors():
+    import socket
+
+    port = ras.free_port()
+    with pytest.raises(ras.RasError, match="refused"):
+        ras.query(f"127.0.0.1:{port}", timeout=1)
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    try:
+        import threading
+
+        def hello():
+            c, _ = srv.accept()
+            c.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            c.close()
+        threading.Thread(target=hello, daemon=True).start()
+        with pytest.raises(ras.RasError, match="is not NCCL RAS"):
+            ras.query(f"127.0.0.1:{srv.getsockname()[1]}", timeout=2)
+    finally:
+        srv.close()
+
+
+def test_addresses_as_nccl_reads_them():
+    assert ras.parse_addr("localhost:28028") == ("localhost", 28028)
+    assert ras.parse_addr("[::1]:12345") == ("::1", 12345)
+    for bad in ("localhost", "host:0", ":28028", "a b:1"):
+        with pytest.raises(ValueError):
+            ras.parse_addr(bad)
+
+
+def test_damaged_answers_never_crash_the_parsers():
+    """Truncated and garbled reports: parsed as far as they go, never an exception."""
+    s = RasServer(lambda: job_of(4, {1}, missing={2}))
+    try:
+        for fmt, body in (("json", s.json_report(s.job())), ("text", s.text_report(s.job()))):
+            rng = random.Random(fmt)
+            for cut in range(0, len(body), max(1, len(body) // 60)):
+                ras.verdict(ras.parse(body[:cut], fmt))
+            for _ in range(50):
+                b = list(body)
+                for _ in range(10):
+                    b[rng.randrange(len(b))] = rng.choice("{}[]\",:0 \nA")
+                ras.verdict(ras.parse("".join(b), fmt))
+    finally:
+        s.close()
+
+
+def test_a_hung_job_names_its_culprit_from_nccl_ras(runs_dir, tmp_path):
+    """A real 2-rank job (CPU, gloo) whose user-set NCCL_RAS_ADDR points at the
+    stand-in, the ordinary way: with stack sampling off and no GPU telemetry,
+    nothing but RAS can tell the ranks apart (both stop at the same step).  The
+    stand-in answers from the real job: its ranks' pids from the journal, their
+    steps from the step hook, and the held-back rank, chosen at random, one
+    collective behind.  The alarm names that rank, says what RAS saw, and the
+    raw answer is kept beside the stall's stacks."""
+    import json
+    import os
+
+    from conftest import EXAMPLE, journal_events, json_events, rank_pids, run_ddptop
+
+    held = random.randrange(2)
+    state = {}
+
+    def job():
+        runs = [d for d in runs_dir.iterdir() if (d / "meta.json").exists()] if runs_dir.exists() else []
+        if not runs:
+            return Job([])
+        run = runs[0]
+        state["run"] = run
+        ranks = []
+        for rank, pid in sorted(rank_pids(run).items()):
+            try:
+                step = int((run / "beats" / f"hook.{rank}").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                step = 0
+            # every rank but the held one has launched the next step's all-reduce
+            ranks.append(Rank(rank, pid, "127.0.0.1", gpu=rank, counts={"AllReduce": step + (rank != held)}))
+        return Job(ranks)
+
+    srv = RasServer(job, version="2.29.2")
+    try:
+        env = dict(os.environ, NCCL_RAS_ADDR=srv.addr, DDPTOP_PY_SPY="")
+        r = run_ddptop("--json", "--gpu", "none", "--on-stall", "kill", "torchrun", "--nproc-per-node", "2", EXAMPLE,
+                       "--steps", "100000", "--step-time", "0.05", "--fault", "hang", "--fault-rank", str(held),
+                       "--fault-step", "10", env=env)
+    finally:
+        srv.close()
+    assert r.returncode == 124, r.stderr[-2000:]
+    events = json_events(r.stdout)
+    (alarm,) = [e for e in events if e["kind"] == "alarm" and e["type"] == "stall"]
+    assert alarm["culprits"] == [held], alarm["message"]
+    assert f"rank {held} stopped at #" in alarm["message"] and "(NCCL RAS)" in alarm["message"], alarm["message"]
+    said = [e for e in events if e["kind"] == "ras" and e["ok"]]
+    assert said and said[0]["culprits"] == [held] and said[0]["addr"] == srv.addr
+    raw = json.loads(open(said[0]["file"]).read())
+    assert raw["nccl_version"] == "2.29.2" and {x["pid"] for x in raw["communicators"][0]["ranks"]} == set(
+        rank_pids(state["run"]).values())
+    assert any(e["kind"] == "ras" for e in journal_events(state["run"]))
+    assert srv.queries and srv.queries[0].startswith("CLIENT PROTOCOL 2|TIMEOUT ")
+    # post-mortem, from the answer kept in the run
+    d = run_ddptop("diagnose", "--json", str(state["run"]))
+    rep = json.loads(d.stdout)
+    assert rep["nccl_ras"][0]["culprits"] == [held] and rep["culprits"] == [held], d.stdout[-2000:]
+
+
+def test_the_rank_table_shows_what_ras_says_while_the_stall_lasts(tmp_path):
+    """A RAS answer fills the rank table's NCCL column (the culprit's count,
+    "ok" for the others) until a step comes again; the merged log says it."""
+    import asyncio
+    import time
+
+    from textual.widgets import DataTable
+
+    from ddptop.core.events import ProgressEvent, RasEvent
+    from ddptop.core.session import Session
+    from ddptop.ui.app import make_app
+    from helpers import wait_until
+    from test_app import log_text, make_run
+
+    run_dir = make_run(tmp_path)
+    held = random.randrange(2)
+
+    async def go():
+        app = make_app(Session.open(run_dir), poll_interval=0.02)
+        async with app.run_test(size=(200, 40)) as pilot:
+            table = app.query_one("#ranks", DataTable)
+            await wait_until(pilot, lambda: table.row_count == 2 and all(
+                info.last_step is not None for info in app.model.ranks.values()), what="both ranks and their steps")
+            t = time.time()  # (after the steps the logs gave)
+            app.ingest([RasEvent(t, addr="127.0.0.1:1", ok=True, version="2.29.2", format="json", culprits=(held,),
+                                 text=f"rank {1 - held} launched AllReduce #12; rank {held} stopped at #11 (NCCL RAS)",
+                                 behind={str(held): "AllReduce #11 (others #12)"}, took=0.01)])
+            col = [str(c.label) for c in table.columns.values()].index("NCCL (RAS)")
+            await wait_until(pilot, lambda: str(table.get_row(str(held))[col]) == "AllReduce #11 (others #12)",
+                             what="the culprit's RAS count")
+            assert str(table.get_row(str(1 - held))[col]) == "ok"
+            await wait_until(pilot, lambda: f"rank {held} stopped at #11 (NCCL RAS)" in log_text(app, "merged")
+                             .replace("\n", ""), what="the RAS line in the log")
+            app.ingest([ProgressEvent(t + 1, rank=0, step=13, source="hook")])  # progress: the stall is over
+            await wait_until(pilot, lambda: str(table.get_row(str(held))[col]) == "-", what="the column cleared")
+
+    asyncio.run(asyncio.wait_for(go(), 30))
