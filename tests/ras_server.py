@@ -54,6 +54,7 @@ class RasServer:
         self.sock.listen(16)
         self.addr = f"{host}:{self.sock.getsockname()[1]}"
         self.queries: list[str] = []  # the commands each connection sent, joined with |
+        self.monitors: list[socket.socket] = []  # MONITOR clients, for push()
         self._stop = False
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -112,6 +113,20 @@ class RasServer:
                         conn.sendall(b"OK\n")
                     else:
                         conn.sendall(f"ERROR: Invalid format {want}\n".encode())
+                elif cmd.startswith("MONITOR"):
+                    if _vt(self.version) < (2, 29, 0):
+                        conn.sendall(f"ERROR: Unknown command {line}\n".encode())
+                        continue
+                    conn.sendall(b"OK\n")
+                    self.queries.append("|".join(said))
+                    self.monitors.append(conn)
+                    conn.settimeout(None)  # NCCL keeps a monitor connection for as long as the job runs
+                    try:
+                        while conn.recv(1024):  # held open until the client goes
+                            pass
+                    except OSError:
+                        pass
+                    return
                 elif cmd in ("STATUS", "VERBOSE STATUS"):
                     job = self.job()
                     body = self.json_report(job) if fmt == "json" else self.text_report(job)
@@ -120,6 +135,20 @@ class RasServer:
                     return  # the server closes the connection: that is the end of the report
                 else:
                     conn.sendall(f"ERROR: Unknown command {line}\n".encode())
+
+    def push_peer(self, event: str, r: Rank, details: str = "") -> int:
+        """Send ``event`` about ``r`` to every MONITOR client, in NCCL's text
+        layout (``[time] EVENT: peer details``; a space before empty details);
+        returns how many clients got it."""
+        line = f"[2026-11-25 12:00:00] {event}: Process {r.pid} on node {r.host} managing GPU {r.gpu} {details}\n"
+        sent = 0
+        for c in list(self.monitors):
+            try:
+                c.sendall(line.encode())
+                sent += 1
+            except OSError:
+                self.monitors.remove(c)
+        return sent
 
     # -- the answers -----------------------------------------------------------------
 

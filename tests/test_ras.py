@@ -198,7 +198,9 @@ def test_a_hung_job_names_its_culprit_from_nccl_ras(runs_dir, tmp_path):
     assert raw["nccl_version"] == "2.29.2" and {x["pid"] for x in raw["communicators"][0]["ranks"]} == set(
         rank_pids(state["run"]).values())
     assert any(e["kind"] == "ras" for e in journal_events(state["run"]))
-    assert srv.queries and srv.queries[0].startswith("CLIENT PROTOCOL 2|TIMEOUT ")
+    status = [q for q in srv.queries if q.endswith("STATUS")]
+    assert status and status[0].startswith("CLIENT PROTOCOL 2|TIMEOUT ")
+    assert srv.queries.count("CLIENT PROTOCOL 2|MONITOR lifecycle") == 1  # followed once, for the whole job
     # post-mortem, from the answer kept in the run
     d = run_ddptop("diagnose", "--json", str(state["run"]))
     rep = json.loads(d.stdout)
@@ -242,3 +244,82 @@ def test_the_rank_table_shows_what_ras_says_while_the_stall_lasts(tmp_path):
             await wait_until(pilot, lambda: str(table.get_row(str(held))[col]) == "-", what="the column cleared")
 
     asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_monitor_lines_as_nccl_writes_them():
+    e = ras.parse_monitor_line("[2025-12-19 13:07:07] PEER_DEAD: Process 1524345 on node 172.16.64.245 managing GPU 1 ")
+    assert (e.event, e.pid, e.host, e.details) == ("PEER_DEAD", 1524345, "172.16.64.245", "")
+    e = ras.parse_monitor_line("[2025-12-19 13:07:07] PEER_UNRESPONSIVE: Process 7 on node 10.0.0.2 managing GPUs "
+                               "0,1 peer not responding for 5s (keepalive warning)")
+    assert e.pid == 7 and e.details == "peer not responding for 5s (keepalive warning)"
+    e = ras.parse_monitor_line("[2025-12-19 13:07:07] PEER_DEAD: 10.0.0.9<28028>")
+    assert e.pid == -1 and e.details == "10.0.0.9<28028>"
+    assert ras.parse_monitor_line("RAS Monitor Mode - watching") is None
+
+
+def test_a_dead_peer_nccl_pushes_is_an_alarm_at_once(runs_dir):
+    """NCCL 2.29+ pushes PEER_DEAD to a MONITOR client: ddptop follows the port
+    of a job that uses it and alarms at once, naming the rank by its pid (the
+    rank, chosen at random, is reported dead by the stand-in while the job
+    still trains: no stall, no crash to see otherwise)."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from conftest import EXAMPLE, ROOT, TIMEOUT, ddptop_cmd, json_events, rank_pids
+    from helpers import wait_for
+
+    held = random.randrange(2)
+    srv = RasServer(lambda: Job([]), version="2.29.2")
+    env = dict(os.environ, NCCL_RAS_ADDR=srv.addr)
+    p = subprocess.Popen(ddptop_cmd("--json", "torchrun", "--nproc-per-node", "2", EXAMPLE, "--steps", "100000",
+                                    "--step-time", "0.05"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env, cwd=ROOT)
+    try:
+        run = wait_for(lambda: next((d for d in runs_dir.glob("*") if (d / "meta.json").exists()), None)
+                       if runs_dir.exists() else None, timeout=TIMEOUT, what="the run")
+        pids = wait_for(lambda: (lambda x: x if len(x) == 2 else None)(rank_pids(run)), timeout=TIMEOUT,
+                        what="both ranks")
+        wait_for(lambda: srv.monitors, timeout=TIMEOUT, what="ddptop to follow the RAS port (MONITOR)")
+        assert srv.queries[-1] == "CLIENT PROTOCOL 2|MONITOR lifecycle"
+        t0 = time.time()
+        assert srv.push_peer("PEER_DEAD", Rank(held, pids[held], "127.0.0.1", gpu=held)) == 1
+
+        def alarm():
+            evs = [e for e in map(json.loads, (run / "events.jsonl").read_text().splitlines())
+                   if e.get("kind") == "alarm" and e.get("id") == "nccl-peer-dead"]
+            return evs[0] if evs else None
+
+        a = wait_for(alarm, timeout=30, what="the dead-peer alarm")
+        print(f"PEER_DEAD pushed -> alarm in the journal after {time.time() - t0:.2f} s")
+        assert a["culprits"] == [held] and f"process {pids[held]} on 127.0.0.1 (rank {held}) is dead" in a["message"]
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out, _err = p.communicate(timeout=TIMEOUT)
+        srv.close()
+    assert any(e["kind"] == "alarm" and e["id"] == "nccl-peer-dead" for e in json_events(out))
+
+
+def test_without_monitor_before_2_29_it_is_said_once(server):
+    """An older server answers MONITOR with an error: the follower says so once and stops asking."""
+    import threading
+    from pathlib import Path
+
+    from ddptop.core.events import NoteEvent
+    from ddptop.core.pipeline import RasProbe
+
+    s = server(job_of(2, set()), "2.28.9")
+    got: list = []
+    done = threading.Event()
+
+    def emit(evs):
+        got.extend(evs)
+        done.set()
+    probe = RasProbe(lambda: s.addr, Path("/nonexistent"), lambda: {}, emit)
+    probe.start_monitor()
+    assert done.wait(10)
+    probe._monitor.join(5)
+    assert not probe._monitor.is_alive()
+    assert len(got) == 1 and isinstance(got[0], NoteEvent) and "NCCL before 2.29" in got[0].message

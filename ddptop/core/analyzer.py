@@ -109,7 +109,11 @@ class Analyzer:
             elif isinstance(ev, StacksEvent):
                 st.stacks(StackVerdict(ev.t, ev.hung, ev.culprits, ev.summary, ev.where, ev.error, ev.io, ev.node))
             elif isinstance(ev, RasEvent):
-                if ev.ok:
+                if ev.event == "PEER_DEAD":
+                    a = self._peer_dead(ev)
+                    if a is not None:
+                        alarms.append(a)
+                elif ev.ok:
                     st.ras_said(ev.t, ev.culprits, ev.text)
                 if ev.version and self.nccl_version is None:
                     self.nccl_version = ev.version
@@ -164,6 +168,19 @@ class Analyzer:
         else:
             self.stall.step(rank, p.step, t)
             self.last_steps[rank] = p.step if p.step is not None else self.last_steps.get(rank)
+
+    def _peer_dead(self, ev: RasEvent) -> AlarmEvent | None:
+        """NCCL's RAS says a process of the job is dead: an alarm at once (the
+        others will hang in their next collective, or the watchdog kills them
+        minutes later)."""
+        key = ("nccl-peer-dead", ev.culprits or ev.text)
+        if key in self._alarmed:
+            return None
+        self._alarmed.add(key)
+        return AlarmEvent(ev.t, type="crash", id="nccl-peer-dead", ranks=tuple(ev.culprits), culprits=tuple(ev.culprits),
+                          message=f"NCCL RAS: {ev.text}. The other ranks will wait for it in their next collective "
+                                  "(until NCCL's watchdog ends them): look at this rank's last lines and how it ended.",
+                          suggested_profiles=("nccl-debug", "flight-recorder"), node=self.node)
 
     def _alarm_for(self, f: Finding, t: float) -> AlarmEvent | None:
         if cascade_level(f, self.findings) > GENERIC:

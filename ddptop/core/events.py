@@ -267,7 +267,8 @@ class RasEvent(Event):
     ``text`` (who launched which collective, who is missing or dead), ``behind``
     (rank, as a string key -> what RAS says of it, for the rank table), or
     ``error`` (why there is no answer: refused, timed out, RAS off, NCCL too
-    old).  ``file``: the raw answer, kept in the run's stall capture."""
+    old).  ``file``: the raw answer, kept in the run's stall capture.  A
+    ``PEER_DEAD`` that NCCL pushed (MONITOR, 2.29+) comes with ``event`` set."""
 
     kind: ClassVar[str] = "ras"
     addr: str = ""
@@ -281,6 +282,7 @@ class RasEvent(Event):
     took: float = 0.0  # seconds the query took
     file: str = ""
     node: str = ""
+    event: str = ""  # "" for an asked-for report; PEER_DEAD for one NCCL pushed (MONITOR)
 
 
 @dataclass(frozen=True)

@@ -394,6 +394,8 @@ class Pipeline:
                 events = events[i + 1:]
                 break
         an = self.analyzer
+        if self.ras is not None and self.ras._monitor is None and self._monitor_wanted():
+            self.ras.start_monitor()
         alarms: list[AlarmEvent] = []
         notes: list[NoteEvent] = []
         for e in an.feed([e for e in events if not isinstance(e, AlarmEvent)]):
@@ -428,6 +430,13 @@ class Pipeline:
             asked = True
         if asked:
             self._sampled_at = now
+
+    def _monitor_wanted(self) -> bool:
+        """Follow NCCL's pushed events: the job uses NCCL 2.29+ (or an unknown
+        version behind a RAS address the user set)."""
+        always = self.ras_always() if callable(self.ras_always) else self.ras_always
+        v = self.analyzer.nccl_version
+        return bool(always) if not v else _vtuple(v) >= (2, 29)
 
     def ask_ras(self) -> bool:
         """Ask NCCL's RAS port now (a suspected stall, a stall, a stack capture),
@@ -516,6 +525,8 @@ class RasProbe:
         self.node, self.timeout, self.clock, self.job_pids = node, timeout, clock, job_pids
         self._busy = threading.Lock()
         self.asked = 0
+        self._monitor: threading.Thread | None = None
+        self._stopped = threading.Event()
 
     def request(self) -> bool:
         addr = self.addr()
@@ -524,6 +535,51 @@ class RasProbe:
         self.asked += 1
         threading.Thread(target=self._run, args=(addr,), name="ddptop-ras", daemon=True).start()
         return True
+
+    def start_monitor(self) -> None:
+        """Follow NCCL's pushed events (MONITOR, 2.29+) in a thread until
+        ``stop``: a dead peer becomes a ``RasEvent`` with ``event`` PEER_DEAD
+        at once.  Reconnects while the port is not up yet (NCCL starts it at
+        its first communicator) and after a relaunch; a server without
+        MONITOR is said once, and not asked again."""
+        if self._monitor is None:
+            self._monitor = threading.Thread(target=self._follow, name="ddptop-ras-monitor", daemon=True)
+            self._monitor.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _follow(self) -> None:
+        from ddptop.core import ras
+        from ddptop.core.events import RasEvent
+
+        def on_event(pe: "ras.PeerEvent") -> None:
+            if pe.event != "PEER_DEAD":
+                return
+            rank = self._local_ranks().get(pe.pid) if pe.pid >= 0 else None
+            who = (f"process {pe.pid} on {pe.host}" if pe.pid >= 0 else f"peer {pe.details or pe.line.strip()}")
+            who += f" (rank {rank})" if rank is not None else ""
+            self.emit([RasEvent(self.clock(), addr=addr or "", ok=True, event="PEER_DEAD",
+                                culprits=(rank,) if rank is not None else (), text=f"{who} is dead (PEER_DEAD)",
+                                node=self.node)])
+
+        while not self._stopped.is_set():
+            addr = self.addr()
+            if not addr:
+                self._stopped.wait(5)
+                continue
+            try:
+                ras.monitor(addr, on_event, self._stopped.is_set)
+                self._stopped.wait(1)  # the connection closed: the job ended, or is relaunched
+            except ras.MonitorUnsupported as e:
+                self.emit([NoteEvent(self.clock(), "info", f"NCCL RAS: {e}; dead peers are seen at the next "
+                                     "stall instead", node=self.node)])
+                return
+            except (ras.RasError, ValueError):
+                self._stopped.wait(5)  # no port yet (NCCL not started), or refused: ask again later
+            except Exception as e:  # never let it take the watching down
+                self.emit([NoteEvent(self.clock(), "warning", f"NCCL RAS monitor failed: {e!r}", node=self.node)])
+                return
 
     def wait(self, timeout: float | None = None) -> bool:
         if self._busy.acquire(timeout=-1 if timeout is None else timeout):

@@ -459,6 +459,83 @@ def verdict(st: RasStatus, rank_of: Callable[[str, int], int | None] | None = No
     return RasVerdict(culprits, text, behind)
 
 
+# -- pushed events (MONITOR, 2.29+) ------------------------------------------------
+
+_MONITOR_LINE = re.compile(r"^\[(?P<time>[^\]]*)\] (?P<event>[A-Z_]+): (?P<rest>.*?)\s*$")
+_PEER = re.compile(r"Process (?P<pid>\d+) on node (?P<host>\S+) managing GPUs? (?P<gpu>\S+(?: \(NVML \d+\))?)")
+
+
+@dataclass
+class PeerEvent:
+    """One event NCCL's RAS pushes to a ``MONITOR`` client: ``PEER_DEAD``,
+    ``PEER_NEW`` (lifecycle), ``PEER_UNRESPONSIVE`` and others (trace)."""
+
+    event: str
+    host: str = ""
+    pid: int = -1
+    details: str = ""
+    line: str = ""
+
+
+def parse_monitor_line(line: str) -> PeerEvent | None:
+    """``[2025-12-19 13:07:07] PEER_DEAD: Process 1524345 on node 10.0.0.2 managing GPU 1``
+    (NCCL's text format; a peer it cannot name is its bare address)."""
+    m = _MONITOR_LINE.match(line.strip("\r\n"))
+    if not m:
+        return None
+    rest = m.group("rest")
+    p = _PEER.search(rest)
+    if p:
+        return PeerEvent(m.group("event"), p.group("host"), int(p.group("pid")), rest[p.end():].strip(), line)
+    return PeerEvent(m.group("event"), details=rest, line=line)
+
+
+class MonitorUnsupported(RasError):
+    """The server has no MONITOR (NCCL before 2.29)."""
+
+
+def monitor(addr: str, on_event: Callable[[PeerEvent], None], stop: Callable[[], bool], *,
+            groups: str = "lifecycle", connect_timeout: float = 2.0) -> None:
+    """Follow RAS's pushed events until ``stop()`` or the server closes the
+    connection (the job ended); ``MonitorUnsupported`` for a server without
+    MONITOR, ``RasError`` when there is no server."""
+    host, port = parse_addr(addr)
+    try:
+        sock = socket.create_connection((host, port), timeout=connect_timeout)
+    except OSError as e:
+        raise RasError(f"{addr}: {e.strerror or e}") from None
+    try:
+        c = _Conn(sock, time.monotonic() + 10)
+        c.send(f"CLIENT PROTOCOL {PROTOCOL}")
+        if not c.line().upper().startswith("SERVER PROTOCOL"):
+            raise RasError(f"{addr} is not NCCL RAS")
+        c.send(f"MONITOR {groups}")
+        reply = c.line().strip()
+        if reply.upper() != "OK":
+            raise MonitorUnsupported(f"{addr}: no MONITOR here ({reply[:80]}): NCCL before 2.29")
+        buf = c.buf  # (the OK and the first events may come in one read)
+        sock.settimeout(0.5)
+        while not stop():
+            while b"\n" in buf:
+                raw, _, buf = buf.partition(b"\n")
+                ev = parse_monitor_line(raw.decode("utf-8", "replace"))
+                if ev is not None:
+                    on_event(ev)
+            try:
+                chunk = sock.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            if not chunk:
+                return
+            buf += chunk
+            if len(buf) > 1 << 20:
+                buf = b""  # a line without an end: not an event stream
+    finally:
+        sock.close()
+
+
 def job_pids(st: RasStatus) -> set[int]:
     """Every pid the answer names (to check that an answer on a shared,
     default port is about this job)."""

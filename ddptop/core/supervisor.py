@@ -363,6 +363,7 @@ class Supervisor:
             self.emit(StateEvent(time.time(), state=RUNNING, message=f"relaunching ({reason}) with profiles {', '.join(names) or 'default'}"))
         if sampler is not None:
             sampler.stop()
+        self.ras.stop()
         watcher.done.set()
         watcher.join(timeout=5)  # its last alarms land before the final state
         self.stacks.wait(timeout=30)  # and a stack capture under way
