@@ -497,6 +497,102 @@ def bench_signatures(lines: int = 50_000) -> None:
         print(f"signatures: {kind:<10} {best * 1e6:6.2f} us/line ({1 / best:,.0f} lines/s on one core)")
 
 
+def _target(figure: str, target: str, anchor: str) -> str:
+    return f"{figure:<58} target {target:<22} anchor {anchor}"
+
+
+def bench_replay(ranks: int = 2, lines: int = 1_000_000) -> None:
+    """Replay of a finished run through the CLI, as a person runs it:
+    `ddptop --headless attach RUN > /dev/null`, against a plain Python loop
+    over the same files; the replay's peak RSS."""
+    import resource
+
+    with tempfile.TemporaryDirectory() as d:
+        run = make_synthetic_run(Path(d), ranks, lines)
+        total = ranks * lines
+        t0 = time.perf_counter()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        subprocess.run([sys.executable, "-m", "ddptop", "--headless", "attach", str(run)], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, cwd=ROOT, timeout=1800)
+        dt = time.perf_counter() - t0
+        rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        t1 = time.perf_counter()
+        n = 0
+        for f in sorted(run.glob("logs/*/attempt_0/*/stdout.log")):
+            with open(f, encoding="utf-8", errors="replace") as fh:
+                for _line in fh:
+                    n += 1
+        loop = time.perf_counter() - t1
+        print(_target(f"replay via the CLI, {ranks} x {lines:,} lines: {total / dt:,.0f} lines/s",
+                      ">= 1,000,000 lines/s", "lnav ~1.7M lines/s"))
+        print(f"  ({dt / loop:.0f}x a plain Python line loop over the same files; peak RSS "
+              f"{max(rss, before) / 1024:.0f} MB (the largest child so far), target < 200 MB for 2M lines)")
+
+
+def bench_latency(seconds: float = 20.0, rate: float = 20.0) -> None:
+    """A line a rank writes -> the same line on `ddptop --headless`'s stdout, for
+    a live launch (2 ranks, `rate` lines/s each); each line carries the time
+    the rank wrote it."""
+    script = r"""
+import os, sys, time
+n, rate = int(sys.argv[1]), float(sys.argv[2])
+for i in range(n):
+    print(f"tick {i} {time.time():.6f}", flush=True)
+    time.sleep(1 / rate)
+"""
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "ticks.py"
+        f.write_text(script)
+        env = dict(os.environ, DDPTOP_RUNS_DIR=str(Path(d) / "runs"))
+        p = subprocess.Popen([sys.executable, "-m", "ddptop", "--headless", "torchrun", "--nproc-per-node", "2", str(f),
+                              str(int(seconds * rate)), str(rate)], stdout=subprocess.PIPE, text=True, env=env,
+                             cwd=ROOT, bufsize=1)
+        lat = []
+        assert p.stdout is not None
+        for line in p.stdout:
+            now = time.time()
+            parts = line.split()
+            if len(parts) == 4 and parts[1] == "tick":  # [rN] tick I T
+                lat.append((now - float(parts[3])) * 1000)
+        p.wait(timeout=120)
+    lat = lat[len(lat) // 10:]  # (the first lines come while everything starts)
+    q = statistics.quantiles(lat, n=20)
+    print(_target(f"live line latency ({len(lat)} lines): p50 {statistics.median(lat):.0f} ms, p95 {q[18]:.0f} ms",
+                  "p50 <= 25, p95 <= 60 ms", "inotify wake-up ~ms"))
+
+
+def bench_frame_tmux(n: int = 5) -> None:
+    """The TUI's first frame in a real terminal: tmux 160x45, `ddptop attach RUN`
+    of a small finished run, from process start to the header and the rank
+    table on the screen."""
+    import shutil
+
+    if not shutil.which("tmux"):
+        print("first frame in tmux: tmux is not installed")
+        return
+    times = []
+    with tempfile.TemporaryDirectory() as d:
+        run = make_synthetic_run(Path(d), 2, 100)
+        for i in range(n):
+            name = f"ddptop-bench-{os.getpid()}-{i}"
+            t0 = time.perf_counter()
+            subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "160", "-y", "45",
+                            f"{sys.executable} -m ddptop attach {run}"], check=True, cwd=ROOT)
+            try:
+                while time.perf_counter() - t0 < 30:
+                    screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", name], capture_output=True,
+                                            text=True).stdout
+                    if "ddptop" in screen and "rank" in screen and "last output" in screen:
+                        times.append((time.perf_counter() - t0) * 1000)
+                        break
+                    time.sleep(0.005)
+            finally:
+                subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+    if times:
+        print(_target(f"TUI first frame in tmux (process start included): median {statistics.median(times):.0f} ms",
+                      "<= 400 ms", "python + import textual.app"))
+
+
 def bench_ras(queries: int = 30) -> None:
     """NCCL RAS: one query (connect, handshake, report, parse, verdict) against
     the stand-in server, per format and job size; and, end to end, a hung
@@ -560,7 +656,8 @@ def bench_ras(queries: int = 30) -> None:
 
 BENCHES = {"help": bench_help, "ingest": bench_ingest, "frame": bench_first_frame, "supervise": bench_supervise,
            "telemetry": bench_telemetry, "hook": bench_hook, "alarm": bench_alarm_latency, "watch": bench_stack_watch, "attach": bench_attach, "relaunch": bench_relaunch,
-           "busy-node": bench_busy_node, "signatures": bench_signatures, "ras": bench_ras}
+           "busy-node": bench_busy_node, "signatures": bench_signatures, "ras": bench_ras,
+           "replay": bench_replay, "latency": bench_latency, "frame-tmux": bench_frame_tmux}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(BENCHES)
