@@ -73,3 +73,35 @@ def wait_for(pred: Callable[[], Any], timeout: float = 60, interval: float = 0.1
         if time.monotonic() >= deadline:
             raise _timed_out(timeout, what, err)
         time.sleep(interval)
+
+
+def per_line(events) -> list:
+    """The events with every ``logs`` batch spread into one ``log`` event per
+    line (what ``--json`` prints): for tests that look at lines one by one."""
+    from ddptop.core.events import LogBatch
+
+    out: list = []
+    for e in events:
+        if isinstance(e, LogBatch):
+            out += e.lines()
+        else:
+            out.append(e)
+    return out
+
+
+def logs(t: float, rank, *texts: str, stream: str = "stdout", path: str = "", transient: bool = False,
+         partial: tuple = ()):
+    """A ``logs`` batch of these lines (offsets as if they were the file's first lines)."""
+    from itertools import accumulate
+
+    from ddptop.core.events import LogBatch
+
+    offsets = tuple(accumulate((len(x.encode("utf-8", "surrogatepass")) + 1 for x in texts[:-1]), initial=0))
+    return LogBatch(t, rank, stream, 0, path, "", offsets, tuple(texts), tuple(partial), transient)
+
+
+def log_line(t: float, rank=None, stream: str = "stdout", text: str = "", **fields):
+    """A ``logs`` batch of one line (``LogEvent``'s fields: path, transient, partial...)."""
+    from ddptop.core.events import LogBatch, LogEvent
+
+    return LogBatch.of_line(LogEvent(t, rank, stream, text, **fields))

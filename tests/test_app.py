@@ -12,7 +12,7 @@ pytest.importorskip("textual")
 
 from textual.widgets import DataTable, RichLog, TabbedContent  # noqa: E402
 
-from ddptop.core.events import LogEvent, RankEvent, StateEvent  # noqa: E402
+from ddptop.core.events import AlarmEvent, ProgressEvent, RankEvent, StateEvent  # noqa: E402
 from ddptop.core.jobs import CommandResult  # noqa: E402
 from ddptop.core.session import Session  # noqa: E402
 from ddptop.ui import logview  # noqa: E402
@@ -20,7 +20,7 @@ from ddptop.ui.app import make_app  # noqa: E402
 from ddptop.ui.dialogs import QuitScreen  # noqa: E402
 from ddptop.ui.themes import load_themes  # noqa: E402
 from conftest import rank_started, write_run
-from helpers import wait_until
+from helpers import logs, wait_until
 
 TEST_TIMEOUT = 30  # seconds per test
 SIZE = (120, 40)
@@ -168,6 +168,39 @@ def test_live_tailing_and_transient(tmp_path):
     run_async(go())
 
 
+def test_the_odd_rank_out_is_marked_and_brought_into_view(tmp_path):
+    """40 ranks do not fit in the rank table: the rank a stall alarm names is
+    marked and its row scrolled to; once every rank steps again, unmarked."""
+    now = time.time()
+    events = [{"t": now, "kind": "state", "state": "running"}] + [rank_started(now, r, 5000 + r) for r in range(40)]
+    run = write_run(tmp_path, run_id="forty", events=events, logs={r: f"rank{r} step 1\n" for r in range(40)}, nproc=40)
+
+    async def go():
+        app = make_app(Session.open(run), poll_interval=0.02)
+        async with app.run_test(size=SIZE) as pilot:
+            table = app.query_one("#ranks", DataTable)
+            await wait_until(pilot, lambda: table.row_count == 40, what="40 rows")
+            assert table.cursor_row == 0
+            t = time.time()
+            app.ingest([AlarmEvent(t, type="stall", id="stall", ranks=tuple(range(40)), culprits=(33,),
+                                   message="rank 33 is stuck")])
+            app._refresh_table()
+            await wait_until(pilot, lambda: "odd one out" in str(table.get_cell("33", "state")),
+                             what="rank 33 marked")
+            assert table.cursor_row == table.get_row_index("33")
+            assert not any("odd one out" in str(table.get_cell(str(r), "state")) for r in range(40) if r != 33)
+            shown = lambda: table.scrollable_content_region.height  # noqa: E731
+            await wait_until(pilot, lambda: table.scroll_y <= 33 < table.scroll_y + shown(),
+                             what=lambda: f"rank 33's row scrolled onto the screen (scroll_y {table.scroll_y}, "
+                                          f"{shown()} rows shown, cursor {table.cursor_row})")
+            app.ingest([ProgressEvent(t + 1, rank=r, step=2, source="hook") for r in range(40)])
+            app._refresh_table()
+            await wait_until(pilot, lambda: "odd one out" not in str(table.get_cell("33", "state")),
+                             what="the mark gone once every rank stepped")
+
+    run_async(go())
+
+
 def test_many_lines_are_bounded(tmp_path):
     run_dir = make_run(tmp_path)
 
@@ -176,9 +209,8 @@ def test_many_lines_are_bounded(tmp_path):
         async with app.run_test(size=SIZE) as pilot:
             await wait_until(pilot, lambda: "rank0 step 2" in log_text(app, "merged"), what="first lines")
             now = time.time()
-            batch = [LogEvent(now, 0, "stdout", f"flood {i}") for i in range(50_000)]
-            batch.append(LogEvent(now, 0, "stdout", "bad \x00\x07 control \x1b[999;;m chars " + "x" * 100_000))
-            app.ingest(batch)
+            app.ingest([logs(now, 0, *(f"flood {i}" for i in range(50_000))),
+                        logs(now, 0, "bad \x00\x07 control \x1b[999;;m chars " + "x" * 100_000)])
             # widgets are written at most every FLUSH_EVERY: wait for the batch's last line
             await wait_until(pilot, lambda: "flood 49999" in log_text(app, "merged"), what="the flood's last line")
             merged = log_text(app, "merged")
@@ -188,7 +220,7 @@ def test_many_lines_are_bounded(tmp_path):
             # an ordinary big batch: at most TICK_LINES written, plus one notice
             log = app.query_one("#log-merged", RichLog)
             before = len(log.lines)
-            app.ingest([LogEvent(now, 1, "stdout", f"burst {i}") for i in range(3000)])
+            app.ingest([logs(now, 1, *(f"burst {i}" for i in range(3000)))])
             await wait_until(pilot, lambda: "burst 2999" in log_text(app, "merged"), what="the burst's last line")
             assert f"{3000 - logview.TICK_LINES} lines not shown" in log_text(app, "merged")
             assert len(log.lines) - before <= logview.TICK_LINES + 1 or len(log.lines) == logview.LOG_MAX_LINES
@@ -302,8 +334,8 @@ def test_bad_events_do_not_crash(tmp_path):
             await wait_until(pilot, lambda: "rank0 step 2" in log_text(app, "merged"), what="the run's lines")
             now = time.time()
             app.ingest([
-                LogEvent(now, 7, "stdout", "\udcff surrogate \ufffd"),
-                LogEvent(now, None, "torchrun", "\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\ \x1b[1mbold"),
+                logs(now, 7, "\udcff surrogate \ufffd"),
+                logs(now, None, "\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\ \x1b[1mbold", stream="torchrun"),
                 RankEvent(now, rank=3, local_rank=1, node="other", pid=None, attempt=1, alive=True),
                 StateEvent(now, state="running"),
             ])
@@ -340,7 +372,7 @@ def test_a_row_that_cannot_be_drawn_says_so_once_and_the_others_go_on(tmp_path, 
                              what="the note about rank 1's row")
             await wait_until(pilot, lambda: table.row_count >= 1 and str(table.get_row("0")[7]) == "2",
                              what="rank 0's row, up to date")
-            app.ingest([LogEvent(time.time(), 0, "stdout", "step 9 loss 0.1")])
+            app.ingest([logs(time.time(), 0, "step 9 loss 0.1")])
             await wait_until(pilot, lambda: str(table.get_row("0")[7]) == "9", what="rank 0's row moving on")
             merged = log_text(app, "merged")
             assert merged.count("could not draw rank 1's row: ValueError: a cell for rank 1") == 1

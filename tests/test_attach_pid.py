@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from helpers import per_line
 from conftest import EXAMPLE, ROOT, TIMEOUT, alive, ddptop_cmd, json_events, wait_for
 from ddptop.core.events import ENDED, FINAL_STATES
 from ddptop.core.attach_pid import (EXIT_UNKNOWN, ForeignError, ForeignSession, _start_offset, parse_torchrun_options,
@@ -227,7 +228,7 @@ def test_a_lone_rank_is_a_one_rank_job(procs, tmp_path):
         assert s.location.attach_hint == f"ddptop attach --pid {p.pid}" and s.location.pid == p.pid
         evs = []
         wait_for(lambda: evs.extend(s.poll()) or any(e.kind == "proc" for e in evs), timeout=30, what="telemetry")
-        logs = [e for e in evs if e.kind == "log"]
+        logs = [e for e in per_line(evs) if e.kind == "log"]
         assert logs and all(e.rank == 3 for e in logs)
         # the history is the last 64 KiB, from a line start
         assert logs[0].text.startswith("old line ") and int(logs[0].text.split()[-1]) > 4000
@@ -555,7 +556,7 @@ def test_attach_over_ssh_to_a_job_ddptop_did_not_launch(procs, tmp_path, sshd):
         while not rs.finished and time.monotonic() < deadline:
             time.sleep(0.6)
             evs += rs.poll()
-            steps = [int(e.text.split()[1]) for e in evs if e.kind == "log" and e.text.startswith("step ")]
+            steps = [int(e.text.split()[1]) for e in per_line(evs) if e.kind == "log" and e.text.startswith("step ")]
             # (not near the end: a job ddptop did not launch leaves no journal to reconnect to once it is gone)
             if rs.link == "up" and job.poll() is None and steps and max(steps) < 1000:
                 drops += sshd.drop_links()
@@ -569,7 +570,7 @@ def test_attach_over_ssh_to_a_job_ddptop_did_not_launch(procs, tmp_path, sshd):
     assert rs.error is None
     # every line of every rank log, exactly once and in order
     got: dict[str, list] = {}
-    for e in evs:
+    for e in per_line(evs):
         if e.kind == "log" and e.rank is not None and not e.transient:
             got.setdefault(e.path, []).append(e.text)
     files = sorted((tmp_path / "logs").glob("*/attempt_0/*/stdout.log"))

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from helpers import per_line
 from conftest import EXAMPLE, ROOT, TIMEOUT, alive, ddptop_cmd, json_events, journal_events, wait_for
 from ddptop.core.remote import MultiSession, RemoteSession
 from ddptop.core.session import Session
@@ -59,7 +60,7 @@ def test_attach_over_ssh_shows_the_job_and_relaunches_it(runs_dir, sshd):
     # ...and another one who relaunches through the attachment
     rs = RemoteSession("node-a", ssh=sshd.ssh, remote_cmd=remote)
     try:
-        evs = drain(rs, lambda es: any(e.kind == "log" and e.rank == 1 for e in es), what="rank 1's first line")
+        evs = drain(rs, lambda es: any(e.kind == "logs" and e.rank == 1 for e in es), what="rank 1's first line")
         assert rs.dump_stacks()  # the p key: every rank's stack, now, through the attachment
         evs += drain(rs, lambda es: any(e.kind == "alarm" and e.type == "stall" for e in es), what="the stall alarm")
         assert rs.link == "up" and rs.meta is not None and rs.meta.run_id == run.name
@@ -72,9 +73,9 @@ def test_attach_over_ssh_shows_the_job_and_relaunches_it(runs_dir, sshd):
     assert json_events(out)[-1]["state"] == "succeeded"
     assert rs.exit_status().code == 0 and rs.final_state.state == "succeeded"
     kinds = {e.kind for e in evs}
-    assert {"link", "launch", "rank", "log", "gpu", "proc", "progress", "alarm", "state"} <= kinds
+    assert {"link", "launch", "rank", "logs", "gpu", "proc", "progress", "alarm", "state"} <= kinds
     # every line of both ranks, tagged with the node
-    logs = [e for e in evs if e.kind == "log" and e.rank is not None]
+    logs = [e for e in per_line(evs) if e.kind == "log" and e.rank is not None]
     assert all(e.node == "node-a" for e in logs)
     assert any(e.rank == 0 and e.text.startswith("step 40 ") for e in logs)
     assert any(e.rank == 1 and e.text.startswith("step 40 ") for e in logs)
@@ -104,7 +105,7 @@ def local_lines(run: Path):
     evs = []
     while not s.finished:
         evs += s.poll()
-    return [(e.path, e.offset, e.text) for e in evs if e.kind == "log" and not e.transient]
+    return [(e.path, e.offset, e.text) for e in per_line(evs) if e.kind == "log" and not e.transient]
 
 
 def test_dropped_links_lose_and_duplicate_no_line(runs_dir, sshd):
@@ -113,7 +114,7 @@ def test_dropped_links_lose_and_duplicate_no_line(runs_dir, sshd):
     drops = 0
     evs = []
     try:
-        evs += drain(rs, lambda es: rs.link == "up" and any(e.kind == "log" and e.rank is not None for e in es),
+        evs += drain(rs, lambda es: rs.link == "up" and any(e.kind == "logs" and e.rank is not None for e in es),
                      what="the first rank line")
         while not rs.finished:
             time.sleep(0.6)
@@ -127,7 +128,7 @@ def test_dropped_links_lose_and_duplicate_no_line(runs_dir, sshd):
     assert drops >= 3 and rs.connects >= 3, (drops, rs.connects)
     downs = [e for e in evs if e.kind == "link" and e.state == "down"]
     assert len(downs) >= 3
-    got = [(e.path, e.offset, e.text) for e in evs if e.kind == "log" and not e.transient]
+    got = [(e.path, e.offset, e.text) for e in per_line(evs) if e.kind == "log" and not e.transient]
     assert len(got) == len(set(got)), "a line arrived twice"
     want = local_lines(run)
     assert sorted(got) == sorted(want)
@@ -265,7 +266,7 @@ def test_a_node_whose_clock_is_ahead_does_not_delay_the_stall_alarm(tmp_path, ss
     t1 = time.time()
     alarm = next(e for e in evs if e.kind == "alarm")
     assert alarm.type == "stall" and alarm.node == "all nodes", alarm
-    logs = [e for e in evs if e.kind == "log"]
+    logs = [e for e in per_line(evs) if e.kind == "log"]
     assert {(e.node, e.text) for e in logs} >= {("node-b", "step 20"), ("node-a", "step 20")}
     assert all(t0 - 1 <= e.t <= t1 + 1 for e in logs), [(e.node, e.t - t0) for e in logs if not t0 - 1 <= e.t <= t1][:3]
     last_step = max(e.t for e in logs)
@@ -306,7 +307,7 @@ print('{{"kind":"bye","exit_code":0}}')
     finally:
         rs.close()
     assert rs.error is None, rs.error
-    assert [e.text for e in evs if e.kind == "log"] == ["step 1", "step 2", "step 3"]
+    assert [e.text for e in per_line(evs) if e.kind == "log"] == ["step 1", "step 2", "step 3"]
     assert [e.state for e in evs if e.kind == "link"] == ["connecting", "up", "down", "connecting", "up", "closed"]
     assert rs.exit_status().code == 0
 
@@ -359,7 +360,7 @@ def test_two_separate_jobs_with_the_same_ranks_are_called_out(tmp_path, sshd):
         ms.close()
     warnings = [e.message for e in evs if e.kind == "note" and "is reported by both" in e.message]
     assert len(warnings) == 1 and "rank 0" in warnings[0] and "separate jobs" in warnings[0], warnings
-    assert {e.text for e in evs if e.kind == "log"} == {"hello from node-a", "hello from node-b"}
+    assert {e.text for e in per_line(evs) if e.kind == "log"} == {"hello from node-a", "hello from node-b"}
 
 
 def test_hosts_from_a_file_and_from_slurm(tmp_path, sshd):

@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from helpers import per_line
 from conftest import (EXAMPLE, ROOT, TIMEOUT, alive, ddptop_cmd, json_events, rank_pids, rank_started, wait_for,
                       write_run)
 from ddptop.core import journal
@@ -209,7 +210,7 @@ def test_the_agent_and_its_ssh_client_end_on_a_damaged_run(tmp_path, runs_dir, s
         rs.close()
     assert rs.error is None and rs.exit_status().code == 3 and rs.exit_status().exit_with == 3
     assert rs.connects == 1  # never a reconnect into the same bad line
-    assert len([e for e in evs if e.kind == "log" and e.rank is not None]) == 10
+    assert len([e for e in per_line(evs) if e.kind == "log" and e.rank is not None]) == 10
     assert isinstance(rs.location, RemoteRun) and rs.location.run == run.name
     assert rs.location.attach_hint == f"ddptop attach node-a:{run.name}"
 

@@ -61,7 +61,8 @@ def test_a_line_the_progress_parser_fails_on_is_noted_once_and_later_lines_are_s
     steps after the bad lines are still counted."""
     from ddptop.core import progress
     from ddptop.core.analyzer import Analyzer
-    from ddptop.core.events import AlarmEvent, LogEvent, NoteEvent
+    from ddptop.core.events import AlarmEvent, NoteEvent
+    from helpers import log_line
     from ddptop.core.pipeline import Pipeline
 
     inner = progress._parse
@@ -75,7 +76,7 @@ def test_a_line_the_progress_parser_fails_on_is_noted_once_and_later_lines_are_s
     an = Analyzer(lambda: 0.0)
     out = []
     for step in range(1, 11):
-        out += an.feed([LogEvent(float(step), rank=1, text=f"step {step} loss 0.5" + (" BAD" if step in (3, 6) else ""),
+        out += an.feed([log_line(float(step), rank=1, text=f"step {step} loss 0.5" + (" BAD" if step in (3, 6) else ""),
                                  path="logs/1/stdout.log")])
     notes = [e for e in out if isinstance(e, NoteEvent)]
     assert len(notes) == 1, notes
@@ -89,10 +90,10 @@ def test_a_line_the_progress_parser_fails_on_is_noted_once_and_later_lines_are_s
     # the pipeline forwards the note into its owner's stream (and reacts to alarms only)
     reacted = []
     pipe = Pipeline(clock=lambda: 0.0, on_alarm=reacted.append)
-    got = pipe.process([LogEvent(1.0, rank=0, text="step 1 BAD", path="logs/0/stdout.log")], 1.0)
+    got = pipe.process([log_line(1.0, rank=0, text="step 1 BAD", path="logs/0/stdout.log")], 1.0)
     assert [type(e) for e in got] == [NoteEvent] and "line 1 of rank 0's stdout" in got[0].message
     pipe.react(got)
     assert reacted == []
     # (a transient progress-bar line has no line number)
-    got = Pipeline(clock=lambda: 0.0).process([LogEvent(1.0, rank=0, text=" 5/9 [00:01<00:01] BAD", transient=True)])
+    got = Pipeline(clock=lambda: 0.0).process([log_line(1.0, rank=0, text=" 5/9 [00:01<00:01] BAD", transient=True)])
     assert "failed on a line of rank 0's stdout" in got[0].message

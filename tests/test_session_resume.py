@@ -7,6 +7,7 @@ import random
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from helpers import per_line
 from conftest import rank_started, write_run
 from ddptop.core.session import Session
 from ddptop.core.tailer import Tailer
@@ -22,7 +23,7 @@ def read_all(run, max_bytes=1 << 20, resume_every=None, seed=0):
     s = Session.open(run)
     out, polls, last = [], 0, None
     while not s.finished:
-        out += [(e.path, e.offset, e.text, e.partial) for e in s.poll(max_bytes) if e.kind == "log" and not e.transient]
+        out += [(e.path, e.offset, e.text, e.partial) for e in per_line(s.poll(max_bytes)) if e.kind == "log" and not e.transient]
         polls += 1
         if resume_every and polls % resume_every == 0 and not s.finished:
             cur = s.cursor()

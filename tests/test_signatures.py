@@ -318,7 +318,8 @@ def test_a_line_the_signature_matcher_fails_on_is_noted_once_and_later_lines_are
     """A matcher bug on some lines must neither pass silently nor turn signature
     detection off: one warning note, and the signatures after still alarm."""
     from ddptop.core.analyzer import Analyzer
-    from ddptop.core.events import AlarmEvent, LogEvent, NoteEvent
+    from ddptop.core.events import AlarmEvent, NoteEvent
+    from helpers import log_line
 
     inner = SignatureMatcher._feed
 
@@ -332,7 +333,7 @@ def test_a_line_the_signature_matcher_fails_on_is_noted_once_and_later_lines_are
     lines = ["BAD line", "step 1", "BAD again", REAL["cuda-oom"], "BAD once more", REAL["port-in-use"]]
     out = []
     for i, text in enumerate(lines):
-        out += an.feed([LogEvent(float(i), rank=None, text=text, path="torchrun.log")])
+        out += an.feed([log_line(float(i), rank=None, text=text, path="torchrun.log")])
     notes = [e for e in out if isinstance(e, NoteEvent)]
     assert len(notes) == 1, notes
     assert notes[0].level == "warning" and notes[0].t == 0.0

@@ -195,24 +195,25 @@ def test_a_progress_bar_redrawn_with_the_same_count_is_not_life():
     """tqdm redraws its bar (a new elapsed time, the same count) while the loop is
     stuck: the alarm must neither wait for it nor end and come again."""
     from ddptop.core.analyzer import Analyzer
-    from ddptop.core.events import LogEvent, ProgressEvent
+    from ddptop.core.events import ProgressEvent
+    from helpers import log_line
 
     c = Clock()
     a = Analyzer(c)
     for step in range(1, 101):
         c.t += 0.2
         a.feed([ProgressEvent(c.t, rank=r, step=step, source="hook") for r in (0, 1)]
-               + [LogEvent(c.t, rank=0, text=f" {step // 3}%|#  | {step}/300 [00:{step // 5:02d}<00:40, 5.0it/s]")])
+               + [log_line(c.t, rank=0, text=f" {step // 3}%|#  | {step}/300 [00:{step // 5:02d}<00:40, 5.0it/s]")])
         assert a.check(c.t) == []
     alarms = []
     for i in range(120):  # two minutes stuck at step 100; the bar redraws its clock every second
         c.t += 1.0
-        a.feed([LogEvent(c.t, rank=0, text=f" 33%|#  | 100/300 [00:{20 + i:02d}<00:40, 5.0it/s]")])
+        a.feed([log_line(c.t, rank=0, text=f" 33%|#  | 100/300 [00:{20 + i:02d}<00:40, 5.0it/s]")])
         alarms += [x for x in a.check(c.t) if x.type == "stall"]
     assert len(alarms) == 1, [x.message for x in alarms]
     # a bar that moves is life again
     c.t += 1.0
-    a.feed([LogEvent(c.t, rank=0, text=" 34%|#  | 101/300 [00:40<00:40, 5.0it/s]")])
+    a.feed([log_line(c.t, rank=0, text=" 34%|#  | 101/300 [00:40<00:40, 5.0it/s]")])
     assert a.check(c.t) == [] and a.stall.active is None
 
 

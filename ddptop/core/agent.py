@@ -17,15 +17,16 @@ import threading
 import time
 
 from ddptop.core import wire
+from ddptop.core.events import LogBatch
 from ddptop.core.wire import decode_cursor, encode_cursor
 
 __all__ = ["main", "decode_cursor", "encode_cursor"]
 
 HEARTBEAT = 2.0  # seconds between cursor lines when nothing happens
-INTERVAL = 0.1  # seconds between polls of the journal
+INTERVAL = 1.0  # seconds a wait for the run's files to change lasts at most
 
 
-def _stdin_commands(q: "queue.SimpleQueue") -> None:
+def _stdin_commands(q: "queue.SimpleQueue", wake) -> None:
     # raw reads (no buffered reader: a daemon thread blocked in one would
     # upset the interpreter's shutdown)
     buf = b""
@@ -41,7 +42,9 @@ def _stdin_commands(q: "queue.SimpleQueue") -> None:
         for raw in lines:
             if raw.strip():
                 q.put(raw)
+                wake()  # the main loop may be waiting for the run's files: answer now
     q.put(None)  # end of stdin: the client is gone
+    wake()
 
 
 def software_versions() -> dict[str, str]:
@@ -103,8 +106,9 @@ def main(argv: list[str]) -> int:
           "meta": meta.to_dict() if meta is not None else None})
 
     cmds: queue.SimpleQueue = queue.SimpleQueue()
-    threading.Thread(target=_stdin_commands, args=(cmds,), daemon=True, name="agent-stdin").start()
+    threading.Thread(target=_stdin_commands, args=(cmds, session.wake), daemon=True, name="agent-stdin").start()
     last_sent = 0.0
+    batches = False  # the client takes "logs" batches (it said so); else one "log" object a line
     try:
         while True:
             while True:
@@ -114,6 +118,10 @@ def main(argv: list[str]) -> int:
                     break
                 if raw is None:
                     return 0
+                if _accepts_batches(raw):
+                    batches = True
+                    send(wire.reply("accept", True, "log lines come in logs batches from now on"))
+                    continue
                 send(_command(session, raw))
             try:
                 events = session.poll()
@@ -123,7 +131,8 @@ def main(argv: list[str]) -> int:
                 return 1
             now = time.monotonic()
             if events or now - last_sent >= HEARTBEAT:
-                write(wire.batch([ev.to_json() for ev in events], session.cursor()))
+                write(wire.batch([ev.to_json() if batches or not isinstance(ev, LogBatch) else ev.json_lines()
+                                  for ev in events], session.cursor()))
                 out.flush()
                 last_sent = now
             if session.finished:
@@ -132,11 +141,21 @@ def main(argv: list[str]) -> int:
                       "exit": status.to_dict()})
                 return 0
             if not events:
-                time.sleep(args.interval)
+                session.wait(min(args.interval, HEARTBEAT))  # a file event or a deadline
     except (BrokenPipeError, KeyboardInterrupt):
         return 0
     finally:
         session.close()
+
+
+def _accepts_batches(raw: bytes) -> bool:
+    """The client's ``{"cmd": "accept", "kinds": [..."logs"...]}``."""
+    try:
+        c = json.loads(raw)
+    except ValueError:
+        return False
+    return (isinstance(c, dict) and c.get("cmd") == "accept" and isinstance(c.get("kinds"), list)
+            and "logs" in c["kinds"])
 
 
 def _command(session, raw: bytes) -> dict:

@@ -14,7 +14,7 @@ import re
 import time
 import traceback
 
-from ddptop.core.events import (FINAL_STATES, AlarmEvent, Event, GpuEvent, LogEvent, NoteEvent, ProcEvent,
+from ddptop.core.events import (FINAL_STATES, AlarmEvent, Event, GpuEvent, LogBatch, NoteEvent, ProcEvent,
                                 ProgressEvent, RankEvent, RasEvent, StacksEvent, StateEvent)
 from ddptop.core.progress import OTHER, parse_progress
 from ddptop.core.signatures import CAUSE, GENERIC, Finding, SignatureMatcher, cascade_level, root_cause
@@ -44,7 +44,7 @@ class Analyzer:
         self.notes: list[NoteEvent] = []  # every note made (``feed`` returns the new ones)
         self._new_notes: list[NoteEvent] = []
         self._failures: set[tuple] = set()  # (parser, exception type, where it was raised): noted once
-        self._line: LogEvent | None = None  # the line being parsed, for the notes of parser failures
+        self._line: tuple[LogBatch, int, int | None] | None = None  # (batch, index, line number) being parsed, for the notes of parser failures
         self.nccl_version: str | None = None  # the NCCL the ranks use, once a line or the hook says it
         self._progress_failed = lambda e: self._parser_failed("progress parser", e)
         self._signature_failed = lambda e: self._parser_failed("signature matcher", e)
@@ -55,32 +55,8 @@ class Analyzer:
         alarms: list[AlarmEvent | NoteEvent] = []
         st = self.stall
         for ev in events:
-            if isinstance(ev, LogEvent):
-                self._line = ev
-                if ev.transient:
-                    p = parse_progress(ev.text, self._progress_failed)
-                    if p is not None and ev.rank is not None:
-                        self._progress(ev.rank, p, ev.t)
-                    continue
-                key = ev.path or str(ev.rank)
-                n = self.line_no[key] = self.line_no.get(key, 0) + 1
-                if ev.rank is not None:
-                    st.output(ev.rank, ev.t)
-                    p = parse_progress(ev.text, self._progress_failed)
-                    if p is not None:
-                        self._progress(ev.rank, p, ev.t)
-                if self.nccl_version is None and "NCCL version" in ev.text:
-                    v = NCCL_VERSION.search(ev.text)
-                    if v:
-                        self.nccl_version = v.group(1)
-                m = self.matchers.get(key)
-                if m is None:
-                    m = self.matchers[key] = SignatureMatcher()
-                for f in m.feed(ev.text, ev.rank, n, ev.path, self._signature_failed):
-                    self.findings.append(f)
-                    a = self._alarm_for(f, ev.t)
-                    if a is not None:
-                        alarms.append(a)
+            if isinstance(ev, LogBatch):
+                self._logs(ev, alarms)
             elif isinstance(ev, ProgressEvent):
                 if ev.source == "batch":
                     # batches drawn (training or evaluation) and the model's phase: life, not steps
@@ -129,6 +105,44 @@ class Analyzer:
             self._new_notes = []
         return alarms
 
+    def _logs(self, ev: LogBatch, alarms: list) -> None:
+        """The lines of one batch, in order: output seen, progress, signatures."""
+        st = self.stall
+        rank, t = ev.rank, ev.t
+        progress_failed = self._progress_failed
+        texts = ev.texts
+        done = len(texts) - 1 if ev.transient else len(texts)
+        key = ev.path or str(rank)
+        first = self.line_no.get(key, 0) + 1
+        if done:
+            self.line_no[key] = first + done - 1
+            if rank is not None:
+                st.output(rank, t)
+            m = self.matchers.get(key)
+            if m is None:
+                m = self.matchers[key] = SignatureMatcher()
+            for i in range(done):
+                text = texts[i]
+                self._line = (ev, i, first + i)
+                if rank is not None:
+                    p = parse_progress(text, progress_failed)
+                    if p is not None:
+                        self._progress(rank, p, t)
+                if self.nccl_version is None and "NCCL version" in text:
+                    v = NCCL_VERSION.search(text)
+                    if v:
+                        self.nccl_version = v.group(1)
+                for f in m.feed(text, rank, first + i, ev.path, self._signature_failed):
+                    self.findings.append(f)
+                    a = self._alarm_for(f, t)
+                    if a is not None:
+                        alarms.append(a)
+        if ev.transient and texts:
+            self._line = (ev, len(texts) - 1, None)
+            p = parse_progress(texts[-1], progress_failed)
+            if p is not None and rank is not None:
+                self._progress(rank, p, t)
+
     def _parser_failed(self, parser: str, e: Exception) -> None:
         """A parser raised on the current line: note it, once per parser, type of
         exception and place it was raised (not once per line: a bug that hits
@@ -139,12 +153,11 @@ class Analyzer:
         if key in self._failures or len(self._failures) >= MAX_FAILURE_NOTES:
             return
         self._failures.add(key)
-        ev = self._line
-        if ev is None:
-            who = "a line"
+        if self._line is None:
+            ev, who = None, "a line"
         else:
+            ev, _i, n = self._line
             whose = f"rank {ev.rank}'s {ev.stream}" if ev.rank is not None else "torchrun's output"
-            n = None if ev.transient else self.line_no.get(ev.path or str(ev.rank))
             who = f"line {n} of {whose}" if n else f"a line of {whose}"
         where = f" ({place[0].rsplit('/', 1)[-1]}:{place[1]})" if place else ""
         note = NoteEvent(ev.t if ev is not None else self.clock(), "warning",

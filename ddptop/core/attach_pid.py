@@ -39,7 +39,7 @@ import psutil
 
 from ddptop import __version__
 from ddptop.core import journal, procs
-from ddptop.core.events import (ENDED, RUNNING, AlarmEvent, Event, GpuEvent, LogEvent, NoteEvent, ProcEvent,
+from ddptop.core.events import (ENDED, RUNNING, AlarmEvent, Event, GpuEvent, LogBatch, NoteEvent, ProcEvent,
                                 RankEvent, StateEvent)
 from ddptop.core.jobs import EXIT_CRASH_SEEN, EXIT_UNKNOWN, AttachedPid, CommandResult, Control, ExitStatus
 from ddptop.core.pipeline import Pipeline, RankMap, StackCapture, StackSampler, StackWatch, TelemetryLoop
@@ -49,6 +49,7 @@ __all__ = ["EXIT_CRASH_SEEN", "EXIT_UNKNOWN", "ForeignError", "ForeignSession", 
 
 SCAN_EVERY = 0.5  # seconds between looks for new ranks, ended ranks and new log files
 CHECK_EVERY = 0.5  # seconds between stall checks
+POLL_EVERY = 0.1  # seconds between looks at the job's files
 HISTORY = 64 * 1024  # bytes of history read from a file that is not a torchrun log file
 LOG_HISTORY = 8 * 1024 * 1024  # at most this much of each torchrun per-rank log file
 END_GRACE = 5.0  # seconds to wait for ranks that outlive torchrun
@@ -575,6 +576,16 @@ class ForeignSession:
 
     # -- reading -----------------------------------------------------------------
 
+    def wake(self) -> None:
+        """(Its waits are short: nothing to end.)"""
+
+    def wait(self, timeout: float) -> None:
+        """A job ddptop did not launch writes where it likes: its files are
+        looked at every POLL_EVERY seconds (its telemetry and stack watch keep
+        their own times)."""
+        if not self.finished:
+            time.sleep(min(max(0.0, timeout), POLL_EVERY))
+
     def poll(self, max_bytes: int = 4 * 1024 * 1024) -> list[Event]:
         """Everything new since the last call.  Never blocks on the job."""
         if self.finished:
@@ -804,19 +815,24 @@ class ForeignSession:
 
     def _read(self, now: float, max_bytes: int, drain: bool) -> list[Event]:
         out: list[Event] = []
-        fast = LogEvent.fast
+        batch = LogBatch.fast
+        per_file = max(min(max_bytes, 64 << 10), max_bytes // max(1, len(self._sources)))
         for src in self._sources.values():
             rank, stream = src.label()
             t = src.tailer
             while True:
-                lines = t.read(max_bytes)
-                out.extend(fast(now, rank, stream, text, src.attempt, t.path, off, part, trans)
-                           for off, text, part, trans in lines)
-                if not drain or not lines or t.at_eof():
+                before = t.pos
+                c = t.read_chunk(per_file)
+                if c.texts:
+                    out.append(batch(now, rank, stream, src.attempt, t.path, *c))
+                # draining (the job ended): on to the end of the file, through reads that give no
+                # line (the rest of an over-long one being skipped)
+                if not drain or t.pos == before or t.at_eof():
                     break
             if drain:
-                out.extend(fast(now, rank, stream, tl.text, src.attempt, t.path, tl.offset, tl.partial)
-                           for tl in t.flush())
+                c = t.flush_chunk()
+                if c.texts:
+                    out.append(batch(now, rank, stream, src.attempt, t.path, *c))
         return out
 
     def _readable(self) -> set[int]:

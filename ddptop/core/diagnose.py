@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ddptop.core import journal
 from ddptop.core.analyzer import Analyzer
-from ddptop.core.events import LogEvent
+from ddptop.core.events import LogBatch
 from ddptop.core.tailer import Tailer
 
 _PREFIX_RANK = re.compile(r"^\s*\[(?:default|rank)(\d+)\]:")
@@ -23,22 +23,41 @@ def _file_events(path: Path, rank: int | None, stream: str, rel: str):
     t = Tailer(path)
     out = []
     while True:
-        lines = t.read()
-        if not lines:
+        before = t.pos
+        out += t.read()
+        if t.pos == before or t.at_eof():  # (a read with no line may be the rest of an over-long one)
             break
-        out += lines
     out += t.flush()
     if rank is None and not any(_PREFIX_RANK.match(ln.text) for ln in out):
         # one rank's own log, with no rank prefixes: its name may say which rank (rank_3.log), else rank 0
         m = _NAME_RANK.search(path.name)
         rank = int(m.group(1)) if m else 0
+    # consecutive lines of one rank (and up to a progress bar's redraw) make one batch
+    run: list = []
+    run_rank: int | None = None
+
+    def batch():
+        cut = tuple(i for i, ln in enumerate(run) if ln.partial)
+        return LogBatch(0.0, rank=run_rank, stream=stream, attempt=0, path=rel, node="",
+                        offsets=tuple(ln.offset for ln in run), texts=tuple(ln.text for ln in run),
+                        partial=cut, transient=run[-1].transient)
+
     for ln in out:
         r = rank
         if r is None:
             m = _PREFIX_RANK.match(ln.text)
             if m:
                 r = int(m.group(1))
-        yield LogEvent(0.0, r, stream, ln.text, 0, rel, ln.offset, ln.partial, ln.transient)
+        if run and r != run_rank:
+            yield batch()
+            run = []
+        run_rank = r
+        run.append(ln)
+        if ln.transient:
+            yield batch()
+            run = []
+    if run:
+        yield batch()
 
 
 def analyze_paths(paths: list[str]) -> Analyzer:
@@ -50,7 +69,7 @@ def analyze_paths(paths: list[str]) -> Analyzer:
             s = Session.open(p)
             while not s.finished:
                 batch = s.poll()
-                if not batch and not s.is_live:
+                if not batch and not s.is_live and not s.backlog:
                     break
                 an.feed(batch)
             continue

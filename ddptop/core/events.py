@@ -40,6 +40,10 @@ class Event:
     def to_json(self) -> str:
         return _dumps(self.to_dict())
 
+    def json_lines(self) -> str:
+        """What ``--json`` prints for it: its JSON (a ``LogBatch`` prints one object per line)."""
+        return self.to_json()
+
 
 @dataclass(frozen=True)
 class StateEvent(Event):
@@ -107,6 +111,102 @@ class LogEvent(Event):
             f'"partial":{"true" if self.partial else "false"},'
             f'"transient":{"true" if self.transient else "false"},"node":{_enc(self.node)}}}'
         )
+
+
+@dataclass(frozen=True)
+class LogBatch(Event):
+    """The lines of one read of one log file: the form log output travels in
+    (session, analysis, headless, UI, agent), one event per read instead of
+    one object per line.
+
+    ``offsets[i]`` is the byte offset of line ``i`` in ``path`` (relative to
+    the run directory); ``partial`` lists the indices of lines cut because
+    they grew too long; ``transient`` says the last line is an in-place update
+    (a ``\r`` progress bar) of a line that has not ended yet.  ``--json``
+    prints one ``log`` object per line (``json_lines``), as before batches.
+    """
+
+    kind: ClassVar[str] = "logs"
+    rank: int | None = None
+    stream: str = "stdout"
+    attempt: int = 0
+    path: str = ""
+    node: str = ""
+    offsets: tuple[int, ...] = ()
+    texts: tuple[str, ...] = ()
+    partial: tuple[int, ...] = ()
+    transient: bool = False
+
+    @classmethod
+    def fast(cls, t, rank, stream, attempt, path, offsets, texts, partial=(), transient=False,
+             node="") -> "LogBatch":
+        """Same as the constructor, without the dataclass machinery (hot path);
+        ``offsets`` and ``texts`` may be lists (taken as they are, not copied)."""
+        ev = _new(cls)
+        _setattr(ev, "__dict__", {
+            "t": t, "rank": rank, "stream": stream, "attempt": attempt, "path": path, "node": node,
+            "offsets": offsets, "texts": texts, "partial": partial, "transient": transient,
+        })
+        return ev
+
+    @classmethod
+    def of_line(cls, ev: LogEvent) -> "LogBatch":
+        """A batch of one line (a ``log`` event from an older agent)."""
+        return cls.fast(ev.t, ev.rank, ev.stream, ev.attempt, ev.path, (ev.offset,), (ev.text,),
+                        (0,) if ev.partial else (), ev.transient, ev.node)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @property
+    def done(self):
+        """The texts of the lines that have ended (all but a trailing transient one)."""
+        return self.texts[:-1] if self.transient else self.texts
+
+    @property
+    def live(self) -> str | None:
+        """The trailing in-place update, if the batch ends with one."""
+        return self.texts[-1] if self.transient and self.texts else None
+
+    def with_node(self, node: str) -> "LogBatch":
+        d = dict(self.__dict__)
+        d["node"] = node
+        ev = _new(type(self))
+        _setattr(ev, "__dict__", d)
+        return ev
+
+    def lines(self) -> list[LogEvent]:
+        """One ``LogEvent`` per line (for code that wants them one by one)."""
+        cut = set(self.partial)
+        last = len(self.texts) - 1
+        return [LogEvent.fast(self.t, self.rank, self.stream, text, self.attempt, self.path, off, i in cut,
+                              self.transient and i == last, self.node)
+                for i, (off, text) in enumerate(zip(self.offsets, self.texts))]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"t": self.t, "kind": self.kind, **self.__dict__}
+        for k in ("offsets", "texts", "partial"):
+            d[k] = list(d[k])
+        return d
+
+    def json_lines(self) -> str:
+        """One ``log`` object a line, newline-separated (what ``--json`` prints;
+        each equal to that line's ``LogEvent.to_json()``, tested)."""
+        if not self.texts:
+            return ""
+        rank = "null" if self.rank is None else self.rank
+        head = f'{{"t":{self.t!r},"kind":"log","rank":{rank},"stream":{_enc(self.stream)},"text":'
+        mid = f',"attempt":{self.attempt},"path":{_enc(self.path)},"offset":'
+        tail = f',"partial":false,"transient":false,"node":{_enc(self.node)}}}'
+        out = [f"{head}{_enc(text)}{mid}{off}{tail}" for off, text in zip(self.offsets, self.texts)]
+        last = len(out) - 1
+        for i in {*self.partial, *((last,) if self.transient else ())}:
+            if 0 <= i <= last:
+                p = "true" if i in self.partial else "false"
+                tr = "true" if self.transient and i == last else "false"
+                out[i] = (f"{head}{_enc(self.texts[i])}{mid}{self.offsets[i]},\"partial\":{p},\"transient\":{tr},"
+                          f"\"node\":{_enc(self.node)}}}")
+        return "\n".join(out)
 
 
 @dataclass(frozen=True)
@@ -303,7 +403,7 @@ class LinkEvent(Event):
 
 _KINDS: dict[str, type[Event]] = {
     cls.kind: cls
-    for cls in (StateEvent, RankEvent, LogEvent, NoteEvent, LaunchEvent, ProgressEvent, GpuStatusEvent, GpuEvent,
+    for cls in (StateEvent, RankEvent, LogEvent, LogBatch, NoteEvent, LaunchEvent, ProgressEvent, GpuStatusEvent, GpuEvent,
                 ProcEvent, AlarmEvent, LinkEvent, StacksEvent, RasEvent)
 }
 
@@ -382,6 +482,14 @@ def from_dict(d: Any) -> Event:
             kw[k] = check(v)
         except TypeError as e:
             raise BadEvent(f"{kind} event, field {k!r}: {e}") from None
+    if cls is LogBatch:
+        n = len(kw.get("texts", ()))
+        if len(kw.get("offsets", ())) != n:
+            raise BadEvent("logs event with a different number of offsets and texts")
+        if any(not 0 <= i < n for i in kw.get("partial", ())):
+            raise BadEvent("logs event, field 'partial': an index out of range")
+        if kw.get("transient") and not n:
+            raise BadEvent("logs event: transient without a line")
     return cls(**kw)
 
 

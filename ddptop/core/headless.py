@@ -4,24 +4,25 @@ from __future__ import annotations
 
 import signal
 import sys
-import time
 from typing import TextIO
 
 from ddptop.core.event_text import describe
-from ddptop.core.events import Event, LogEvent
+from ddptop.core.events import Event, LogBatch
 from ddptop.core.jobs import JobSession
 
 
 def format_text(ev: Event) -> str | None:
-    """One event as a line of headless output, or None (telemetry, progress,
-    a progress bar's redraw: the journal and --json keep them)."""
-    if isinstance(ev, LogEvent):
-        if ev.transient:
-            return None  # progress bars: the completed line follows
-        prefix = "[torchrun]" if ev.rank is None else f"[r{ev.rank}]"
+    """One event as headless output (a batch of lines: its lines, newline-
+    separated), or None (telemetry, progress, a progress bar's redraw: the
+    journal and --json keep them)."""
+    if isinstance(ev, LogBatch):
+        texts = ev.done  # a progress bar's redraw is left out: the completed line follows
+        if not texts:
+            return None
+        prefix = "[torchrun] " if ev.rank is None else f"[r{ev.rank}] "
         if ev.stream == "stderr":
-            prefix = prefix[:-1] + "!]"
-        return f"{prefix} {ev.text}"
+            prefix = prefix[:-2] + "!] "
+        return prefix + ("\n" + prefix).join(texts)
     said = describe(ev)
     if said is None:
         return None
@@ -33,7 +34,7 @@ def format_text(ev: Event) -> str | None:
 
 
 def run_headless(session: JobSession, *, json_mode: bool, out: TextIO | None = None,
-                 stop_on_signal: bool = True, interval: float = 0.1) -> int:
+                 stop_on_signal: bool = True, interval: float = 1.0) -> int:
     """Print the session's events until the job ends; return what ddptop exits with.
 
     SIGINT/SIGTERM stop the whole job (as they would stop torchrun), and
@@ -73,10 +74,10 @@ def run_headless(session: JobSession, *, json_mode: bool, out: TextIO | None = N
         while not session.finished:
             batch = session.poll()
             if not batch:
-                time.sleep(interval)
+                session.wait(interval)  # a file event, a line over the link, or a deadline
                 continue
             if json_mode:
-                write("".join(ev.to_json() + "\n" for ev in batch))
+                write("".join(ev.json_lines() + "\n" for ev in batch if not isinstance(ev, LogBatch) or ev.texts))
             else:
                 lines = [s for s in map(format_text, batch) if s is not None]
                 if lines:

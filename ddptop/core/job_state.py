@@ -15,7 +15,7 @@ from ddptop.core.events import (
     GpuStatusEvent,
     LaunchEvent,
     LinkEvent,
-    LogEvent,
+    LogBatch,
     NoteEvent,
     ProcEvent,
     ProgressEvent,
@@ -26,6 +26,7 @@ from ddptop.core.events import (
 )
 
 HISTORY = 300  # telemetry samples kept per GPU (5 minutes at 1 Hz)
+STEP_LOOKBACK = 256  # lines of a batch looked at (from its end) for the rank table's step
 from ddptop.core.progress import parse_step
 
 
@@ -88,9 +89,10 @@ class JobState:
 
     def apply(self, events: Iterable[Event]) -> None:
         for ev in events:
-            if isinstance(ev, LogEvent):
+            if isinstance(ev, LogBatch):
+                done = len(ev.texts) - 1 if ev.transient else len(ev.texts)
                 if ev.rank is None:
-                    self.torchrun_lines += 1
+                    self.torchrun_lines += done
                     continue
                 elif ev.node and ev.rank not in self.ranks:
                     self.rank(ev.rank).node = ev.node
@@ -98,14 +100,19 @@ class JobState:
                 info.last_output_t = ev.t
                 if ev.attempt > info.attempt:
                     info.attempt = ev.attempt
-                if not ev.transient:
-                    info.lines += 1
-                info.last_line = ev.text
+                info.lines += done
+                if not ev.texts:
+                    continue
+                info.last_line = ev.texts[-1]
                 if info.step_source == "log":
-                    step = parse_step(ev.text)
-                    if step is not None:
-                        info.last_step = step
-                        info.last_step_t = ev.t
+                    # the last line that says a step, looked for from the end (one
+                    # parse per batch, usually; at most STEP_LOOKBACK lines)
+                    for text in reversed(ev.texts[-STEP_LOOKBACK:]):
+                        step = parse_step(text)
+                        if step is not None:
+                            info.last_step = step
+                            info.last_step_t = ev.t
+                            break
             elif isinstance(ev, GpuEvent):
                 key = (ev.node, ev.index)
                 self.gpus[key] = ev
@@ -182,3 +189,16 @@ def ras_of(model: JobState, rank: int) -> str:
     if any(info.last_step_t is not None and info.last_step_t > ev.t for info in model.ranks.values()):
         return ""  # progress since: the stall is over
     return str(ev.behind.get(str(rank), "ok" if ev.behind else ""))
+
+
+def culprits_of(model: JobState) -> tuple[int, ...]:
+    """The ranks the latest alarm names as the odd ones out (the rank table
+    marks them); () once every rank has stepped since a stall alarm."""
+    for a in reversed(model.alarms):
+        if not a.culprits:
+            continue
+        if a.type == "stall" and model.ranks and all(
+                info.last_step_t is not None and info.last_step_t > a.t for info in model.ranks.values()):
+            return ()  # the stall is over
+        return tuple(a.culprits)
+    return ()

@@ -212,6 +212,16 @@ class JobSession(Protocol):
 
     def poll(self) -> list[Event]: ...
 
+    def wait(self, timeout: float) -> None:
+        """Sleep until ``poll`` may have something new (a file changed, a line
+        arrived) or ``timeout`` seconds pass; an implementation may end
+        sooner for its own deadlines.  Front ends call it when a poll found
+        nothing, instead of sleeping a fixed interval."""
+
+    def wake(self) -> None:
+        """End a ``wait`` under way now (called from another thread: a command
+        came).  Where waits are short anyway, it does nothing."""
+
     def exit_status(self) -> ExitStatus: ...
 
     def control(self) -> Control: ...

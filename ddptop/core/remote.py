@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from ddptop import __version__
 from ddptop.core import journal, wire
-from ddptop.core.events import (FINAL_STATES, LOST, AlarmEvent, BadEvent, Event, LaunchEvent, LinkEvent, LogEvent, NoteEvent,
+from ddptop.core.events import (FINAL_STATES, LOST, AlarmEvent, BadEvent, Event, LaunchEvent, LinkEvent, LogBatch, LogEvent, NoteEvent,
                                 RankEvent, StateEvent, UnknownKind, from_dict)
 from ddptop.core.jobs import CommandResult, Control, ExitStatus, Nodes, RemoteRun
 from ddptop.core.wire import encode_cursor
@@ -43,6 +43,7 @@ HELLO_TIMEOUT = 60.0
 MAX_LINE = 16 * 1024 * 1024
 SKEW_MIN = 1.0  # seconds: a node clock further than this from ours has its event times moved onto ours
 CONTROL = wire.CONTROL
+MULTI_STEP = 0.02  # seconds between looks at the nodes' links while a cross-node view waits
 FIX_ELSEWHERE = "ddptop fix runs the job again on this machine: run it on the node where the job runs"
 SSH_OPTIONS = ("-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")
 # ssh's own failures that retrying cannot fix
@@ -136,6 +137,7 @@ class RemoteSession:
         self._final: StateEvent | None = None
         self._exit: ExitStatus | None = None  # from the agent's bye
         self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._early: list = []  # what wait() took off the queue, for the next poll
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -180,13 +182,29 @@ class RemoteSession:
     def cursor(self) -> dict[str, int]:
         return dict(self._cursor)
 
+    def wake(self) -> None:
+        """End a ``wait`` under way (an empty batch on the queue)."""
+        self._q.put([])
+
+    def wait(self, timeout: float) -> None:
+        """Until the link delivers something (or ``timeout``)."""
+        if self.finished or self._early:
+            return
+        try:
+            self._early.append(self._q.get(timeout=max(0.0, timeout)))
+        except queue.Empty:
+            pass
+
     def poll(self) -> list[Event]:
         out: list[Event] = []
         while True:
-            try:
-                batch = self._q.get_nowait()
-            except queue.Empty:
-                break
+            if self._early:
+                batch = self._early.pop(0)
+            else:
+                try:
+                    batch = self._q.get_nowait()
+                except queue.Empty:
+                    break
             if batch is None:
                 self.finished = True
                 if self._final is not None:
@@ -236,6 +254,18 @@ class RemoteSession:
             except OSError as e:
                 return CommandResult(False, f"{self.node}: the link broke ({e}): not sent")
         return CommandResult(True, f"{self.node}: asked to {what}")
+
+    def _send_raw(self, cmd: dict) -> None:
+        """A line to the agent that needs no answer (a broken link is noticed by the reader)."""
+        with self._lock:
+            proc = self._proc
+            if proc is None or proc.stdin is None:
+                return
+            try:
+                proc.stdin.write((json.dumps(cmd) + "\n").encode())
+                proc.stdin.flush()
+            except OSError:
+                pass
 
     def _kill(self) -> None:
         proc = self._proc
@@ -357,6 +387,9 @@ class RemoteSession:
                         self.run = d["run"]  # pin the run: a reconnect must not jump to a newer one
                         self._remote_dir = str(d.get("run_dir") or d["run"])
                     self._set_link("up", f"{d.get('host', self.host)}, ddptop {d.get('ddptop')}, run {d.get('run')}")
+                    minor = d.get("minor")
+                    if isinstance(minor, int) and minor >= wire.BATCHES_SINCE:
+                        self._send_raw({"cmd": "accept", "kinds": ["logs"]})
                     continue
                 kind, d = wire.parse_line(raw)
                 if kind is None:
@@ -381,6 +414,8 @@ class RemoteSession:
                     return "bye", ""
                 elif kind == "error":
                     return "fatal", str(d.get("message", "the agent reported an error"))
+                elif kind == "reply" and d.get("cmd") == "accept":
+                    continue  # (logs batches from now on: nothing to tell the person)
                 elif kind == "reply":
                     level = "info" if d.get("ok") else "warning"
                     what = "refused: " if d.get("refused") else ""
@@ -390,7 +425,8 @@ class RemoteSession:
                     continue
                 else:
                     try:
-                        pending.append(_event(d, self.node, self.skew))
+                        ev = _event(d, self.node, self.skew)
+                        pending.append(LogBatch.of_line(ev) if isinstance(ev, LogEvent) else ev)
                     except UnknownKind:
                         continue  # a newer agent's kind: ignored
                     except BadEvent as e:
@@ -465,6 +501,7 @@ class MultiSession:
 
         self.sessions = sessions
         self.clock = clock
+        self._woken = threading.Event()  # wake()
         self.pipeline = Pipeline(node="all nodes", stall_after=stall_after, clock=clock, stall_only=True,
                                  on_stall=self._stacks_everywhere)
         self._final: StateEvent | None = None
@@ -513,6 +550,21 @@ class MultiSession:
 
     def cursor(self) -> dict[str, int]:
         return {f"{s.node}:{path}": off for s in self.sessions for path, off in s.cursor().items()}
+
+    def wake(self) -> None:
+        """End a ``wait`` under way."""
+        self._woken.set()
+
+    def wait(self, timeout: float) -> None:
+        """Until a node's link delivers something, or ``timeout`` (looked at every MULTI_STEP)."""
+        deadline = time.monotonic() + timeout
+        while not self.finished:
+            left = deadline - time.monotonic()
+            if left <= 0 or any(s._early or not s._q.empty() for s in self.sessions):
+                return
+            if self._woken.wait(min(left, MULTI_STEP)):
+                self._woken.clear()
+                return
 
     def poll(self) -> list[Event]:
         out: list[Event] = []
@@ -597,14 +649,17 @@ class MultiSession:
                 if what in ("torch", "nccl"):
                     seen.setdefault(what, {}).setdefault(s.node, set()).add(v)
         for ev in events:
-            if not isinstance(ev, LogEvent) or "NCCL" not in ev.text:
-                continue
-            m = _NCCL_VERSION.search(ev.text)
-            if m:
-                seen.setdefault("NCCL (from its log)", {}).setdefault(ev.node, set()).add(m.group(1))
-            m = _NCCL_VIA.search(ev.text)
-            if m:
-                seen.setdefault("NCCL transport", {}).setdefault(ev.node, set()).add(m.group(1))
+            if not isinstance(ev, LogBatch) or "NCCL" not in "\n".join(ev.texts):
+                continue  # (one C-level search for the batch; lines one by one only where NCCL speaks)
+            for text in ev.texts:
+                if "NCCL" not in text:
+                    continue
+                m = _NCCL_VERSION.search(text)
+                if m:
+                    seen.setdefault("NCCL (from its log)", {}).setdefault(ev.node, set()).add(m.group(1))
+                m = _NCCL_VIA.search(text)
+                if m:
+                    seen.setdefault("NCCL transport", {}).setdefault(ev.node, set()).add(m.group(1))
         out: list[Event] = []
         for what, per_node in seen.items():
             if len(per_node) < 2:

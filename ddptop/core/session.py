@@ -29,7 +29,7 @@ from ddptop.core.events import (
     LOST,
     BadEvent,
     Event,
-    LogEvent,
+    LogBatch,
     NoteEvent,
     ProgressEvent,
     RankEvent,
@@ -40,16 +40,23 @@ from ddptop.core.events import (
 from ddptop.core.jobs import CommandResult, Control, ExitStatus, LocalRun
 from ddptop.core.pipeline import RankMap
 from ddptop.core.tailer import Tailer
+from ddptop.core.wake import FileWaker
 
 SCAN_EVERY = 0.5  # seconds between looks for new rank log files
 LIVE_EVERY = 0.5  # seconds between looks at the supervisor process while polling
+POLL_BYTES = 4 << 20  # log bytes one poll reads, at most about, from all files together
+MIN_READ = 64 << 10  # a file's share of a poll, at least
+WAIT_AT_MOST = 1.0  # seconds a wait() lasts without a file event (the supervisor's liveness is looked at then)
+SIZE_CHECK_EVERY = 5.0  # seconds between full reads while file events say nothing changed (they may be missing)
 
 
 class Session:
     def __init__(self, run_dir: Path, clock: Callable[[], float] = time.time,
-                 resume: dict[str, int] | None = None):
+                 resume: dict[str, int] | None = None, min_gap: float = 0.01):
         """``resume``: a ``cursor()`` from an earlier session on this run; reading
-        starts exactly after what that session had returned."""
+        starts exactly after what that session had returned.  ``min_gap``:
+        seconds between two wakes of ``wait``, at least (see FileWaker)."""
+        self.min_gap = min_gap
         self.run_dir = Path(run_dir)
         self.meta: journal.Meta = journal.load_meta(self.run_dir)
         self.location = LocalRun(self.run_dir)
@@ -69,6 +76,10 @@ class Session:
         self._live_checked: tuple[float, bool] | None = None  # (when, answer) of the last real look
         self.finished = False
         self.stop_requested = False
+        self._waker: FileWaker | None = None
+        self._woken = False
+        self._full_read = 0.0  # (monotonic) when poll last read every file
+        self._backlog = False  # the last poll left bytes to read (its share of POLL_BYTES was used up)
 
     @classmethod
     def open(cls, run_dir: Path | str, resume: dict[str, int] | None = None) -> "Session":
@@ -185,6 +196,8 @@ class Session:
         return CommandResult(True, f"relaunching with {', '.join(profiles) or 'no profile'}")
 
     def close(self) -> None:
+        if self._waker is not None:
+            self._waker.close()
         for t in [self._events, self._torchrun, *(x[0] for x in self._logs.values()), *self._notes.values()]:
             t.close()
 
@@ -237,14 +250,56 @@ class Session:
                 continue
             out.append(ev)
 
-    def poll(self, max_bytes: int = 4 * 1024 * 1024) -> list[Event]:
-        """Everything new since the last call.  Never blocks on the job."""
+    def wait(self, timeout: float) -> None:
+        """Sleep until a file of the run changes (a line, an event, a step) or
+        ``timeout`` seconds pass (at most WAIT_AT_MOST: the supervisor's
+        liveness is looked at then)."""
+        if self.finished:
+            return
+        if self._woken or self._backlog:  # (a wake before the first wait; bytes left to read)
+            self._woken = False
+            return
+        if self._waker is None:
+            paths = [self.run_dir]
+            log_dir = Path(self.meta.log_dir)
+            if self.run_dir not in log_dir.parents and log_dir != self.run_dir and log_dir.is_dir():
+                paths.append(log_dir)
+            self._waker = FileWaker(paths, min_gap=self.min_gap)
+            if self._woken:  # woken while the watcher started
+                self._woken = False
+                return
+        self._waker.wait(min(timeout, WAIT_AT_MOST))
+
+    @property
+    def backlog(self) -> bool:
+        """The last poll left bytes to read: poll again before waiting."""
+        return self._backlog
+
+    def wake(self) -> None:
+        """End a ``wait`` under way (from another thread)."""
+        if self._waker is not None:
+            self._waker.wake()
+        else:
+            self._woken = True  # (before the first wait: that one ends at once)
+
+    def poll(self, max_bytes: int = POLL_BYTES) -> list[Event]:
+        """Everything new since the last call, at most about ``max_bytes`` of log
+        output in all (shared among the log files: memory stays bounded
+        however many ranks; the rest comes with the next call).  Never blocks
+        on the job."""
         if self.finished:
             return []
         now = self.clock()
+        waker = self._waker
+        if (waker is not None and waker.quiet and not self._backlog and self._final is None
+                and time.monotonic() - self._full_read < SIZE_CHECK_EVERY and self._supervisor_alive(now)):
+            return []  # no file event and the supervisor is there: nothing to read (a slow check reads anyway)
+        self._full_read = time.monotonic()
+        had_backlog = self._backlog
         out: list[Event] = []
         final_seen = self._final is not None
         self._read_events(now, out)
+        read_any = bool(out)
         if self._final is None and not self._supervisor_alive(now):
             # gone: whatever it wrote before it went is in the journal now
             self._read_events(now, out)
@@ -255,31 +310,42 @@ class Session:
                                else StateEvent(now, LOST, None, journal.LOST_MESSAGE))
         if self._final is not None and not final_seen:
             self._last_scan = 0.0  # one more full scan before the end
-        if now - self._last_scan >= SCAN_EVERY:
-            self._last_scan = now
+        if now - self._last_scan >= SCAN_EVERY or (waker is not None and waker.take_added()):
+            self._last_scan = now  # (a file was created: maybe a new rank's log)
             self._scan_logs()
         run_dir = str(self.run_dir)
-        out.extend(self._read_beats(now))
-        for tl in self._torchrun.read(max_bytes):
-            out.append(LogEvent(now, None, "torchrun", tl.text, 0, journal.TORCHRUN_LOG, tl.offset, tl.partial, tl.transient))
+        beats = self._read_beats(now)
+        read_any = read_any or bool(beats)
+        out.extend(beats)
+        batch = LogBatch.fast
+        per_file = max(min(max_bytes, MIN_READ), max_bytes // (len(self._logs) + 1))
+        c = self._torchrun.read_chunk(per_file)
+        if c.texts:
+            read_any = True
+            out.append(batch(now, None, "torchrun", 0, journal.TORCHRUN_LOG, *c))
         drained = self._torchrun.at_eof()
         for path, (tailer, attempt, local_rank, stream) in self._logs.items():
-            lines = tailer.read(max_bytes)
-            if lines:
-                rank = self._rank_for(attempt, local_rank)
-                rel = os.path.relpath(path, run_dir)
-                fast = LogEvent.fast
-                out.extend([fast(now, rank, stream, text, attempt, rel, off, part, trans)
-                            for off, text, part, trans in lines])
+            c = tailer.read_chunk(per_file)
+            if c.texts:
+                read_any = True
+                out.append(batch(now, self._rank_for(attempt, local_rank), stream, attempt,
+                                 os.path.relpath(path, run_dir), *c))
             if not tailer.at_eof():
                 drained = False
+        self._backlog = not drained or not self._events.at_eof()
         if self._final is not None and drained:
-            for tailer, attempt, local_rank, stream in self._logs.values():
-                for tl in tailer.flush():
-                    out.append(LogEvent(now, self._rank_for(attempt, local_rank), stream, tl.text, attempt,
-                                        os.path.relpath(tailer.path, run_dir), tl.offset, tl.partial))
+            for path, (tailer, attempt, local_rank, stream) in self._logs.items():
+                c = tailer.flush_chunk()
+                if c.texts:
+                    out.append(batch(now, self._rank_for(attempt, local_rank), stream, attempt,
+                                     os.path.relpath(path, run_dir), *c))
             out.append(self._final)
             self.finished = True
+        if self._waker is not None:
+            self._waker.saw(read_any and not had_backlog)  # (what the last poll left is no news)
+            note = self._waker.take_note()
+            if note:
+                out.insert(0, NoteEvent(now, "info", f"watching {self.run_dir}: {note}"))
         return out
 
     def _supervisor_alive(self, now: float) -> bool:
@@ -325,11 +391,11 @@ class Session:
                 continue
         return out
 
-    def follow(self, interval: float = 0.1) -> Iterator[list[Event]]:
+    def follow(self, interval: float = WAIT_AT_MOST) -> Iterator[list[Event]]:
         """Yield batches until the run has finished."""
         while not self.finished:
             batch = self.poll()
             if batch:
                 yield batch
             else:
-                time.sleep(interval)
+                self.wait(interval)

@@ -59,6 +59,8 @@ class EventWriter:
 
 
 STALL_EXIT = 124
+ANALYSIS_GAP = 0.05  # seconds between two analysis passes, at least (a chatty job's lines come in batches)
+FINAL_READ = 4.0  # seconds the analysis may take, once torchrun has ended, to read the rest of the logs
 
 
 class Watcher(threading.Thread):
@@ -69,6 +71,15 @@ class Watcher(threading.Thread):
         super().__init__(name="ddptop-watcher", daemon=True)
         self.sup, self.interval = sup, interval
         self.done = threading.Event()
+        self._session = None
+        self._final_deadline = 0.0
+
+    def finish(self) -> None:
+        """torchrun has ended: read the last lines now (end a wait under way)."""
+        self.done.set()
+        session = self._session
+        if session is not None:
+            session.wake()
 
     def run(self) -> None:
         from ddptop.core.pipeline import Pipeline
@@ -76,7 +87,7 @@ class Watcher(threading.Thread):
 
         sup = self.sup
         try:
-            session = Session(sup.run_dir)
+            session = self._session = Session(sup.run_dir, min_gap=ANALYSIS_GAP)
             pipe = Pipeline(node=sup.meta.host, stall_after=sup.meta.stall_after,
                             on_alarm=sup.notify, on_stall=sup.on_stall, sampler=sup.samples.request,
                             ras=sup.ras, ras_always="NCCL_RAS_ADDR" in os.environ)
@@ -85,6 +96,8 @@ class Watcher(threading.Thread):
             return
         while True:
             last = self.done.is_set()  # torchrun has ended: one more pass reads its last lines
+            if last and not self._final_deadline:
+                self._final_deadline = time.monotonic() + FINAL_READ
             if sup.stacks_request:  # asked for (the TUI's p key, or through an attachment)
                 sup.stacks_request = False
                 sup.stacks.request("asked for")
@@ -97,9 +110,10 @@ class Watcher(threading.Thread):
             if alarms:
                 sup.events.write_many(alarms)
                 pipe.react(alarms)
-            if last:
-                break
-            self.done.wait(self.interval)
+            if last and (not session.backlog or time.monotonic() > self._final_deadline):
+                break  # (the last pass reads every file to its end, within FINAL_READ seconds)
+            if not self.done.is_set():
+                session.wait(self.interval)  # a line, a step or a deadline (stall checks) wakes it
         session.close()
 
 
@@ -364,7 +378,7 @@ class Supervisor:
         if sampler is not None:
             sampler.stop()
         self.ras.stop()
-        watcher.done.set()
+        watcher.finish()
         watcher.join(timeout=5)  # its last alarms land before the final state
         self.stacks.wait(timeout=30)  # and a stack capture under way
         self.samples.wait(timeout=30)

@@ -8,7 +8,8 @@ line stays in the file), ``\\r`` progress updates become transient lines.
 from __future__ import annotations
 
 import os
-from itertools import accumulate, repeat
+from itertools import accumulate, count
+from operator import add
 from typing import NamedTuple
 
 MAX_LINE = 64 * 1024
@@ -22,7 +23,26 @@ class Line(NamedTuple):
     transient: bool = False  # unfinished line shown in place (\r update)
 
 
-_make_line = Line._make
+class Chunk(NamedTuple):
+    """The lines of one read, as parallel lists (no object per line).
+
+    ``partial``: indices of lines cut because they were longer than max_line;
+    ``transient``: the last line is an unfinished in-place (``\\r``) update.
+    """
+
+    offsets: list[int]
+    texts: list[str]
+    partial: tuple[int, ...] = ()
+    transient: bool = False
+
+    def lines(self) -> list[Line]:
+        cut = set(self.partial)
+        last = len(self.texts) - 1
+        return [Line(o, t, i in cut, self.transient and i == last)
+                for i, (o, t) in enumerate(zip(self.offsets, self.texts))]
+
+
+EMPTY = Chunk([], [])
 
 
 def _decode(b: bytes) -> str:
@@ -112,37 +132,47 @@ class Tailer:
 
     def read(self, max_bytes: int = READ_CHUNK) -> list[Line]:
         """Read what was appended since the last call (at most ``max_bytes``)."""
+        return self.read_chunk(max_bytes).lines()
+
+    def read_chunk(self, max_bytes: int = READ_CHUNK) -> Chunk:
+        """``read`` as one Chunk: the hot path (no object per line)."""
         if not self._open():
-            return []
+            return EMPTY
         f = self._f
         f.seek(self.pos)
         data = f.read(max_bytes)
         if not data:
-            return []
+            return EMPTY
         self.pos += len(data)
         return self._feed(data)
 
     def flush(self) -> list[Line]:
+        return self.flush_chunk().lines()
+
+    def flush_chunk(self) -> Chunk:
         """Emit a pending unterminated line (at the end of a finished file)."""
-        out = []
+        out = EMPTY
         if self._carry and not self._skipping:
             text = _last_cr_segment(self._carry.rstrip(b"\r"))
-            out.append(Line(self._origin, _decode(text)))
+            out = Chunk([self._origin], [_decode(text)])
             self.line_start += len(self._carry)
         self._origin = self.line_start
         self._carry = b""
         self._skipping = False
         return out
 
-    def _feed(self, data: bytes) -> list[Line]:
-        out: list[Line] = []
+    def _feed(self, data: bytes) -> Chunk:
+        offsets: list[int] = []
+        texts: list[str] = []
+        partial: list[int] = []
+        transient = False
         max_line = self.max_line
         if self._skipping:
             nl = data.find(b"\n")
             if nl < 0:
                 self.line_start += len(data)
                 self._origin = self.line_start
-                return out
+                return EMPTY
             self.line_start += nl + 1
             self._origin = self.line_start
             data = data[nl + 1 :]
@@ -150,39 +180,61 @@ class Tailer:
         if self._carry:
             data = self._carry + data
             self._carry = b""
-        parts = data.split(b"\n")
-        tail = parts.pop()
         start = self.line_start
-        lens = [len(p) + 1 for p in parts]
-        if parts and b"\r" not in data and max(lens) <= max_line + 1:
-            # fast path (the common case): decode once, split once, no per-line branches
-            body = data[: sum(lens) - 1].decode("utf-8", "replace").split("\n")
-            offsets = list(accumulate(lens, initial=start))
-            start = offsets.pop()
-            out = list(map(_make_line, zip(offsets, body, repeat(False), repeat(False))))
-            parts = ()
-        append = out.append
-        for raw in parts:
+        last_nl = data.rfind(b"\n")
+        ended = last_nl >= 0
+        tail = data[last_nl + 1 :]
+        body = data[:last_nl] if ended else b""
+        slow: list[bytes] = []
+        if ended and b"\r" not in body:
+            # fast path (the common case): decode once, split once, lengths and
+            # offsets by C-level maps; no per-line Python code
+            if body.isascii():
+                texts = body.decode("ascii").split("\n")
+                lens = list(map(len, texts))
+            else:
+                parts = body.split(b"\n")
+                lens = list(map(len, parts))
+                if max(lens) <= max_line:
+                    texts = body.decode("utf-8", "replace").split("\n")
+                    if len(texts) != len(parts):  # (cannot happen: \n never comes from a replacement)
+                        texts = [p.decode("utf-8", "replace") for p in parts]
+                else:
+                    slow = parts
+            if not slow:
+                if max(lens) > max_line:
+                    slow = body.split(b"\n")
+                    texts = []
+                else:
+                    offsets = list(map(add, accumulate(lens, initial=start), count()))
+                    start = offsets.pop()  # the end of the last line, past its newline
+        elif ended:
+            slow = body.split(b"\n")
+        for raw in slow:
             n = len(raw) + 1
             if raw.endswith(b"\r"):
                 raw = raw[:-1]
             if b"\r" in raw:
                 raw = _last_cr_segment(raw)
+            offsets.append(start)
             if len(raw) > max_line:
-                append(Line(start, _decode(_cut(raw, max_line)), partial=True))
+                partial.append(len(texts))
+                texts.append(_decode(_cut(raw, max_line)))
             else:
-                append(Line(start, raw.decode("utf-8", "replace")))
+                texts.append(raw.decode("utf-8", "replace"))
             start += n
         self.line_start = start
-        if out and out[0].offset != self._origin:
-            out[0] = out[0]._replace(offset=self._origin)  # its head was a \r update cut earlier
-        if parts or lens:
+        if offsets and offsets[0] != self._origin:
+            offsets[0] = self._origin  # its head was a \r update cut earlier
+        if ended:
             self._origin = start  # a new line begins after the last newline
-        self._last_transient = b"" if lens else self._last_transient
+            self._last_transient = b""
         if tail:
             if len(tail) > max_line and b"\r" not in tail[-max_line:]:
                 # an endless line: emit its head once, skip the rest until newline
-                out.append(Line(self._origin, _decode(_cut(tail, max_line)), partial=True))
+                partial.append(len(texts))
+                offsets.append(self._origin)
+                texts.append(_decode(_cut(tail, max_line)))
                 self.line_start += len(tail)
                 self._origin = self.line_start
                 self._skipping = True
@@ -193,11 +245,15 @@ class Tailer:
                     cut = tail.rstrip(b"\r").rfind(b"\r")
                     seg = _last_cr_segment(tail)
                     if seg and seg != self._last_transient:
-                        out.append(Line(self._origin, _decode(_cut(seg, max_line)), transient=True))
+                        offsets.append(self._origin)
+                        texts.append(_decode(_cut(seg, max_line)))
+                        transient = True
                         self._last_transient = seg
                     # drop overwritten segments to keep memory bounded
                     if cut > 0:
                         self.line_start += cut
                         tail = tail[cut:]
                 self._carry = tail
-        return out
+        if not texts:
+            return EMPTY
+        return Chunk(offsets, texts, tuple(partial), transient)

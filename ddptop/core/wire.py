@@ -18,6 +18,13 @@ One JSON object a line, UTF-8, over the person's own ssh:
 Commands go the other way, one JSON object a line: ``{"cmd": "stop"}``,
 ``{"cmd": "relaunch", "profiles": [...], "reason": "..."}``, ``{"cmd": "stacks"}``.
 
+Log lines: an agent sends one ``log`` object per line (as ``--json``) until
+the client says ``{"cmd": "accept", "kinds": ["logs"]}`` (a client sends it
+only to an agent of minor 3 or later, right after the hello); the agent
+answers with a ``reply`` to ``accept`` and from then on sends ``logs``
+batches, the lines of one read of one file in one object.  A client takes
+both forms.
+
 Compatibility: a client accepts an agent of the same MAJOR version whatever
 its MINOR (a minor version only adds kinds or fields); kinds and fields a
 reader does not know are ignored, on the wire as in the journal.  A line that
@@ -32,7 +39,8 @@ from typing import Any
 
 PROTO_NAME = "ddptop-agent"
 MAJOR = 1  # a client and an agent of different majors cannot talk
-MINOR = 2  # 1: exit status in bye, typed replies, location in hello; 2: "ras" events
+MINOR = 3  # 1: exit status in bye, typed replies, location in hello; 2: "ras" events; 3: "logs" batches
+BATCHES_SINCE = 3  # the first minor whose agent sends "logs" batches when asked
 PROTOCOL = MAJOR  # (the "version" field: what protocol 1 agents and clients compare)
 CONTROL = frozenset({"hello", "cursor", "bye", "reply", "error"})
 

@@ -38,7 +38,7 @@ from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
 
 from ddptop.core.event_text import describe
-from ddptop.core.events import (FINAL_STATES, AlarmEvent, GpuEvent, GpuStatusEvent, LaunchEvent, LinkEvent, LogEvent,
+from ddptop.core.events import (FINAL_STATES, AlarmEvent, GpuEvent, GpuStatusEvent, LaunchEvent, LinkEvent, LogBatch,
                                 NoteEvent, ProcEvent, ProgressEvent, RankEvent, StateEvent)
 from ddptop.core.jobs import JobSession, Nodes, RemoteRun
 from ddptop.core.job_state import JobState
@@ -52,9 +52,10 @@ from ddptop.ui.rank_table import RankTable
 from ddptop.ui.themes import DEFAULT_THEME, FALLBACK_THEME, load_themes
 
 TABLE_EVERY = 0.5  # seconds between rank-table updates
-BACKLOG_EVENTS = 200_000  # the poller waits while this many events wait for the UI
+WAIT = 1.0  # seconds the poller waits for a file to change (or a line to arrive) at most
+BACKLOG_LINES = 200_000  # the poller waits while this many lines (and other events) wait for the UI
 # shown elsewhere than the log: the rank table, the GPU pane, the header
-_NOT_IN_LOG = (LogEvent, RankEvent, LaunchEvent, GpuEvent, ProcEvent, ProgressEvent, GpuStatusEvent)
+_NOT_IN_LOG = (LogBatch, RankEvent, LaunchEvent, GpuEvent, ProcEvent, ProgressEvent, GpuStatusEvent)
 _STYLE = {"alarm": "bold", "error": "bold", "warning": "bold", "info": "dim"}
 
 
@@ -139,6 +140,7 @@ class DdptopApp(App[str]):
         self.model = JobState()
         self._requested_theme = theme
         self._inbox: list = []
+        self._inbox_lines = 0  # lines (and other events) in the inbox
         self._inbox_lock = threading.Lock()
         self._posted = False
         self.logs = LogPanes(self)
@@ -163,6 +165,8 @@ class DdptopApp(App[str]):
         self.attach_hint = loc.attach_hint if self._remote else ""
         self._remote_run_id = ""
         self.sub_title = self.attach_hint or self.run_id
+        self._theme_warning = ""
+        self._setup_themes()  # before the first paint: a theme set after it styles every widget twice
 
     # -- layout ---------------------------------------------------------------
 
@@ -181,10 +185,22 @@ class DdptopApp(App[str]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self._setup_themes()
+        if self._theme_warning:
+            self.notify(self._theme_warning, severity="warning")
+        self._update_palette()
         self._refresh_header()
+        self.call_after_refresh(self._after_first_frame)
         self.set_interval(1.0, self._tick)
         self._poll_loop()
+
+    def exit(self, *args, **kwargs) -> None:
+        self.session.wake()  # the poll thread may be waiting for a file to change: let it see the end now
+        super().exit(*args, **kwargs)
+
+    def _after_first_frame(self) -> None:
+        """What waits for the first frame (a screenful of lines is in it): the
+        panes rendered whole."""
+        self.logs.after_first_frame()
 
     def _setup_themes(self) -> None:
         try:
@@ -197,7 +213,7 @@ class DdptopApp(App[str]):
             self.theme = wanted
         elif self._requested_theme:
             self.theme = FALLBACK_THEME
-            self.notify(f"unknown theme {self._requested_theme!r}; using {FALLBACK_THEME}", severity="warning")
+            self._theme_warning = f"unknown theme {self._requested_theme!r}; using {FALLBACK_THEME}"
         else:
             self.theme = FALLBACK_THEME if DEFAULT_THEME not in self.available_themes else DEFAULT_THEME
         self._update_palette()
@@ -236,17 +252,18 @@ class DdptopApp(App[str]):
             if events:
                 with self._inbox_lock:
                     self._inbox.extend(events)
-                    backlog = len(self._inbox)
+                    self._inbox_lines += sum(len(ev) if isinstance(ev, LogBatch) else 1 for ev in events)
+                    backlog = self._inbox_lines
                     post = not self._posted
                     self._posted = True
                 if post:
                     self.post_message(EventsReady())
-                if backlog > BACKLOG_EVENTS:
-                    time.sleep(self.poll_interval)
+                if backlog > BACKLOG_LINES:
+                    time.sleep(self.poll_interval)  # the UI is behind: let it catch up before reading on
             if session.finished:
                 break
             if not events:
-                time.sleep(self.poll_interval)
+                session.wait(WAIT)  # until a file changes (or a line arrives), or a deadline
 
     def on_poll_failed(self, msg: PollFailed) -> None:
         if msg.error != self._poll_error:
@@ -257,6 +274,7 @@ class DdptopApp(App[str]):
     def on_events_ready(self, _msg: EventsReady) -> None:
         with self._inbox_lock:
             events, self._inbox = self._inbox, []
+            self._inbox_lines = 0
             self._posted = False
         if events:
             self.ingest(events)
@@ -272,13 +290,12 @@ class DdptopApp(App[str]):
         new_ranks = False
         for ev in events:
             try:
-                if isinstance(ev, LogEvent):
+                if isinstance(ev, LogBatch):
                     if ev.rank is not None and self.logs.ensure_rank(ev.rank):
                         new_ranks = True
-                    if ev.transient:
-                        self.logs.set_live(ev.rank, ev.stream, ev.text)
-                    else:
-                        self._add_line(Line(ev.rank, ev.stream, ev.text, node=ev.node))
+                    self.logs.add_batch(ev.rank, ev.stream, ev.done, ev.node)
+                    if ev.transient and ev.texts:
+                        self.logs.set_live(ev.rank, ev.stream, ev.texts[-1])
                     continue
                 if isinstance(ev, RankEvent):
                     if self.logs.ensure_rank(ev.rank):
@@ -296,7 +313,7 @@ class DdptopApp(App[str]):
                         self._add_line(Line(-1, "note", said.line(), style))
             except Exception as e:  # one bad event must not take the monitor down
                 self._add_line(Line(-1, "note", f"could not show an event: {e}", "dim"))
-        if any(isinstance(ev, LogEvent) and ev.rank is None for ev in events):
+        if any(isinstance(ev, LogBatch) and ev.rank is None for ev in events):
             self.logs.ensure("torchrun")
         self._check_multi_node()
         links = any(isinstance(ev, LinkEvent) for ev in events)

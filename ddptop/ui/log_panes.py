@@ -17,9 +17,10 @@ from textual.widget import Widget
 from textual.widgets import Input, RichLog, Static, TabbedContent, TabPane
 
 from ddptop.ui import logview
-from ddptop.ui.logview import Line, PaneBuffer
+from ddptop.ui.logview import BUFFER_LINES, Line, PaneBuffer
 
 FLUSH_EVERY = 0.2  # seconds between writes to the widgets while output floods in
+FIRST_LINES = 60  # lines a pane shows in the app's first frame (the rest right after it)
 
 
 class LogPanes:
@@ -31,6 +32,9 @@ class LogPanes:
         self.wrap = True
         self.palette: list[str] = []  # rank prefix colours, from the theme
         self.multi_node = False  # several nodes: torchrun lines and prefixes name theirs
+        # until the first frame is on the screen, a full render writes only the last
+        # FIRST_LINES lines (a screenful); the pane is rendered whole right after it
+        self.first_frame_done = False
 
     # -- widgets ---------------------------------------------------------------
 
@@ -104,6 +108,18 @@ class LogPanes:
             key = self.key_of(line.rank)
             (self.buffers.get(key) or self.ensure(key)).add(line)
 
+    def add_batch(self, rank: int | None, stream: str, texts, node: str = "") -> None:
+        """The ended lines of one batch (a LogBatch's ``done``), for the merged
+        pane and their rank's (or torchrun's): one Line object for each line a
+        pane can keep, not for each line of the batch."""
+        n = len(texts)
+        if not n:
+            return
+        lines = [Line(rank, stream, t, "", node) for t in texts[-BUFFER_LINES:]]
+        self.buffers["merged"].add_many(lines, n)
+        key = self.key_of(rank)
+        (self.buffers.get(key) or self.ensure(key)).add_many(lines, n)
+
     def set_live(self, rank: int | None, stream: str, text: str) -> None:
         """A progress bar's latest redraw (shown under the log, not kept)."""
         self.buffers["merged"].set_live(rank, stream, text)
@@ -138,6 +154,13 @@ class LogPanes:
                 pane.pending = []
                 pane.dirty = True
 
+    def after_first_frame(self) -> None:
+        """The first frame is on the screen: render the visible pane whole."""
+        if self.first_frame_done:
+            return
+        self.first_frame_done = True
+        self.render_active()
+
     def render_active(self) -> None:
         self.render(self.active_key())
 
@@ -149,6 +172,9 @@ class LogPanes:
         log, live = view
         try:
             full, lines, hidden = pane.take_render(self.filter)
+            if full and not self.first_frame_done and len(lines) > FIRST_LINES:
+                hidden, lines = hidden + len(lines) - FIRST_LINES, lines[-FIRST_LINES:]
+                pane.dirty = True  # whole, once the first frame is painted (after_first_frame)
             if full:
                 log.clear()
             text = logview.render_lines(lines, pane.merged, self.palette, hidden, full, self.multi_node)

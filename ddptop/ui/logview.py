@@ -92,6 +92,22 @@ class PaneBuffer:
         if self.live.pop((line.rank, line.stream), None) is not None:
             self.live_changed = True
 
+    def add_many(self, lines: list[Line], total: int) -> None:
+        """The last lines of a batch of ``total`` lines of one rank's stream
+        (only the last BUFFER_LINES of a batch can be kept anyway)."""
+        if not lines:
+            return
+        self.lines.extend(lines)
+        self.total += total
+        if not self.dirty:
+            if len(self.pending) + len(lines) > BUFFER_LINES or total > len(lines):
+                self.pending.clear()
+                self.dirty = True
+            else:
+                self.pending.extend(lines)
+        if self.live.pop((lines[-1].rank, lines[-1].stream), None) is not None:
+            self.live_changed = True
+
     def set_live(self, rank: int | None, stream: str, text: str) -> None:
         self.live[(rank, stream)] = text
         self.live_changed = True

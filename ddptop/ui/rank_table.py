@@ -14,7 +14,7 @@ from typing import Callable
 from rich.text import Text
 from textual.widgets import DataTable
 
-from ddptop.core.job_state import JobState, ras_of
+from ddptop.core.job_state import JobState, culprits_of, ras_of
 from ddptop.ui.fmt import fmt_age, fmt_bytes, fmt_pct
 
 COLUMNS = (
@@ -55,8 +55,9 @@ def rank_cells(info, finished: bool, theme) -> dict[str, object]:
     }
 
 
-def rank_row(r: int, info, finished: bool, theme, now: float, ras: str = "") -> dict[str, object]:
-    """Every column of rank ``r``'s row (``ras``: what NCCL's RAS port said of it during a stall)."""
+def rank_row(r: int, info, finished: bool, theme, now: float, ras: str = "", culprit: bool = False) -> dict[str, object]:
+    """Every column of rank ``r``'s row (``ras``: what NCCL's RAS port said of it
+    during a stall; ``culprit``: the latest alarm names it the odd one out)."""
     th = theme
     if info.alive is None:
         state = Text("waiting", style="dim")
@@ -68,6 +69,8 @@ def rank_row(r: int, info, finished: bool, theme, now: float, ras: str = "") -> 
             state = Text("exited" if not info.alive else "gone", style="dim")
         else:
             state = Text(f"exited {rc}", style=(th.success if rc == 0 else th.error) or "")
+    if culprit:
+        state = Text(f"{state.plain} ◀ odd one out", style=f"bold {th.error or 'red'}")
     if info.last_output_t is None:
         since = Text("-", style="dim")
     elif info.alive and not finished:
@@ -98,6 +101,7 @@ class RankTable(DataTable):
         super().__init__(cursor_type="row", zebra_stripes=True, **kw)
         self._cells: dict[tuple[str, str], str] = {}
         self._col_width: dict[str, int] = {}
+        self._shown_culprits: set[int] = set()
 
     def on_mount(self) -> None:
         for key, label in COLUMNS:
@@ -109,9 +113,10 @@ class RankTable(DataTable):
         now = time.time()
         finished = model.finished
         added = False
+        culprits = set(culprits_of(model))
         for r, info in sorted(model.ranks.items()):
             try:
-                row = rank_row(r, info, finished, theme, now, ras_of(model, r))
+                row = rank_row(r, info, finished, theme, now, ras_of(model, r), r in culprits)
                 key = str(r)
                 if key not in self.rows:
                     self.add_row(*row.values(), key=key)
@@ -136,3 +141,10 @@ class RankTable(DataTable):
                 self.sort("rank")
             except Exception as e:
                 on_error("the rank table's order", e)
+        if culprits and culprits != self._shown_culprits and str(min(culprits)) in self.rows:
+            # a new odd one out: bring its row into view (64 ranks do not fit on the screen)
+            try:
+                self.move_cursor(row=self.get_row_index(str(min(culprits))), scroll=True)
+            except Exception as e:
+                on_error("the odd rank's row", e)
+        self._shown_culprits = culprits

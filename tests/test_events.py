@@ -1,0 +1,80 @@
+"""Log batches: one event per read of one file, and the per-line form --json keeps."""
+
+import json
+
+import pytest
+
+from ddptop.core.events import BadEvent, LogBatch, LogEvent, from_dict, from_json
+from ddptop.core.headless import format_text
+from ddptop.core.tailer import Tailer
+
+TEXTS = ['step 1 loss 0.5', 'quote " and \\ backslash', "héllo wörld ✓", "\udcff lone surrogate", "", "tab\there"]
+
+
+def batch(**kw):
+    fields = dict(t=1712.25, rank=3, stream="stdout", attempt=1, path="logs/x/attempt_1/3/stdout.log", node="",
+                  offsets=tuple(range(0, 60, 10)), texts=tuple(TEXTS), partial=(), transient=False)
+    fields.update(kw)
+    return LogBatch(**fields)
+
+
+@pytest.mark.parametrize("partial,transient,rank,node", [((), False, 3, ""), ((1, 5), True, None, "node-b"),
+                                                          ((5,), False, 0, ""), ((), True, 2, "n")])
+def test_json_lines_are_todays_log_objects(partial, transient, rank, node):
+    """--json prints one `log` object per line with the fields it always had."""
+    b = batch(partial=partial, transient=transient, rank=rank, node=node)
+    printed = b.json_lines().split("\n")
+    assert len(printed) == len(TEXTS)
+    for i, (line, text) in enumerate(zip(printed, TEXTS)):
+        ev = LogEvent(b.t, rank, "stdout", text, 1, b.path, i * 10, i in partial,
+                      transient and i == len(TEXTS) - 1, node)
+        assert line == ev.to_json()
+        if "\udcff" not in text:  # (json.dumps cannot encode a lone surrogate to UTF-8 either)
+            assert json.loads(line) == {"t": b.t, "kind": "log", **ev.__dict__}
+    assert [e.to_json() for e in b.lines()] == printed
+
+
+def test_a_batch_round_trips_through_json():
+    b = batch(partial=(2,), transient=True)
+    again = from_json(b.to_json())
+    assert again == b and isinstance(again, LogBatch)
+    assert again.done == tuple(TEXTS[:-1]) and again.live == TEXTS[-1]
+
+
+@pytest.mark.parametrize("change,why", [
+    ({"offsets": [0, 1]}, "different number of offsets and texts"),
+    ({"partial": [7]}, "index out of range"),
+    ({"texts": ["a", 2, "c", "d", "e", "f"]}, "field 'texts'"),
+    ({"offsets": "0123456"}, "field 'offsets'"),
+    ({"transient": "yes"}, "field 'transient'"),
+])
+def test_a_damaged_batch_is_refused_naming_the_field(change, why):
+    d = {**batch().to_dict(), **change}
+    with pytest.raises(BadEvent, match=why):
+        from_dict(d)
+
+
+def test_headless_text_of_a_batch():
+    b = LogBatch(1.0, 1, "stderr", 0, "p", "", (0, 4, 8), ("a", "b", "50%|##"), (), True)
+    assert format_text(b) == "[r1!] a\n[r1!] b"  # the bar's redraw is left out
+    assert format_text(LogBatch(1.0, None, "torchrun", 0, "t", "", (0,), ("x",))) == "[torchrun] x"
+    assert format_text(LogBatch(1.0, 0, "stdout", 0, "p", "", (0,), ("10%",), (), True)) is None
+
+
+def test_tailer_chunks_carry_every_line_with_its_offset(tmp_path):
+    """Lines read in chunks of any size: the texts, and offsets that point at each line's first byte."""
+    f = tmp_path / "x.log"
+    raw = "".join(f"{t} {i}\n" for i, t in enumerate(TEXTS * 50)).encode("utf-8", "surrogateescape") + b"\xff bad\n"
+    f.write_bytes(raw)
+    for size in (1, 7, 64, 1 << 20):
+        t = Tailer(f)
+        texts, offsets = [], []
+        while True:
+            c = t.read_chunk(size)
+            if not c.texts and t.at_eof():
+                break
+            texts += c.texts
+            offsets += c.offsets
+        want = raw.decode("utf-8", "replace").split("\n")[:-1]
+        assert texts == want
+        assert [raw[o:].split(b"\n", 1)[0].decode("utf-8", "replace") for o in offsets] == want
