@@ -1,5 +1,5 @@
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ddptop.core.progress import OTHER, TRAIN, parse_progress, parse_step
@@ -97,3 +97,38 @@ def test_a_line_the_progress_parser_fails_on_is_noted_once_and_later_lines_are_s
     # (a transient progress-bar line has no line number)
     got = Pipeline(clock=lambda: 0.0).process([log_line(1.0, rank=0, text=" 5/9 [00:01<00:01] BAD", transient=True)])
     assert "failed on a line of rank 0's stdout" in got[0].message
+
+
+_PIECES = ["Epoch ", "Epoch:", "epoch", "%|", "##", "|", "Step", "step", "global_step", "iter", "it", "iteration",
+           "[", "]", "/", " [", "?", "TRAIN Batch ", "CV Batch ", ", batch ", "{", "}", "'loss': ", "'epoch': ",
+           "'step': ", "eval", "Validation", "test", ":", "=", "#", " ", "  ", ",", "0", "1", "12", "345", "0.5", "-1e-3",
+           "<", "s/it", "\x1b[31m", "\x1b[0m", "[default0]:", "[rank3]:", "saving", "checkpoint", "é", "²"]
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=14))
+@example(["12", "/", "?", " [", "0", "0.5", "s/it"])  # tqdm without a total
+@example(["eval", ":", " ", "12", "%|", "##", "|", " ", "12", "/", "345", " [", "0", "1", ":", "0"])
+@example(["Epoch ", "0", ":", "  ", "12", "%|", "##", "|", " ", "12", "/", "345", " [", "0"])
+@example(["Epoch", " [", "1", "/", "12", "]", ",", " ", "Step", " [", "345", "/", "12", "]"])
+@example(["Epoch:", " [", "3", "]", "[", " ", "12", "/", "345", "]"])
+@example(["TRAIN Batch ", "0", "/", "12"])
+@example(["Epoch ", "0", ", batch ", "12"])
+@example(["{", "'loss': ", "0.5", ",", " ", "'epoch': ", "0.5", ",", " ", "'step': ", "12", "}"])
+@example(["global_step", "=", "12"])
+@example(["it", " ", "12"])
+def test_the_format_guards_change_no_answer(pieces):
+    """Each format's regex runs only on lines holding text it cannot match
+    without: on any mix of the formats' own pieces, the answer is the one
+    every regex gives when run on every line."""
+    from ddptop.core.progress import _parse
+
+    text = "".join(pieces)
+    assert _parse(text) == _parse(text, guarded=False)
+
+
+@pytest.mark.parametrize("line,step,total,kind", CASES)
+def test_the_format_guards_keep_every_known_format(line, step, total, kind):
+    from ddptop.core.progress import _parse
+
+    assert _parse(line) == _parse(line, guarded=False)

@@ -66,6 +66,23 @@ _FORMATS: list[tuple[str, re.Pattern]] = [
 ]
 
 _HF_STEP = re.compile(r"'step': (\d+)")
+_DIGIT = re.compile(r"\d")
+_TQDM_CORE = re.compile(r"\d/(?:\d+|\?) \[\d")
+
+# A text each format cannot match without (tested: the same answers as with no guard, on every
+# format's lines and on random text): the regex runs only on lines that pass its guard, so an
+# ordinary log line costs a few substring tests instead of eight searches.
+_GUARDS: dict[str, Callable[[str, str], bool]] = {
+    "lightning": lambda t, low: "Epoch " in t and "%|" in t,
+    "epoch-step": lambda t, low: "epoch" in low and "step" in low and "[" in t,
+    "3dspeaker": lambda t, low: "Epoch:" in t,
+    "wenet": lambda t, low: "Batch " in t,
+    "icefall": lambda t, low: "Epoch " in t and ", batch " in t,
+    "hf": lambda t, low: t.startswith("{") and "'loss': " in t and "'epoch': " in t,
+    # (its leading optional description backtracks over the whole line: find its core first)
+    "tqdm": lambda t, low: " [" in t and _TQDM_CORE.search(t) is not None,
+    "step": lambda t, low: "step" in low or "it" in low,
+}
 
 
 def parse_progress(text: str, on_error: Callable[[Exception], None] | None = None) -> Progress | None:
@@ -80,13 +97,16 @@ def parse_progress(text: str, on_error: Callable[[Exception], None] | None = Non
         return None
 
 
-def _parse(text: str) -> Progress | None:
+def _parse(text: str, guarded: bool = True) -> Progress | None:
     if not text:
         return None
     t = clean(text)[:4096]
-    if not any(c.isdigit() for c in t):
+    if not _DIGIT.search(t):
         return Progress(None, None, OTHER, None, "checkpoint") if _CKPT.search(t) else None
+    low = t.lower()
     for name, rx in _FORMATS:
+        if guarded and not _GUARDS[name](t, low):
+            continue
         m = rx.search(t)
         if not m:
             continue

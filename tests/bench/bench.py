@@ -783,10 +783,35 @@ def bench_ui64(ranks: int = 64, rate: int = 1000, seconds: float = 40.0, odd: in
     print(f"  rank {odd}'s row marked as the odd one out: {seen['marked']}; brought into view: {seen['cursor']}")
 
 
+def bench_analysis(lines: int = 50_000) -> None:
+    """The live analysis (progress parser, signature matcher, stall bookkeeping)
+    per log line, in-process, for three kinds of line, each fed as batches."""
+    from ddptop.core.analyzer import Analyzer
+    from ddptop.core.events import LogBatch
+
+    kinds = {
+        "a training line": [f"[default0]:step {i} loss 0.{i % 997:03d} lr 3e-4 epoch 1 tokens/s 51234"
+                             for i in range(lines)],
+        "a tqdm bar": [f"Epoch 0:  {i % 100}%|###   | {i}/{lines} [00:{i % 60:02d}<00:40, 5.0it/s, loss=0.5]"
+                       for i in range(lines)],
+        "an NCCL INFO line": [f"node1:1234:1250 [3] NCCL INFO Channel {i % 32:02d}/0 : 3[3] -> 4[4] via P2P/IPC"
+                              for i in range(lines)],
+    }
+    for what, texts in kinds.items():
+        a = Analyzer(lambda: 1.0)
+        batches = [LogBatch(1.0, 0, "stdout", 0, "logs/0/stdout.log", "", tuple(range(k, k + 5000)),
+                            tuple(texts[k:k + 5000])) for k in range(0, lines, 5000)]
+        t0 = time.perf_counter()
+        a.feed(batches)
+        dt = time.perf_counter() - t0
+        print(f"live analysis, {what}: {dt / lines * 1e6:.1f} us per line")
+
+
 BENCHES = {"help": bench_help, "ingest": bench_ingest, "frame": bench_first_frame, "supervise": bench_supervise,
            "telemetry": bench_telemetry, "hook": bench_hook, "alarm": bench_alarm_latency, "watch": bench_stack_watch, "attach": bench_attach, "relaunch": bench_relaunch,
            "busy-node": bench_busy_node, "signatures": bench_signatures, "ras": bench_ras,
-           "replay": bench_replay, "latency": bench_latency, "frame-tmux": bench_frame_tmux, "idle": bench_idle, "ui64": bench_ui64}
+           "replay": bench_replay, "latency": bench_latency, "frame-tmux": bench_frame_tmux, "idle": bench_idle, "ui64": bench_ui64,
+           "analysis": bench_analysis}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(BENCHES)
