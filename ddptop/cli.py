@@ -14,7 +14,7 @@ import sys
 USAGE = """\
 ddptop [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [SCRIPT ARGS]
        ddptop [OPTIONS] attach [RUN | HOST[:RUN]... | [HOST] --pid PID] [--hosts-file F] [--slurm JOBID]
-       ddptop diagnose PATH... [--json]
+       ddptop diagnose PATH|RUN... [--json]
        ddptop profiles [--json]
        ddptop doctor [--json] [--workers N] [--master-port P]
        ddptop bench p2p [--json] [--timeout S] [--sizes B,...]
@@ -29,7 +29,7 @@ examples:
   ddptop attach latest                                      # re-open a run
   ddptop attach gpu-node-3                                  # over your own ssh
   ddptop --headless attach node1 node2 --run RUN            # a multi-node job
-  ddptop diagnose ~/.local/state/ddptop/runs/RUN            # post-mortem
+  ddptop diagnose latest                                    # post-mortem (a run id, a path)
 
 Everything after the word `torchrun` goes to torchrun unchanged; ddptop adds
 only --log-dir RUN/logs --redirects 3 (and PYTHONUNBUFFERED=1) to capture
@@ -378,11 +378,23 @@ def main(argv: list[str] | None = None) -> int:
     if cmd[0] == "diagnose":
         rest = [a for a in cmd[1:] if a != "--json"]
         if not rest:
-            return _err("usage: ddptop diagnose PATH... [--json]  (a run dir, a torchrun --log-dir, or log files)")
+            return _err("usage: ddptop diagnose PATH|RUN... [--json]  (a run dir, id or `latest`, a torchrun --log-dir, "
+                        "or log files)")
         from ddptop.core.diagnose import main as diagnose
 
+        def path_of(ref: str) -> str:
+            """A path as given; else a run id or `latest`, as for attach."""
+            from ddptop.core.journal import JournalError, resolve_run
+
+            if os.path.exists(ref):
+                return ref
+            try:
+                return str(resolve_run(ref))
+            except JournalError:
+                return ref  # (diagnose says it does not exist)
+
         try:
-            return diagnose(rest, json_mode=args.json or "--json" in cmd)
+            return diagnose([path_of(r) for r in rest], json_mode=args.json or "--json" in cmd)
         except FileNotFoundError as e:
             return _err(str(e))
     if os.path.basename(cmd[0]) == "torchrun":

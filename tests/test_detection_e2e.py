@@ -105,7 +105,7 @@ def test_a_parameter_without_gradient_is_named_with_the_ddp_fix(runs_dir):
     assert "find_unused_parameters=True" in found[0]["message"] and "nccl-debug" in found[0]["suggested_profiles"]
     # no bare "python-exception" alarm for a rank the signature explains
     assert not [a for a in alarms(json_events(r.stdout)) if a["id"] == "python-exception"]
-    rep = json.loads(run_ddptop("diagnose", "--json", str(only_run(runs_dir))).stdout)
+    rep = json.loads(run_ddptop("diagnose", "--json", "latest").stdout)  # (the newest run, as for attach)
     assert rep["root_cause"]["signature"] == "ddp-unused-params"
 
 
@@ -116,7 +116,7 @@ def test_a_data_loader_worker_killed_like_the_oom_killer_does_is_named(runs_dir)
     (a,) = [a for a in alarms(json_events(r.stdout)) if a["id"] == "dataloader-worker-died"]
     assert a["ranks"] == [1] and a["culprits"] == [1]
     assert "OOM killer" in a["message"] and a["suggested_profiles"] == ["fewer-workers"]
-    rep = json.loads(run_ddptop("diagnose", "--json", str(only_run(runs_dir))).stdout)
+    rep = json.loads(run_ddptop("diagnose", "--json", only_run(runs_dir).name).stdout)  # (a run id)
     assert rep["root_cause"]["signature"] == "dataloader-worker-died" and rep["root_cause"]["rank"] == 1
 
 
