@@ -100,8 +100,6 @@ def logs(t: float, rank, *texts: str, stream: str = "stdout", path: str = "", tr
     return LogBatch(t, rank, stream, 0, path, "", offsets, tuple(texts), tuple(partial), transient)
 
 
-def log_line(t: float, rank=None, stream: str = "stdout", text: str = "", **fields):
-    """A ``logs`` batch of one line (``LogEvent``'s fields: path, transient, partial...)."""
-    from ddptop.core.events import LogBatch, LogEvent
-
-    return LogBatch.of_line(LogEvent(t, rank, stream, text, **fields))
+def log_line(t: float, rank=None, stream: str = "stdout", text: str = "", path: str = "", transient: bool = False):
+    """A ``logs`` batch of one line."""
+    return logs(t, rank, text, stream=stream, path=path, transient=transient)

@@ -43,7 +43,7 @@ from ddptop.core.events import (ENDED, RUNNING, AlarmEvent, Event, GpuEvent, Log
                                 RankEvent, StateEvent)
 from ddptop.core.jobs import EXIT_CRASH_SEEN, EXIT_UNKNOWN, AttachedPid, CommandResult, Control, ExitStatus
 from ddptop.core.pipeline import Pipeline, RankMap, StackCapture, StackSampler, StackWatch, TelemetryLoop
-from ddptop.core.tailer import Tailer
+from ddptop.core.tailer import Tailer, read_share
 
 __all__ = ["EXIT_CRASH_SEEN", "EXIT_UNKNOWN", "ForeignError", "ForeignSession", "resolve_pid"]
 
@@ -816,7 +816,7 @@ class ForeignSession:
     def _read(self, now: float, max_bytes: int, drain: bool) -> list[Event]:
         out: list[Event] = []
         batch = LogBatch.fast
-        per_file = max(min(max_bytes, 64 << 10), max_bytes // max(1, len(self._sources)))
+        per_file = read_share(max_bytes, len(self._sources))
         for src in self._sources.values():
             rank, stream = src.label()
             t = src.tailer

@@ -168,13 +168,6 @@ class LogBatch(Event):
         """The trailing in-place update, if the batch ends with one."""
         return self.texts[-1] if self.transient and self.texts else None
 
-    def with_node(self, node: str) -> "LogBatch":
-        d = dict(self.__dict__)
-        d["node"] = node
-        ev = _new(type(self))
-        _setattr(ev, "__dict__", d)
-        return ev
-
     def lines(self) -> list[LogEvent]:
         """One ``LogEvent`` per line (for code that wants them one by one)."""
         cut = set(self.partial)

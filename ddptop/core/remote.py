@@ -186,6 +186,11 @@ class RemoteSession:
         """End a ``wait`` under way (an empty batch on the queue)."""
         self._q.put([])
 
+    @property
+    def has_news(self) -> bool:
+        """Something has come over the link that ``poll`` has not returned."""
+        return bool(self._early) or not self._q.empty()
+
     def wait(self, timeout: float) -> None:
         """Until the link delivers something (or ``timeout``)."""
         if self.finished or self._early:
@@ -254,18 +259,6 @@ class RemoteSession:
             except OSError as e:
                 return CommandResult(False, f"{self.node}: the link broke ({e}): not sent")
         return CommandResult(True, f"{self.node}: asked to {what}")
-
-    def _send_raw(self, cmd: dict) -> None:
-        """A line to the agent that needs no answer (a broken link is noticed by the reader)."""
-        with self._lock:
-            proc = self._proc
-            if proc is None or proc.stdin is None:
-                return
-            try:
-                proc.stdin.write((json.dumps(cmd) + "\n").encode())
-                proc.stdin.flush()
-            except OSError:
-                pass
 
     def _kill(self) -> None:
         proc = self._proc
@@ -389,7 +382,7 @@ class RemoteSession:
                     self._set_link("up", f"{d.get('host', self.host)}, ddptop {d.get('ddptop')}, run {d.get('run')}")
                     minor = d.get("minor")
                     if isinstance(minor, int) and minor >= wire.BATCHES_SINCE:
-                        self._send_raw({"cmd": "accept", "kinds": ["logs"]})
+                        self._command({"cmd": "accept", "kinds": ["logs"]}, "send log batches")
                     continue
                 kind, d = wire.parse_line(raw)
                 if kind is None:
@@ -560,7 +553,7 @@ class MultiSession:
         deadline = time.monotonic() + timeout
         while not self.finished:
             left = deadline - time.monotonic()
-            if left <= 0 or any(s._early or not s._q.empty() for s in self.sessions):
+            if left <= 0 or any(s.has_news for s in self.sessions):
                 return
             if self._woken.wait(min(left, MULTI_STEP)):
                 self._woken.clear()

@@ -21,7 +21,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from ddptop.core import journal
 from ddptop.core.events import (
@@ -39,13 +39,12 @@ from ddptop.core.events import (
 )
 from ddptop.core.jobs import CommandResult, Control, ExitStatus, LocalRun
 from ddptop.core.pipeline import RankMap
-from ddptop.core.tailer import Tailer
+from ddptop.core.tailer import Tailer, read_share
 from ddptop.core.wake import FileWaker
 
 SCAN_EVERY = 0.5  # seconds between looks for new rank log files
 LIVE_EVERY = 0.5  # seconds between looks at the supervisor process while polling
 POLL_BYTES = 4 << 20  # log bytes one poll reads, at most about, from all files together
-MIN_READ = 64 << 10  # a file's share of a poll, at least
 WAIT_AT_MOST = 1.0  # seconds a wait() lasts without a file event (the supervisor's liveness is looked at then)
 SIZE_CHECK_EVERY = 5.0  # seconds between full reads while file events say nothing changed (they may be missing)
 
@@ -318,7 +317,7 @@ class Session:
         read_any = read_any or bool(beats)
         out.extend(beats)
         batch = LogBatch.fast
-        per_file = max(min(max_bytes, MIN_READ), max_bytes // (len(self._logs) + 1))
+        per_file = read_share(max_bytes, len(self._logs) + 1)
         c = self._torchrun.read_chunk(per_file)
         if c.texts:
             read_any = True
@@ -390,12 +389,3 @@ class Session:
             except (OSError, ValueError, IndexError):
                 continue
         return out
-
-    def follow(self, interval: float = WAIT_AT_MOST) -> Iterator[list[Event]]:
-        """Yield batches until the run has finished."""
-        while not self.finished:
-            batch = self.poll()
-            if batch:
-                yield batch
-            else:
-                self.wait(interval)

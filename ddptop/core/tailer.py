@@ -14,6 +14,14 @@ from typing import NamedTuple
 
 MAX_LINE = 64 * 1024
 READ_CHUNK = 4 * 1024 * 1024
+MIN_SHARE = 64 * 1024  # a file's share of a poll's read budget, at least
+
+
+def read_share(budget: int, files: int) -> int:
+    """Bytes each of ``files`` files may give one poll whose read budget is
+    ``budget`` (memory stays bounded however many files; at least MIN_SHARE,
+    or the whole budget when that is smaller)."""
+    return max(min(budget, MIN_SHARE), budget // max(1, files))
 
 
 class Line(NamedTuple):

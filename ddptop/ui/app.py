@@ -189,18 +189,13 @@ class DdptopApp(App[str]):
             self.notify(self._theme_warning, severity="warning")
         self._update_palette()
         self._refresh_header()
-        self.call_after_refresh(self._after_first_frame)
+        self.call_after_refresh(self.logs.after_first_frame)  # (a screenful of lines is in the first frame)
         self.set_interval(1.0, self._tick)
         self._poll_loop()
 
     def exit(self, *args, **kwargs) -> None:
         self.session.wake()  # the poll thread may be waiting for a file to change: let it see the end now
         super().exit(*args, **kwargs)
-
-    def _after_first_frame(self) -> None:
-        """What waits for the first frame (a screenful of lines is in it): the
-        panes rendered whole."""
-        self.logs.after_first_frame()
 
     def _setup_themes(self) -> None:
         try:
@@ -294,8 +289,8 @@ class DdptopApp(App[str]):
                     if ev.rank is not None and self.logs.ensure_rank(ev.rank):
                         new_ranks = True
                     self.logs.add_batch(ev.rank, ev.stream, ev.done, ev.node)
-                    if ev.transient and ev.texts:
-                        self.logs.set_live(ev.rank, ev.stream, ev.texts[-1])
+                    if ev.live is not None:
+                        self.logs.set_live(ev.rank, ev.stream, ev.live)
                     continue
                 if isinstance(ev, RankEvent):
                     if self.logs.ensure_rank(ev.rank):
