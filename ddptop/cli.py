@@ -182,6 +182,17 @@ def _slurm_hosts(jobid: str) -> list[str]:
     return hosts
 
 
+FIX_HELP = """\
+usage: ddptop [--json] [--fix-steps K] [--fix-time S] [--profile NAME] fix torchrun [TORCHRUN OPTIONS] SCRIPT [ARGS]
+
+Find the launch profile that makes a hanging or crashing job work: short smoke
+attempts of the same command, as given, then the profiles its first failure
+suggests, then p2p-off, shm-off, ib-off, gloo, fewer-workers, then 2 ranks and 1,
+each until K steps of progress on every rank (--fix-steps, default 20), a
+failure, a stall, or S seconds (--fix-time, default 180). It stops at the first
+that works and prints the command to use. Each attempt keeps its own journal.
+Exit 0: a working profile found."""
+
 ATTACH_EPILOG = """\
 with no RUN, HOST or --pid:
   the newest ddptop run if it is still running (its supervisor is alive);
@@ -259,16 +270,33 @@ def cmd_attach(rest: list[str], args) -> int:
     return _watch(opened.session, args)
 
 
-def cmd_runs() -> int:
+def _sub_parser(name: str, description: str) -> argparse.ArgumentParser:
+    """The parser of a small sub-command: its own --help, unknown options refused."""
+    return argparse.ArgumentParser(prog=f"ddptop {name}", description=description, allow_abbrev=False)
+
+
+def cmd_runs(rest: list[str], args) -> int:
+    import json as _json
+
     from ddptop.core import journal
 
+    ap = _sub_parser("runs", "The runs in the runs directory, oldest first: id, state, command. "
+                             "Any id (or `latest`) can be given to `ddptop attach` or `ddptop diagnose`.")
+    ap.add_argument("--json", action="store_true", help="one JSON object per run")
+    a = ap.parse_args(rest)
     home = journal.runs_home()
     runs = sorted((d for d in home.glob("*") if (d / journal.META).is_file()), key=lambda d: d.stat().st_mtime)
+    if not runs:
+        print(f"ddptop: no runs in {home}", file=sys.stderr)
     for d in runs:
         st = journal.run_state(d)
         meta = journal.read_json(d / journal.META)
         cmd = meta.get("user_command") if isinstance(meta, dict) else None
-        print(f"{d.name}\t{st.state}\t{' '.join(map(str, cmd)) if isinstance(cmd, list) else '?'}")
+        if args.json or a.json:
+            print(_json.dumps({"id": d.name, "state": st.state, "dir": str(d),
+                               "command": cmd if isinstance(cmd, list) else None}))
+        else:
+            print(f"{d.name}\t{st.state}\t{' '.join(map(str, cmd)) if isinstance(cmd, list) else '?'}")
     return 0
 
 
@@ -334,8 +362,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         os._exit(code)  # no waiting on the stdin reader thread
     if cmd[0] == "runs":
-        return cmd_runs()
+        return cmd_runs(cmd[1:], args)
     if cmd[0] == "bench":
+        if cmd[1:2] in (["-h"], ["--help"]):
+            print("usage: ddptop bench p2p [--json] [--timeout S] [--sizes B,B,...] [--ranks N] [--copy-mb M]\n\n"
+                  "GPU peer-to-peer copy and all-reduce bandwidth, each test in its own process under a timeout.\n"
+                  "`ddptop bench p2p --help` for its options.")
+            return 0
         if cmd[1:2] != ["p2p"]:
             return _err("usage: ddptop bench p2p [--json] [--timeout S] [--sizes B,B,...] [--ranks N] [--copy-mb M]")
         from ddptop.gpu_bench import main as bench_p2p  # torch only in the worker processes it starts
@@ -343,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
         return bench_p2p(cmd[2:] + (["--json"] if args.json and "--json" not in cmd else []))
     if cmd[0] == "fix":
         rest = cmd[1:]
+        if rest[:1] in (["-h"], ["--help"]):
+            print(FIX_HELP)
+            return 0
         if not rest or os.path.basename(rest[0]) != "torchrun":
             return _err("usage: ddptop [--json] [--fix-steps K] [--fix-time S] fix torchrun [TORCHRUN OPTIONS] SCRIPT [ARGS]")
         from ddptop.core.fix import main as fix
@@ -362,11 +398,16 @@ def main(argv: list[str] | None = None) -> int:
 
         from ddptop.core.profiles import ProfileError, format_table, load_all
 
+        ap = _sub_parser("profiles", "The launch profiles: the built-in ones, then those of "
+                                     "~/.config/ddptop/profiles.toml and ./ddptop.toml (a later one of the same name "
+                                     "wins). Apply one with `ddptop --profile NAME torchrun ...`.")
+        ap.add_argument("--json", action="store_true", help="the profiles as a JSON list")
+        a = ap.parse_args(cmd[1:])
         try:
             allp = load_all()
         except ProfileError as e:
             return _err(str(e))
-        if args.json or "--json" in cmd:
+        if args.json or a.json:
             print(_json.dumps([p.to_dict() for p in allp.values()], indent=2))
         else:
             print(format_table(allp))
@@ -376,10 +417,14 @@ def main(argv: list[str] | None = None) -> int:
 
         return doctor(cmd[1:] + (["--json"] if args.json and "--json" not in cmd else []))
     if cmd[0] == "diagnose":
-        rest = [a for a in cmd[1:] if a != "--json"]
-        if not rest:
-            return _err("usage: ddptop diagnose PATH|RUN... [--json]  (a run dir, id or `latest`, a torchrun --log-dir, "
-                        "or log files)")
+        ap = _sub_parser("diagnose", "Post-mortem of a finished (or failed) job: the root cause, the rank that "
+                                     "failed first, and what to try. Exit 0: no failure found, 1: a failure found.")
+        ap.add_argument("paths", nargs="+", metavar="PATH|RUN",
+                        help="a ddptop run (directory, id or `latest`), a torchrun --log-dir, or log files "
+                             "(put -- before a path that starts with -)")
+        ap.add_argument("--json", action="store_true", help="the verdict as JSON")
+        a = ap.parse_args(cmd[1:])
+        rest = a.paths
         from ddptop.core.diagnose import main as diagnose
 
         def path_of(ref: str) -> str:
@@ -394,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
                 return ref  # (diagnose says it does not exist)
 
         try:
-            return diagnose([path_of(r) for r in rest], json_mode=args.json or "--json" in cmd)
+            return diagnose([path_of(r) for r in rest], json_mode=args.json or a.json)
         except FileNotFoundError as e:
             return _err(str(e))
     if os.path.basename(cmd[0]) == "torchrun":

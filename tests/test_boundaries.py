@@ -1,7 +1,11 @@
 """Architecture rules: the core never pulls in the UI stack or torch."""
 
+import json
+import os
 import subprocess
 import sys
+
+import pytest
 
 from conftest import ROOT
 
@@ -42,6 +46,43 @@ def test_help_lists_the_launch_form():
     assert r.returncode == 0
     assert "torchrun [TORCHRUN OPTIONS] SCRIPT" in r.stdout
     assert "attach [RUN | HOST" in r.stdout
+
+
+@pytest.mark.parametrize("sub", [["attach"], ["diagnose"], ["doctor"], ["bench"], ["bench", "p2p"], ["fix"],
+                                 ["runs"], ["profiles"]])
+def test_every_sub_command_answers_help(sub, tmp_path):
+    """`ddptop SUB --help` prints that sub-command's usage and exits 0: it is never taken for a path,
+    a run, a profile listing or a torchrun command."""
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "ddptop", *sub, "--help"], capture_output=True, text=True, timeout=60,
+                       cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr
+    assert f"ddptop {sub[0]}" in r.stdout.splitlines()[0] or f"{sub[0]} " in r.stdout.splitlines()[0], r.stdout
+    assert r.stdout.lstrip().startswith("usage:"), r.stdout
+    assert "error" not in r.stderr
+
+
+def test_diagnose_refuses_an_unknown_option(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "ddptop", "diagnose", "--verbose", str(tmp_path)], capture_output=True,
+                       text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 2 and "unrecognized arguments: --verbose" in r.stderr
+
+
+def test_runs_lists_runs_as_text_and_json(tmp_path):
+    from conftest import write_run
+
+    home = tmp_path / "ddptop" / "runs"
+    home.mkdir(parents=True, mode=0o700)
+    write_run(home, events=[], logs={0: "step 1\n"}, exit={"state": "succeeded", "exit_code": 0})
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "ddptop", "runs", "--json"], capture_output=True, text=True, timeout=60,
+                       cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(l) for l in r.stdout.splitlines()]
+    assert len(rows) == 1 and rows[0]["state"] == "succeeded"
+    empty = subprocess.run([sys.executable, "-m", "ddptop", "runs"], capture_output=True, text=True, timeout=60,
+                           cwd=ROOT, env=dict(os.environ, XDG_STATE_HOME=str(tmp_path / "none")))
+    assert empty.returncode == 0 and empty.stdout == "" and "no runs in" in empty.stderr
 
 
 def test_the_agent_streams_a_run_without_the_ui_stack(tmp_path):
