@@ -19,7 +19,8 @@ ddptop [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [SCRIPT ARGS]
        ddptop doctor [--json] [--workers N] [--master-port P]
        ddptop bench p2p [--json] [--timeout S] [--sizes B,...]
        ddptop [OPTIONS] fix torchrun [TORCHRUN OPTIONS] SCRIPT [SCRIPT ARGS]
-       ddptop runs"""
+       ddptop runs [--json]
+       (each sub-command answers --help)"""
 
 EPILOG = """\
 examples:
