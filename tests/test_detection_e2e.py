@@ -27,6 +27,19 @@ def test_spinning_hang_raises_stall_naming_the_hung_rank_then_exits_124(runs_dir
     assert steps == {0: 19, 1: 19}
 
 
+def test_without_gpu_telemetry_ranks_spinning_for_a_hung_rank_make_a_collective_hang(runs_dir):
+    """--gpu none (a CPU job, or no driver): rank 0 spins a core polling its all-reduce while rank 1
+    sleeps; that is a hang in a collective with rank 1 the culprit, not a CPU-bound data-loading stall."""
+    r = run_ddptop("--json", "--gpu", "none", "--on-stall", "kill", "torchrun", "--nproc-per-node", "2", EXAMPLE,
+                   "--steps", "100000", "--step-time", "0.05", "--fault", "hang", "--fault-rank", "1", "--fault-step", "15")
+    assert r.returncode == 124, r.stderr[-2000:]
+    stalls = [a for a in alarms(json_events(r.stdout)) if a["type"] == "stall"]
+    assert len(stalls) == 1
+    a = stalls[0]
+    assert a["id"] == "stall-collective" and a["culprits"] == [1], a
+    assert "fewer-workers" not in a["suggested_profiles"] and "train_ddp.py" in a["message"]
+
+
 def test_segfault_is_named_with_signal_and_rank(runs_dir):
     r = run_ddptop("--json", "torchrun", "--nproc-per-node", "2", EXAMPLE, "--steps", "50", "--step-time", "0",
                    "--fault", "segv", "--fault-rank", "1", "--fault-step", "3")

@@ -86,6 +86,30 @@ def test_cpu_bound_stall_from_data_loader_workers():
     assert d.check().kind == "cpu-bound"
 
 
+def test_ranks_spinning_in_a_collective_are_waiting_not_cpu_bound():
+    """Without GPU telemetry (gloo, --gpu none), the ranks that wait for a frozen rank may spin a
+    core each; the stacks say they wait, so this is a collective hang with the frozen rank the
+    culprit, not a CPU-bound stall to be fixed with fewer data-loader workers."""
+    from ddptop.core.stall import StackVerdict
+
+    c = Clock()
+    d = StallDetector(c)
+    run_steps(d, c, [0, 1, 2], 20, 1.0)
+    d.telemetry(0, util=None, cpu=100.0)
+    d.telemetry(1, util=None, cpu=0.5)
+    d.telemetry(2, util=None, cpu=99.0)
+    d.stacks_pending = True
+    c.t += 30
+    assert d.check() is None  # waits for the stacks
+    d.stacks(StackVerdict(c.t, True, (1,), "hung: rank 1 sleeps in train.py:40; ranks 0, 2 wait in all_reduce",
+                          {1: {"rank": 1, "file": "train.py", "line": 40, "function": "step"}}, waiting=(0, 2)))
+    d.stacks_pending = False
+    s = d.check()
+    assert s.kind == "collective" and s.culprits == (1,)
+    assert "fewer-workers" not in s.suggested_profiles and "flight-recorder" in s.suggested_profiles
+    assert "ranks 0, 2 wait for rank 1" in " ".join(s.evidence)
+
+
 def test_other_progress_holds_the_alarm_off_and_progress_resumes():
     c = Clock()
     d = StallDetector(c)

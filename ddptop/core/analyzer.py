@@ -18,6 +18,7 @@ from ddptop.core.events import (FINAL_STATES, AlarmEvent, Event, GpuEvent, LogBa
                                 ProgressEvent, RankEvent, RasEvent, StacksEvent, StateEvent)
 from ddptop.core.progress import OTHER, parse_progress
 from ddptop.core.signatures import CAUSE, GENERIC, Finding, SignatureMatcher, cascade_level, root_cause
+from ddptop.core.stack_verdict import WAITING_KINDS
 from ddptop.core.stall import StackVerdict, StallDetector
 
 
@@ -83,7 +84,11 @@ class Analyzer:
                 else:
                     st.rank_ended(ev.rank, ev.exit_code)
             elif isinstance(ev, StacksEvent):
-                st.stacks(StackVerdict(ev.t, ev.hung, ev.culprits, ev.summary, ev.where, ev.error, ev.io, ev.node))
+                waiting = tuple(r for g in ev.groups if isinstance(g, dict) and g.get("state") in ("frozen", "busy")
+                                and (g.get("kind") in WAITING_KINDS or ev.hung and g.get("state") == "busy")
+                                for r in g.get("ranks", ()) if r not in ev.culprits)
+                st.stacks(StackVerdict(ev.t, ev.hung, ev.culprits, ev.summary, ev.where, ev.error, ev.io, ev.node,
+                                       waiting))
             elif isinstance(ev, RasEvent):
                 if ev.event == "PEER_DEAD":
                     a = self._peer_dead(ev)

@@ -36,7 +36,7 @@ CATEGORIES = ("collective", "autograd", "data", "io", "stdlib", "framework", "us
 # what a rank's main thread is doing (RankStack.kind)
 KINDS = ("collective", "backward", "data", "io", "sleep/wait in user code", "user code", "framework", "unknown")
 # kinds in which a rank waits for its peers
-_WAITING = ("collective", "backward")
+WAITING_KINDS = ("collective", "backward")
 
 # a callable giving the source text of (file, line), or None; supplied by the
 # caller (which may read files) so that this module stays pure
@@ -452,7 +452,7 @@ def moved(before: str, now: str) -> bool | None:
         return None
     if a.exact != b.exact or _main_block(before) != _main_block(now):
         return True
-    return a.state == b.state == "active" and b.kind not in _WAITING
+    return a.state == b.state == "active" and b.kind not in WAITING_KINDS
 
 
 # --------------------------------------------------------------------------- verdict
@@ -512,7 +512,7 @@ def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None
             status[rank] = "unknown"
         elif len({s.exact for s in sts}) > 1:
             status[rank] = "moving"
-        elif all(s.state == "active" for s in sts) and sts[-1].kind not in _WAITING:
+        elif all(s.state == "active" for s in sts) and sts[-1].kind not in WAITING_KINDS:
             status[rank] = "busy"
         else:
             status[rank] = "frozen"
@@ -527,7 +527,7 @@ def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None
     io = [r for r in known if status[r] in ("frozen", "busy") and all(s.kind == "io" for s in states[r])]
     frozen = [r for r in known if status[r] == "frozen" and r not in io]
     movers = [r for r in known if status[r] in ("moving", "busy") or r in io]
-    waiting = [r for r in frozen if last[r].kind in _WAITING]
+    waiting = [r for r in frozen if last[r].kind in WAITING_KINDS]
     outside = [r for r in frozen if r not in waiting]
     groups = _groups(states, status)
     notes: list[str] = []
@@ -541,7 +541,7 @@ def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None
             if not culprits and len(frozen) == 1 and not waiting:
                 culprits = list(frozen)  # a single rank stuck outside any collective
     elif waiting:
-        passed = [r for r in movers if any(s.kind in _WAITING for s in states[r])]
+        passed = [r for r in movers if any(s.kind in WAITING_KINDS for s in states[r])]
         if passed:
             hung = False
             culprits = []

@@ -73,7 +73,7 @@ class RankState:
 
 @dataclass(frozen=True)
 class Stall:
-    kind: str  # hot | idle | cpu-bound | unknown
+    kind: str  # hot | collective | idle | cpu-bound | unknown
     ranks: tuple[int, ...]
     culprits: tuple[int, ...]
     silent_for: float  # seconds since the job's last progress
@@ -96,6 +96,13 @@ class StackVerdict:
     error: str = ""
     io: tuple[int, ...] = ()  # ranks in I/O in every sample (hung False): work, for ``io_patience``
     node: str = ""  # whose ranks were sampled (each node of a multi-node job samples its own)
+    # ranks frozen in a collective or backward in every sample, or spinning on one line while the
+    # culprits are frozen (polling for them): their CPU use is waiting, not work of their own
+    waiting: tuple[int, ...] = ()
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return f"rank {ranks[0]} waits" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))} wait"
 
 
 def _said(v: StackVerdict) -> str:
@@ -118,7 +125,8 @@ def combine(verdicts: list[StackVerdict]) -> StackVerdict | None:
             where.update(v.where)
         return StackVerdict(t, True, tuple(sorted({r for v in hung for r in v.culprits})),
                             "hung: " + "; ".join(_said(v) for v in hung if v.summary),
-                            where, "; ".join(v.error for v in verdicts if v.error))
+                            where, "; ".join(v.error for v in verdicts if v.error),
+                            waiting=tuple(sorted({r for v in verdicts for r in v.waiting})))
     unknown = [v for v in verdicts if v.hung is None]
     if unknown and len(unknown) == len(verdicts):
         return StackVerdict(t, None, (), "", {}, "; ".join(v.error for v in unknown if v.error))
@@ -383,11 +391,19 @@ class StallDetector:
                 culprits = list(ras[1])
             # (what RAS said is in the message itself)
         # classification
+        # (a rank waiting in a collective may spin a core polling for its peers: that is not CPU-bound work)
+        waiting = set(v.waiting) if v is not None and v.hung else set()
         cpu_bound = [st.rank for st in everyone if (st.cpu or 0) + (st.children_cpu or 0) >= BUSY_CPU
-                     and (st.util is None or st.util <= IDLE_UTIL)]
+                     and (st.util is None or st.util <= IDLE_UTIL) and st.rank not in waiting]
+        in_collective = bool(v is not None and v.hung and v.culprits and waiting - set(v.culprits))
         if utils and len(hot) >= max(1, len(utils) - len(culprits)) and hot:
             kind = "hot"
             evidence.append(f"GPU utilisation {', '.join(f'r{r} {utils[r]:.0f}%' for r in sorted(utils))} with no step progress")
+        elif in_collective:
+            kind = "collective"
+            who = sorted(set(culprits))
+            evidence.append(f"{_ranks_text(sorted(waiting - set(culprits)))} for "
+                            f"{'rank' if len(who) == 1 else 'ranks'} {', '.join(map(str, who))} (stacks)")
         elif utils and len(idle) == len(utils) and not cpu_bound:
             kind = "idle"
             evidence.append("GPUs and CPUs idle: a deadlock, a dead data loader, or waiting on I/O")
@@ -401,6 +417,7 @@ class StallDetector:
             last += f" (steps came every {expected:.2g} s: {silent / expected:.0f}x the usual interval)"
         what = {"hot": "Hot stall: GPUs busy but no step progress, the signature of ranks spinning in a "
                        "collective that one rank never joined (an NCCL hang)",
+                "collective": "Collective hang: the other ranks wait for the odd rank out in a collective it never joined",
                 "idle": "Idle stall: no progress and nothing busy",
                 "cpu-bound": "CPU-bound stall: no progress while the CPU is pegged (data loading?)",
                 "unknown": "Stall: no step progress"}[kind]
@@ -413,6 +430,7 @@ class StallDetector:
             said = v.summary.split(": ", 1)[1] if v.summary.startswith("hung") and ": " in v.summary else v.summary
             msg += f" {said[:1].upper()}{said[1:]}."
         profiles = {"hot": ("p2p-off", "nccl-debug", "flight-recorder", "gloo"),
+                    "collective": ("flight-recorder", "nccl-debug", "p2p-off"),
                     "idle": ("nccl-debug", "flight-recorder", "fewer-workers"),
                     "cpu-bound": ("fewer-workers",),
                     "unknown": ("p2p-off", "nccl-debug", "flight-recorder")}[kind]
