@@ -99,6 +99,9 @@ def test_stall_captures_every_rank_stack_and_runs_the_notify_command(runs_dir, t
         assert any("ptrace" in n or "stack capture" in n for n in notes), notes
         return
     assert "differs" in captured[0] or "differ" in captured[0], captured  # the hung rank's stack is not the spinning one's
+    # read before the job was stopped: no rank had gone away under py-spy
+    assert notes.index(captured[0]) < next(i for i, n in enumerate(notes) if "stopping the job" in n), notes
+    assert not [n for n in notes if n.startswith("stack capture")], notes
     (stack1,) = only_run(runs_dir).glob("stacks/*/rank1.txt")
     (stack0,) = only_run(runs_dir).glob("stacks/*/rank0.txt")
     hang_line = 1 + next(i for i, l in enumerate(open(EXAMPLE)) if "time.sleep(3600)" in l)

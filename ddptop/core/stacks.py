@@ -54,6 +54,16 @@ def py_spy() -> str | None:
     return exe
 
 
+def _alive(pid: int) -> bool:
+    """The process is there and not a zombie (py-spy fails on one that is going away)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
+        return False
+
+
 def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0) -> tuple[dict[int, str], list[StackGroup], str | None]:
     """(raw dump per rank, groups of identical stacks, error message or None).
 
@@ -79,6 +89,9 @@ def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0) -> tuple[dict[
             errors[rank] = f"rank {rank}: py-spy could not run: {e}"
             return
         if r.returncode != 0:
+            if not _alive(pid):
+                errors[rank] = f"rank {rank}: ended before its stack was read"
+                return
             lines = (r.stderr or r.stdout).strip().splitlines()
             msg = lines[-1] if lines else f"exit {r.returncode}"
             if "ptrace" in msg.lower() or "permission" in msg.lower() or "Operation not permitted" in msg:

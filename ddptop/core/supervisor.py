@@ -59,6 +59,7 @@ class EventWriter:
 
 
 STALL_EXIT = 124
+CAPTURE_BEFORE_STOP = 20.0  # --on-stall kill|relaunch: seconds the stall's stack capture may take before the stop
 ANALYSIS_GAP = 0.05  # seconds between two analysis passes, at least (a chatty job's lines come in batches)
 FINAL_READ = 4.0  # seconds the analysis may take, once torchrun has ended, to read the rest of the logs
 
@@ -407,13 +408,21 @@ class Supervisor:
         if self.env_set.get("DDPTOP_FR_DIR"):
             threading.Thread(target=self.capture_flight, daemon=True, name="ddptop-flight").start()
         self.stacks.request()
-        if self.meta.on_stall == "relaunch":
-            self.auto_relaunch(alarm)
-        elif self.meta.on_stall == "kill":
-            self.emit(NoteEvent(time.time(), "warning", "stall detected and --on-stall kill: stopping the job"))
-            self.stall_kill = True
-            self.stop_requested = True
+        if self.meta.on_stall not in ("relaunch", "kill"):
+            return
+
+        def then() -> None:
+            # the stacks are read before the ranks are stopped (a rank that is going away has none)
+            self.stacks.wait(timeout=CAPTURE_BEFORE_STOP)
+            if self.meta.on_stall == "relaunch":
+                self.auto_relaunch(alarm)
+            else:
+                self.emit(NoteEvent(time.time(), "warning", "stall detected and --on-stall kill: stopping the job"))
+                self.stall_kill = True
+                self.stop_requested = True
             self._wake()
+
+        threading.Thread(target=then, daemon=True, name="ddptop-on-stall").start()
 
     def capture_flight(self, wait: float = 10.0) -> None:
         """flight-recorder profile, at a stall: ask every rank for its flight
