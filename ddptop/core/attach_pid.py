@@ -136,21 +136,13 @@ def _alive(p: psutil.Process) -> bool:
 
 def find_torchruns() -> list[psutil.Process]:
     """This user's running torchrun processes that ddptop did not launch, oldest first."""
-    me = os.getuid()
     out = []
-    for p in psutil.process_iter(["cmdline", "uids", "create_time"]):
+    for p in reversed(torchrun_jobs()):
         try:
-            uids = p.info.get("uids")
-            if uids is None or uids.real != me or p.pid == os.getpid():
-                continue
-            if torchrun_args(p.info.get("cmdline") or []) is None or not _alive(p):
-                continue
-            if launched_by_ddptop(p) is not None:
-                continue
-            out.append(p)
+            if _alive(p) and launched_by_ddptop(p) is None:
+                out.append(p)
         except psutil.Error:
             continue
-    out.sort(key=lambda p: (p.info.get("create_time") or 0, p.pid))
     return out
 
 
@@ -165,16 +157,17 @@ class JobWorkers:
 
 
 def torchrun_jobs(uid: int | None = None) -> list[psutil.Process]:
-    """This user's running torchrun processes, newest first: unlike
-    :func:`find_torchruns`, those ddptop launched too (the doctor counts the
-    workers of any job, wherever it was started)."""
+    """This user's running torchrun processes, newest first, those ddptop
+    launched too (the doctor counts the workers of any job, wherever it was
+    started; :func:`find_torchruns` keeps those ddptop did not launch)."""
     uid = os.getuid() if uid is None else uid
     out = []
     for p in psutil.process_iter(["cmdline", "uids", "create_time"]):
         try:
-            if p.info["uids"] is None or p.info["uids"].real != uid or p.pid == os.getpid():
+            uids = p.info.get("uids")
+            if uids is None or uids.real != uid or p.pid == os.getpid():
                 continue
-            if torchrun_args(p.info["cmdline"] or []) is not None:
+            if torchrun_args(p.info.get("cmdline") or []) is not None:
                 out.append(p)
         except psutil.Error:
             continue
