@@ -78,11 +78,141 @@ def test_missing_and_dead_ranks_are_named(server, version):
         assert st.comms[0].missing[0].dead and st.comms[0].missing[0].pid == 5003
 
 
-def test_a_rank_ahead_of_the_rest_is_the_odd_one_out(server):
+def test_a_rank_ahead_of_the_rest_is_said_but_not_blamed(server):
+    """A rank that went on into a collective the others never launched waits there for them:
+    NCCL's counts cannot tell whether it or they went astray, so it is said, not blamed."""
     job = job_of(4, set())
-    job.ranks[1].counts["AllReduce"] += 1  # it went on into a collective nobody else launched
+    job.ranks[1].counts["AllReduce"] += 1
     v = ras.verdict(ras.query(server(job).addr))
-    assert v.culprits == [1] and "rank 1 went on to #4413" in v.text
+    assert v.culprits == [] and "rank 1 went on to #4413 (and waits there)" in v.text
+    # with two ranks, the higher count is the one the others wait in
+    job = job_of(2, set())
+    job.ranks[0].counts["AllReduce"] += 1
+    v = ras.verdict(ras.query(server(job).addr))
+    assert v.culprits == [1] and "rank 1 stopped at #4412" in v.text
+
+
+@pytest.mark.parametrize("version,verbose", [("2.29.2", True), ("2.27.3", True), ("2.27.3", False),
+                                             ("2.25.1", True)])
+def test_ranks_held_back_together_are_each_named(server, version, verbose):
+    """NCCL lists a group of two or more ranks that share a count as "N ranks have launched up
+    to operation X" and then one "Rank R -- GPU ..." line per member (a group of one says both in
+    one line); every member is a culprit, in JSON and in each text layout, verbose or not."""
+    rng = random.Random(f"{version}{verbose}")
+    n = 8
+    held = set(rng.sample(range(n), 2))
+    s = server(job_of(n, held), version)
+    st = ras.query(s.addr, json_format=version >= "2.29", verbose=verbose)
+    v = ras.verdict(st)
+    assert sorted(v.culprits) == sorted(held), (v.text, st.raw[-600:])
+    if st.format == "text":
+        assert "2 ranks have launched up to operation" in st.raw  # (the layout this test is about)
+        assert f"Rank {min(held)} -- GPU" in st.raw
+
+
+def test_a_group_too_large_to_list_is_said_as_counts(server):
+    """Plain STATUS lists a group's members only while it is small (at most 10 ranks and a
+    quarter of the communicator): a larger one is said as counts, with no rank to blame."""
+    s = server(job_of(16, {1, 3, 5, 7, 9}), "2.27.3")
+    v = ras.verdict(ras.query(s.addr, json_format=False, verbose=False))
+    assert v.culprits == [] and "11 ranks launched AllReduce #4412; 5 ranks are at #4411" in v.text
+
+
+@pytest.mark.parametrize("version", ["2.29.2", "2.27.3"])
+@pytest.mark.parametrize("state,says", [("ABORT", "aborted its communicator"),
+                                        ("FINALIZE", "finalized or destroyed its communicator"),
+                                        ("nocomm", "not in this communicator")])
+def test_a_rank_in_another_state_than_the_others_is_named(server, version, state, says):
+    """A rank that aborted, finalized or no longer has the communicator, while the others run
+    in it: NCCL says so in the status part of MISMATCH (text) or in its flags (JSON)."""
+    rng = random.Random(f"{version}{state}")
+    odd = rng.randrange(4)
+    job = job_of(4, set())
+    if state == "nocomm":
+        job.ranks[odd].nocomm = True
+    else:
+        job.ranks[odd].status = state
+    v = ras.verdict(ras.query(server(job, version).addr))
+    assert v.culprits == [odd] and says in v.text, v.text
+
+
+@pytest.mark.parametrize("version", ["2.29.2", "2.27.3"])
+def test_ranks_that_reported_an_error_are_named_with_it(server, version):
+    job = job_of(8, set())
+    bad = random.Random(version).sample(range(8), 2)
+    for r in bad:
+        job.ranks[r].async_error = 6  # ncclRemoteError
+    v = ras.verdict(ras.query(server(job, version).addr))
+    assert sorted(v.culprits) == sorted(bad)
+    assert f"rank {bad[0]} reported Remote process error (asynchronous error)" in v.text
+
+
+def test_a_rank_whose_process_ras_cannot_name_is_still_named(server):
+    job = job_of(4, {2})
+    job.ranks[2].known = False
+    st = ras.query(server(job, "2.27.3").addr)
+    assert "-- [process information not found]" in st.raw
+    assert ras.verdict(st).culprits == [2]
+
+
+@pytest.mark.parametrize("version", ["2.29.2", "2.27.3", "2.25.1"])
+def test_a_stopped_process_is_named_by_its_pid(server, version):
+    """A process that does not answer (stopped, or hung in the kernel) is listed by pid in the
+    job's INCOMPLETE part (text) or as an unresponsive missing rank (JSON); the pid maps to its
+    global rank even where the communicator part gives only its number (2.24/2.25)."""
+    job = job_of(4, set(), missing={1})
+    by_pid = {r.pid: 20 + r.rank for r in job.ranks}
+    st = ras.query(server(job, version).addr)
+    v = ras.verdict(st, lambda host, pid: by_pid.get(pid))
+    assert v.culprits == [21], v.text
+    assert "does not answer" in v.text
+
+
+def test_ranks_of_a_sub_communicator_are_not_taken_for_the_jobs(server):
+    """A sub-group's communicator numbers its ranks from 0: without a pid mapping its culprit is
+    said with its communicator, never blamed as the job's rank of that number; with the
+    mapping it is the job's rank."""
+    world = job_of(4, set(), op=100)
+    sub = Job([Rank(i, world.ranks[g].pid, world.ranks[g].host, gpu=g, counts={"AllReduce": 50 - (g == 3)})
+               for i, g in enumerate((2, 3))], comm_hash=0x51B)
+    world.others.append(sub)
+    s = server(world)
+    v = ras.verdict(ras.query(s.addr))
+    assert v.culprits == [] and "rank 1 of communicator 51b (2 ranks" in v.text
+    by_pid = {r.pid: r.rank for r in world.ranks}
+    v = ras.verdict(ras.query(s.addr), lambda host, pid: by_pid.get(pid))
+    assert v.culprits == [3]
+
+
+def test_the_query_waits_out_nccls_own_wait_and_keeps_a_cut_report(server):
+    """NCCL may take its TIMEOUT plus 5 s when a peer does not answer: the query allows for it;
+    a server that stops in the middle of its report gives what came, marked as cut."""
+    s = RasServer(lambda: job_of(4, {3}), gather=6.0)
+    try:
+        st = ras.query(s.addr, timeout=9)
+        assert not st.partial and ras.verdict(st).culprits == [3]
+        assert s.queries[-1].split("|")[1] == "TIMEOUT 3"
+    finally:
+        s.close()
+    job = job_of(4, {3})
+    full = RasServer(lambda: job, version="2.27.3").text_report(job)
+    cut = full.index("Rank 3 has launched") + len(full[full.index("Rank 3 has launched"):].split("\n")[0]) + 1
+    s = RasServer(lambda: job, version="2.27.3", stall_at=cut)
+    try:
+        st = ras.query(s.addr, timeout=2, json_format=False)
+        v = ras.verdict(st)
+        assert st.partial and v.culprits == [3] and "cut at ddptop's deadline" in v.text
+    finally:
+        s.close()
+
+
+def test_a_report_known_to_be_garbled_by_its_version_says_so(server):
+    world = job_of(4, set(), missing={1})
+    world.others.append(Job([Rank(0, 5000, "10.0.0.7", counts={"AllReduce": 3}),
+                             Rank(1, 5001, "10.0.0.7", counts={"AllReduce": 3}, missing=True)], comm_hash=0xABC))
+    for version, garbled in (("2.27.3", True), ("2.29.2", False)):
+        v = ras.verdict(ras.query(server(world, version).addr, json_format=False))
+        assert ("may garble this report" in v.text) is garbled, v.text
 
 
 def test_a_healthy_job_says_nothing(server):

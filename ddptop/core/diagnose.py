@@ -141,7 +141,8 @@ def ras_reports(paths: list[str]) -> list[dict]:
                 pass
         v = ras.verdict(st, lambda _host, pid: by_pid.get(pid))
         out.append({"file": str(f), "version": st.version, "format": st.format, "culprits": v.culprits,
-                    "verdict": v.text or "every rank launched the same collectives, none missing"})
+                    "verdict": v.text or "every rank launched the same collectives, none missing "
+                               "(NCCL counts collectives only, not send/recv)"})
     return out
 
 

@@ -32,6 +32,9 @@ from ddptop.core.jobs import CommandResult
 
 CHECK_EVERY = 0.5  # seconds between stall checks
 CRASH_SIGNATURES = frozenset({"child-failed", "rank-exit", "rank-signal"})
+# NCCL 2.26 to 2.29.1: asked at most this often (seconds) during a stall; queries, repeated, have
+# crashed those versions' RAS thread (NVIDIA/nccl#1669, #1718)
+FRAGILE_RAS_GAP = 120.0
 
 Emit = Callable[[list[Event]], None]
 
@@ -453,6 +456,8 @@ class Pipeline:
                 self.ras.emit([NoteEvent(self.clock(), "info", f"NCCL {v} has no RAS port (it came in 2.24): the "
                                          "culprit comes from stacks and telemetry only", node=self.node)])
             return False
+        if v and (2, 26) <= _vtuple(v) < (2, 29, 2) and time.monotonic() - self.ras.last_asked < FRAGILE_RAS_GAP:
+            return False  # (queries have crashed these versions' RAS: NVIDIA/nccl#1669, #1718)
         return self.ras.request()
 
     def react(self, events: Sequence[Event]) -> None:
@@ -517,7 +522,7 @@ class RasProbe:
     and with a stack capture; the caller decides whether NCCL is in use."""
 
     def __init__(self, addr: Callable[[], str | None], dest: Path, rank_pids: Callable[[], dict[int, int]],
-                 emit: Emit, *, node: str = "", timeout: float = 5.0, clock: Callable[[], float] = time.time,
+                 emit: Emit, *, node: str = "", timeout: float = 9.0, clock: Callable[[], float] = time.time,
                  job_pids: bool = False):
         """``job_pids``: use an answer only if it names this job's pids (a
         default port another job may share)."""
@@ -525,6 +530,7 @@ class RasProbe:
         self.node, self.timeout, self.clock, self.job_pids = node, timeout, clock, job_pids
         self._busy = threading.Lock()
         self.asked = 0
+        self.last_asked = float("-inf")  # time.monotonic() of the last query
         self._monitor: threading.Thread | None = None
         self._stopped = threading.Event()
 
@@ -533,6 +539,7 @@ class RasProbe:
         if not addr or not self._busy.acquire(blocking=False):
             return False
         self.asked += 1
+        self.last_asked = time.monotonic()
         threading.Thread(target=self._run, args=(addr,), name="ddptop-ras", daemon=True).start()
         return True
 

@@ -8,7 +8,7 @@ kind it has launched, and which ranks are missing, unresponsive or dead.
 The protocol is text lines:
 
 * ``CLIENT PROTOCOL 2`` -> ``SERVER PROTOCOL 2`` (optional handshake);
-* ``TIMEOUT <s>`` -> ``OK`` (whole seconds only up to 2.29.2, so ddptop
+* ``TIMEOUT <s>`` -> ``OK`` (whole seconds only before 2.31, so ddptop
   sends an integer);
 * ``SET FORMAT json`` -> ``OK`` (2.28.7+; older servers answer ``ERROR``
   and ddptop reads the text report instead);
@@ -18,7 +18,7 @@ The protocol is text lines:
   (2.29+).
 
 This module asks (``query``), reads both formats (``parse_json``,
-``parse_text``; NCCL 2.28.9's JSON lacks a comma in ``missing_ranks``,
+``parse_text``; NCCL 2.28.x's JSON lacks a comma in ``missing_ranks``,
 which is repaired), and says who is behind (``verdict``): the ranks that
 launched fewer operations of a kind than the rest, or that are missing or
 dead, mapped to global ranks by host and pid.  No torch, no NCCL: plain
@@ -56,6 +56,8 @@ class RasRank:
     unresponsive: bool = False
     dead: bool = False
     error: str = ""  # an initialisation or asynchronous error it reported
+    status: str = ""  # RUNNING, INIT, FINALIZE, ABORT; NOCOMM (answered, without the communicator)
+    grouped: set[str] = field(default_factory=set)  # text: kinds whose count came from a group's line
 
 
 @dataclass
@@ -66,7 +68,7 @@ class RasComm:
     missing: list[RasRank] = field(default_factory=list)
     # text reports give large groups as counts only: kind -> [(ranks in the group, operations launched)]
     groups: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
-    status: str = ""  # text: RUNNING, INIT, ... (JSON leaves it to the reader)
+    status_groups: dict[str, int] = field(default_factory=dict)  # text: status -> ranks a group line counts
 
 
 @dataclass
@@ -75,6 +77,10 @@ class RasStatus:
     version: str = ""  # the NCCL version, when the answer says it
     comms: list[RasComm] = field(default_factory=list)
     dead_processes: list[tuple[str, int]] = field(default_factory=list)  # (host, pid)
+    # (host, pid) of the job's processes that did not answer this query (text: "INCOMPLETE")
+    silent_processes: list[tuple[str, int]] = field(default_factory=list)
+    partial: bool = False  # the report did not end in time: what came is read
+    unreliable: str = ""  # why this answer may be wrong (a known bug of this NCCL version)
     timeouts: int = 0  # RAS's own timeouts while it gathered the data
     raw: str = ""
     took: float = 0.0  # seconds the query took
@@ -140,30 +146,41 @@ class _Conn:
         line, _, self.buf = self.buf.partition(b"\n")
         return line.decode("utf-8", "replace").rstrip("\r")
 
-    def rest(self) -> str:
-        """Everything until the server closes the connection."""
+    def rest(self) -> tuple[str, bool]:
+        """Everything until the server closes the connection, and whether it
+        did (False: the deadline came first, and this is what had come)."""
         chunks = [self.buf]
         size = len(self.buf)
         self.buf = b""
+        done = True
         while True:
             try:
                 self.sock.settimeout(self._left())
                 chunk = self.sock.recv(1 << 16)
-            except RasError:
-                raise RasError("the report did not end in time") from None
+            except (RasError, socket.timeout):
+                done = False
+                break
             if not chunk:
                 break
             chunks.append(chunk)
             size += len(chunk)
             if size > MAX_ANSWER:
                 break
-        return b"".join(chunks).decode("utf-8", "replace")
+        return b"".join(chunks).decode("utf-8", "replace"), done
 
 
-def query(addr: str, *, timeout: float = 5.0, json_format: bool = True, verbose: bool = True) -> RasStatus:
+# seconds NCCL may wait beyond the TIMEOUT it was given, for peers that do not
+# answer (RAS_COLLECTIVE_EXTRA_TIMEOUT at NCCL_RAS_TIMEOUT_FACTOR 1; ncclras
+# itself waits 1 + TIMEOUT + this)
+NCCL_EXTRA_WAIT = 5
+
+
+def query(addr: str, *, timeout: float = 9.0, json_format: bool = True, verbose: bool = True) -> RasStatus:
     """Ask the RAS server at ``addr`` for the job's status (``RasError`` when
-    it cannot be had).  ``timeout`` bounds the whole query; RAS's own
-    gathering timeout is set a little below it, in whole seconds."""
+    it cannot be had).  ``timeout`` bounds the whole query.  RAS's own
+    gathering timeout (whole seconds) is set so that NCCL's worst case, that
+    plus ``NCCL_EXTRA_WAIT`` for peers that do not answer, ends within it; a
+    report cut by the deadline is read as far as it came (``partial``)."""
     host, port = parse_addr(addr)
     t0 = time.monotonic()
     deadline = t0 + timeout
@@ -177,7 +194,7 @@ def query(addr: str, *, timeout: float = 5.0, json_format: bool = True, verbose:
         hello = c.line()
         if not hello.upper().startswith("SERVER PROTOCOL"):
             raise RasError(f"{addr} is not NCCL RAS (it answered {hello[:80]!r})")
-        c.send(f"TIMEOUT {max(1, int(timeout) - 1)}")  # integers only up to NCCL 2.29.2
+        c.send(f"TIMEOUT {max(1, int(timeout - NCCL_EXTRA_WAIT - 1))}")  # integers only up to NCCL 2.29.x
         c.line()
         fmt = "text"
         if json_format:
@@ -185,30 +202,53 @@ def query(addr: str, *, timeout: float = 5.0, json_format: bool = True, verbose:
             if c.line().strip().upper() == "OK":
                 fmt = "json"
         c.send("VERBOSE STATUS" if verbose else "STATUS")
-        raw = c.rest()
+        raw, done = c.rest()
     except OSError as e:
         raise RasError(f"{addr}: {e}") from None
     finally:
         sock.close()
+    if not done and not raw.strip():
+        raise RasError("the report did not come in time")
     st = parse(raw, fmt)
+    st.partial = not done
     st.took = time.monotonic() - t0
     return st
 
 
 def parse(raw: str, fmt: str) -> RasStatus:
+    st: RasStatus | None = None
     if fmt == "json":
         try:
-            return parse_json(raw)
+            st = parse_json(raw)
         except ValueError:
             pass  # a server that said OK to the format but wrote text after all
-    return parse_text(raw)
+    if st is None:
+        st = parse_text(raw)
+    v = version_tuple(st.version)
+    if (st.format == "text" and (2, 26) <= v < (2, 29, 2) and len(st.comms) > 1
+            and any(c.missing for c in st.comms)):
+        # rasClientRunComms stepped over missing ranks wrongly when it walked the communicators
+        # (fixed in 2.29.2, NVIDIA/nccl#1762): the communicators after one with missing ranks may be garbage
+        st.unreliable = f"NCCL {st.version} may garble this report when ranks are missing (fixed in 2.29.2)"
+    return st
+
+
+def version_tuple(v: str) -> tuple[int, ...]:
+    """``2.29.2+cuda12.8`` -> (2, 29, 2); () when there is none."""
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", v or "")
+    return tuple(int(x) for x in m.groups() if x is not None) if m else ()
 
 
 # -- JSON (2.28.7+) ---------------------------------------------------------------
 
-# NCCL 2.28.9 leaves out the comma after "nvml_dev": N in missing_ranks entries:
+# NCCL 2.28.x (2.28.9 at least) leaves out the comma after "nvml_dev": N in missing_ranks entries:
 # a value at the end of a line followed by a line that starts a new key
 _MISSING_COMMA = re.compile(r'([\d"el}\]])(\s*\n\s*)("[^"\n]*"\s*:)')
+
+
+# ncclResult_t, as NCCL's ncclErrorToString words them
+_RESULTS = {1: "Unhandled CUDA error", 2: "System error", 3: "Internal error", 4: "Invalid argument",
+            5: "Invalid usage", 6: "Remote process error", 8: "Timeout"}
 
 
 def _hash(h: object) -> str:
@@ -242,38 +282,60 @@ def parse_json(raw: str) -> RasStatus:
             counts = r.get("collective_counts") if isinstance(r.get("collective_counts"), dict) else {}
             status = r.get("status") if isinstance(r.get("status"), dict) else {}
             err = ""
-            if _int(status.get("init_state"), 0) not in (0, 7):
-                err = f"initialisation error {status.get('init_state')}"
-            elif _int(status.get("async_error"), 0) not in (0, 7):
-                err = f"asynchronous error {status.get('async_error')}"
+            for key, what in (("init_state", "initialisation"), ("async_error", "asynchronous")):
+                code = _int(status.get(key), 0)
+                if code not in (0, 7) and not err:  # (7: in progress)
+                    err = f"{_RESULTS.get(code, 'Unexpected error')} ({what} error)"
+            # (as NCCL's own report derives a rank's status from the flags)
+            state = ("ABORT" if status.get("abort_flag") is True else
+                     "FINALIZE" if status.get("finalize_called") is True or status.get("destroy_flag") is True else
+                     "RUNNING" if _int(status.get("init_state"), 0) == 0 else "INIT")
             comm.ranks.append(RasRank(_int(r.get("rank")), str(r.get("host") or ""), _int(r.get("pid")),
                                       str(r.get("cuda_dev", "")),
-                                      {str(k): _int(v, 0) for k, v in counts.items()}, error=err))
+                                      {str(k): _int(v, 0) for k, v in counts.items()}, error=err, status=state))
         for r in c.get("missing_ranks") or []:
             if not isinstance(r, dict):
                 continue
             status = r.get("status") if isinstance(r.get("status"), dict) else {}
+            # unresponsive false: its process answered, without this communicator (NOCOMM)
+            unresponsive = status.get("unresponsive") is not False
             comm.missing.append(RasRank(_int(r.get("rank")), str(r.get("host") or ""), _int(r.get("pid")),
-                                        str(r.get("cuda_dev", "")), missing=True,
-                                        unresponsive=bool(status.get("unresponsive")),
-                                        dead=bool(status.get("considered_dead"))))
+                                        str(r.get("cuda_dev", "")), missing=True, unresponsive=unresponsive,
+                                        dead=bool(status.get("considered_dead")),
+                                        status="" if unresponsive else "NOCOMM"))
         st.comms.append(comm)
     return st
 
 
 # -- text (2.24+) -----------------------------------------------------------------
+#
+# The layout of NCCL's src/ras/client_support.cc (rasClientRunComms,
+# rasClientBreakDownErrors).  Within a communicator's MISMATCH or ERROR
+# section, ranks that share a value come as a group line ("6 ranks have
+# launched up to operation 4412", "2 ranks have status ABORT", "2 ranks
+# reported Remote process error"), followed, when the group is an outlier, by
+# one "Rank N -- GPU ... managed by process P on node H" line per member; a
+# group of one is a single line that says both ("Rank N has launched up to
+# operation X -- ..."). A rank whose process RAS cannot name says
+# "[process information not found]" instead of its GPU, process and node.
 
 _VERSION = re.compile(r"^[NR]CCL version (\S+)", re.M)
 _COMM_HEAD = re.compile(r"^#\d+-\d+ \(([0-9a-fA-F]+)\) (INCOMPLETE|ERROR|MISMATCH)\s*$")
-_WHO = r"GPU (?P<gpu>[^\n]*?) managed by process (?P<pid>\d+) on node (?P<host>\S+)"
-_RANK_MISSING = re.compile(r"^\s+Rank (?P<rank>\d+) -- (?:" + _WHO + r"|\[process information not found\])\s*$")
+_WHO = (r"(?:GPU (?P<gpu>[^\n]*?) managed by process (?P<pid>\d+) on node (?P<host>\S+)"
+        r"|\[process information not found\])")
+_MEMBER = re.compile(r"^\s+Rank (?P<rank>\d+) -- " + _WHO + r"\s*$")
 _OLD_MISSING = re.compile(r"^\s+The missing ranks?: (?P<ranks>[\d, ]+)\s*$")
 _KIND_DIFF = re.compile(r"^\s+Communicator ranks have different (?P<kind>\w+) operation counts\s*$")
+_STATUS_DIFF = re.compile(r"^\s+Communicator ranks have different status\s*$")
 _MANY_UP_TO = re.compile(r"^\s+(?P<n>\d+) ranks have launched up to operation (?P<op>\d+)\s*$")
 _MANY_NONE = re.compile(r"^\s+(?P<n>\d+) ranks have not launched any operations\s*$")
+_MANY_STATUS = re.compile(r"^\s+(?P<n>\d+) ranks have status (?P<status>[A-Z]+)\s*$")
+_MANY_ERROR = re.compile(r"^\s+(?P<n>\d+) ranks reported (?P<err>.+?)\s*$")
 _ONE_UP_TO = re.compile(r"^\s+Rank (?P<rank>\d+) has launched up to operation (?P<op>\d+) -- " + _WHO + r"\s*$")
 _ONE_NONE = re.compile(r"^\s+Rank (?P<rank>\d+) has not launched any operations -- " + _WHO + r"\s*$")
+_ONE_STATUS = re.compile(r"^\s+Rank (?P<rank>\d+) has status (?P<status>[A-Z]+) -- " + _WHO + r"\s*$")
 _ONE_ERROR = re.compile(r"^\s+Rank (?P<rank>\d+) reported (?P<err>.+?) -- " + _WHO + r"\s*$")
+_ERRORS_OF = re.compile(r"^\s+(?P<what>Initialization|Asynchronous) errors? on \d+ ranks?\s*$")
 _PROCESS = re.compile(r"^\s+Process (?P<pid>\d+) on node (?P<host>\S+) managing GPUs? (?P<gpu>.*?)\s*$")
 _TABLE_ROW = re.compile(r"^\s*\d+\s+\d+\s+\d+\s+[\d-]+\s+(?P<size>\d+)\s+\d+\s+(?P<status>[A-Z]+)\s+(?P<err>[A-Z,]+)\s*$")
 _TIMEOUTS = re.compile(r"Encountered (\d+) communication timeouts?")
@@ -289,8 +351,10 @@ def parse_text(raw: str) -> RasStatus:
         st.timeouts = int(m.group(1))
     comms: dict[str, RasComm] = {}
     comm: RasComm | None = None
-    kind = ""
-    section = ""  # INCOMPLETE, ERROR, MISMATCH, DEAD (the process lists)
+    section = ""  # INCOMPLETE, ERROR, MISMATCH; DEAD, INCOMPLETE (the job's processes) with no comm
+    kind = ""  # the collective kind whose counts differ ("status": the ranks' status differs)
+    group: tuple[str, object] | None = None  # what the "N ranks ..." line before says of its members
+    errors_of = ""  # "initialisation" or "asynchronous" (the ERROR section's part)
     for line in raw.splitlines():
         if not line.strip():
             continue
@@ -301,50 +365,89 @@ def parse_text(raw: str) -> RasStatus:
         if h:
             key = _hash(h.group(1))
             comm = comms.setdefault(key, RasComm(key))
-            section, kind = h.group(2), ""
+            section, kind, group, errors_of = h.group(2), "", None, ""
             continue
-        if line.strip() in ("INCOMPLETE", "DEAD", "TIMEOUT") and not line.startswith(" "):
-            comm, section, kind = None, line.strip(), ""
+        if line.strip() in ("INCOMPLETE", "DEAD", "TIMEOUT", "Errors", "Warnings") and not line.startswith(" "):
+            comm, section, kind, group = None, line.strip(), "", None
             continue
         if comm is None:
             p = _PROCESS.match(line)
             if p and section == "DEAD":
                 st.dead_processes.append((p.group("host"), int(p.group("pid"))))
+            elif p and section == "INCOMPLETE":
+                st.silent_processes.append((p.group("host"), int(p.group("pid"))))
             continue
         if section == "INCOMPLETE":
-            r = _RANK_MISSING.match(line)
+            r = _MEMBER.match(line)
             if r:
-                comm.missing.append(_rank_of(r, missing=True))
+                rr = _rank_of(r, missing=True)
+                rr.unresponsive = True  # (listed here: its process did not answer)
+                comm.missing.append(rr)
                 continue
             o = _OLD_MISSING.match(line)
             if o:
-                comm.missing += [RasRank(int(x), missing=True) for x in re.findall(r"\d+", o.group("ranks"))]
+                comm.missing += [RasRank(int(x), missing=True, unresponsive=True)
+                                 for x in re.findall(r"\d+", o.group("ranks"))]
             continue
         if section == "ERROR":
-            r = _ONE_ERROR.match(line)
-            if r:
-                rr = _rank_of(r)
-                rr.error = r.group("err")
-                comm.ranks.append(rr)
+            e = _ERRORS_OF.match(line)
+            if e:
+                errors_of, group = ("initialisation" if e.group("what") == "Initialization" else "asynchronous"), None
+                continue
+            one = _ONE_ERROR.match(line)
+            if one:
+                _merge(comm, one).error = f"{one.group('err')} ({errors_of or 'an'} error)"
+                group = None
+                continue
+            many = _MANY_ERROR.match(line)
+            if many:
+                group = ("error", many.group("err"))
+                continue
+            r = _MEMBER.match(line)
+            if r and group is not None and group[0] == "error":
+                _merge(comm, r).error = f"{group[1]} ({errors_of or 'an'} error)"
+            continue
+        # MISMATCH: the status, then the operation counts of each kind that differ
+        if _STATUS_DIFF.match(line):
+            kind, group = "status", None
             continue
         k = _KIND_DIFF.match(line)
         if k:
-            kind = k.group("kind")
+            kind, group = k.group("kind"), None
+            continue
+        if kind == "status":
+            one = _ONE_STATUS.match(line)
+            if one:
+                _set_status(comm, one, one.group("status"))
+                group = None
+                continue
+            many = _MANY_STATUS.match(line)
+            if many:
+                group = ("status", many.group("status"))
+                comm.status_groups[many.group("status")] = int(many.group("n"))
+                continue
+            r = _MEMBER.match(line)
+            if r and group is not None:
+                _set_status(comm, r, str(group[1]), grouped=True)
             continue
         if not kind:
             continue
-        many = _MANY_UP_TO.match(line)
+        many = _MANY_UP_TO.match(line) or _MANY_NONE.match(line)
         if many:
-            comm.groups.setdefault(kind, []).append((int(many.group("n")), int(many.group("op"))))
-            continue
-        none = _MANY_NONE.match(line)
-        if none:
-            comm.groups.setdefault(kind, []).append((int(none.group("n")), 0))
+            op = int(many.group("op")) if "op" in many.groupdict() else 0
+            comm.groups.setdefault(kind, []).append((int(many.group("n")), op))
+            group = ("count", op)
             continue
         one = _ONE_UP_TO.match(line) or _ONE_NONE.match(line)
         if one:
-            rr = _find(comm, int(one.group("rank"))) or _add(comm, _rank_of(one))
-            rr.counts[kind] = int(one.group("op")) if "op" in one.groupdict() and one.group("op") else 0
+            _merge(comm, one).counts[kind] = int(one.group("op")) if "op" in one.groupdict() else 0
+            group = None
+            continue
+        r = _MEMBER.match(line)
+        if r and group is not None and group[0] == "count":
+            rr = _merge(comm, r)
+            rr.counts[kind] = int(group[1])  # type: ignore[call-overload]
+            rr.grouped.add(kind)  # (already counted in its group's line)
     st.comms = list(comms.values())
     return st
 
@@ -355,16 +458,43 @@ def _rank_of(m: re.Match, missing: bool = False) -> RasRank:
                    (g.get("gpu") or "").strip(), missing=missing)
 
 
-def _find(comm: RasComm, rank: int) -> RasRank | None:
-    return next((r for r in comm.ranks if r.rank == rank), None)
+def _merge(comm: RasComm, m: re.Match) -> RasRank:
+    """The rank a line names, the one already seen in this communicator if any."""
+    new = _rank_of(m)
+    old = next((r for r in comm.ranks if r.rank == new.rank), None)
+    if old is None:
+        comm.ranks.append(new)
+        return new
+    if old.pid < 0 and new.pid >= 0:
+        old.host, old.pid, old.gpu = new.host, new.pid, new.gpu
+    return old
 
 
-def _add(comm: RasComm, r: RasRank) -> RasRank:
-    comm.ranks.append(r)
-    return r
+def _set_status(comm: RasComm, m: re.Match, status: str, grouped: bool = False) -> None:
+    if status == "UNKNOWN":  # (2.24/2.25: the missing ranks, said in INCOMPLETE)
+        return
+    if status == "NOCOMM":  # its process answered, without this communicator: NCCL lists it as missing
+        r = _rank_of(m, missing=True)
+        r.status = status
+        if not any(x.rank == r.rank for x in comm.missing):
+            comm.missing.append(r)
+        return
+    r = _merge(comm, m)
+    r.status = status
+    if grouped:
+        r.grouped.add("status")
 
 
 # -- who is behind ---------------------------------------------------------------
+
+# what a rank's communicator status says, when most ranks are RUNNING
+_STATUS_SAYS = {
+    "ABORT": "aborted its communicator",
+    "FINALIZE": "finalized or destroyed its communicator (it left the collectives)",
+    "INIT": "is still initialising its communicator",
+    "NOCOMM": "answered, but is not in this communicator (destroyed, aborted or never created it)",
+    "UNKNOWN": "is in an unknown state",
+}
 
 
 def _names(ranks: Iterable[int]) -> str:
@@ -373,96 +503,141 @@ def _names(ranks: Iterable[int]) -> str:
 
 
 def verdict(st: RasStatus, rank_of: Callable[[str, int], int | None] | None = None) -> RasVerdict:
-    """Who RAS says is behind, in global ranks where ``rank_of(host, pid)``
-    knows them.  Per communicator and collective kind, the ranks that launched
-    fewer operations than the most any rank launched are behind (the ranks
-    ahead wait in the collective they launched); missing, unresponsive and
-    dead ranks, and ranks that reported an error, are named too."""
-    def glob(r: RasRank) -> int:
-        g = rank_of(r.host, r.pid) if rank_of is not None and r.pid >= 0 else None
-        return g if g is not None else r.rank
+    """Who RAS says is behind, in global ranks.
+
+    ``rank_of(host, pid)`` maps a process to its global rank; where it cannot
+    (or there is none), a rank of the job's largest communicator (the world's)
+    is taken as the global rank, and a rank of a smaller one is said with its
+    communicator, process and node but not named a culprit: its number is not
+    the job's.  Per communicator and collective kind, the ranks that launched
+    fewer operations than most ranks are behind (most ranks wait in a
+    collective they never launched); a rank that went on further than most is
+    said but not blamed (it waits there for the others).  Ranks that are
+    missing, unresponsive, dead, in another state than the others (aborted,
+    finalized, still initialising, without the communicator) or that reported
+    an error are named too."""
+    world = max((c.size or len(c.ranks) + len(c.missing) for c in st.comms), default=0)
 
     culprits: list[int] = []
     behind: dict[int, str] = {}
     says: list[str] = []
     seen: set[str] = set()
+
+    def say(sentence: str) -> None:
+        if sentence not in seen:
+            seen.add(sentence)
+            says.append(sentence)
+
+    def blame(g: int, what: str) -> None:
+        behind.setdefault(g, what)
+        if g not in culprits:
+            culprits.append(g)
+
     for comm in st.comms:
+        size = comm.size or len(comm.ranks) + len(comm.missing)
+
+        def glob(r: RasRank) -> int | None:
+            g = rank_of(r.host, r.pid) if rank_of is not None and r.pid >= 0 else None
+            if g is None and (size >= world or len(st.comms) == 1):
+                g = r.rank  # the world communicator: its ranks are the job's
+            return g
+
+        def who(r: RasRank) -> str:
+            g = glob(r)
+            if g is not None:
+                return f"rank {g}"
+            where = f", pid {r.pid} on {r.host}" if r.pid >= 0 else ""
+            return f"rank {r.rank} of communicator {comm.hash[:8]} ({size} ranks{where})"
+
         kinds = set(comm.groups) | {k for r in comm.ranks for k in r.counts}
         for kind in sorted(kinds, key=lambda k: KINDS.index(k) if k in KINDS else len(KINDS)):
-            counts = {glob(r): r.counts[kind] for r in comm.ranks if kind in r.counts}
-            # the rest: the count most ranks are at (a tie goes to the higher count: those ranks
-            # wait in a collective the others never launched)
+            counted = [r for r in comm.ranks if kind in r.counts]
+            # most ranks' count (a tie goes to the higher count: those ranks wait in a collective
+            # the others never launched)
             sizes: dict[int, int] = {}
-            for n in counts.values():
-                sizes[n] = sizes.get(n, 0) + 1
+            for r in counted:
+                if kind not in r.grouped:
+                    sizes[r.counts[kind]] = sizes.get(r.counts[kind], 0) + 1
             for n_ranks, op in comm.groups.get(kind, []):
                 sizes[op] = sizes.get(op, 0) + n_ranks
             if len(sizes) < 2:
                 continue
             rest = max(sizes, key=lambda op: (sizes[op], op))
-            odd = {g: n for g, n in counts.items() if n != rest}
-            if not odd:  # text: only the groups differ, no rank is named
-                others = sorted(op for op in sizes if op != rest)
-                says_ = f"{sizes[rest]} ranks launched {kind} #{rest}; " + "; ".join(
-                    f"{sizes[op]} ranks are at #{op}" for op in others)
-                if says_ not in seen:
-                    seen.add(says_)
-                    says.append(says_)
+            odd = [r for r in counted if r.counts[kind] != rest]
+            if not odd:  # text, non-verbose: only the groups differ, no rank is named
+                say(f"{sizes[rest]} ranks launched {kind} #{rest}; " + "; ".join(
+                    f"{sizes[op]} ranks are at #{op}" for op in sorted(op for op in sizes if op != rest)))
                 continue
-            at_rest = sorted(g for g, n in counts.items() if n == rest)
-            who = _names(at_rest) if at_rest and len(at_rest) == sizes[rest] else f"{sizes[rest]} ranks"
+            at_rest = [r for r in counted if r.counts[kind] == rest]
+            names = [glob(r) for r in at_rest]
+            head = (_names(g for g in names if g is not None)
+                    if at_rest and len(at_rest) == sizes[rest] and None not in names else f"{sizes[rest]} ranks")
             parts = []
-            for n in sorted(set(odd.values())):
-                rs = [g for g, v in odd.items() if v == n]
+            for n in sorted({r.counts[kind] for r in odd}):
+                rs = [r for r in odd if r.counts[kind] == n]
+                gs = [glob(r) for r in rs]
+                label = (_names(g for g in gs if g is not None) if None not in gs
+                         else ", ".join(who(r) for r in rs))
                 if n > rest:
-                    parts.append(f"{_names(rs)} went on to #{n}")
-                else:
-                    parts.append(f"{_names(rs)} stopped at #{n}" if n else f"{_names(rs)} launched none")
-                for g in rs:
-                    behind[g] = f"{kind} #{n} (others #{rest})"
-            sentence = f"{who} launched {kind} #{rest}; " + "; ".join(parts)
-            if sentence not in seen:
-                seen.add(sentence)
-                says.append(sentence)
-            culprits += [g for g in odd if g not in culprits]
+                    parts.append(f"{label} went on to #{n} (and {'waits' if len(rs) == 1 else 'wait'} there)")
+                    continue
+                parts.append(f"{label} stopped at #{n}" if n else f"{label} launched none")
+                for g in gs:
+                    if g is not None:
+                        blame(g, f"{kind} #{n} (others #{rest})")
+            say(f"{head} launched {kind} #{rest}; " + "; ".join(parts))
+        tally = dict(comm.status_groups)
+        for r in comm.ranks:
+            if r.status and "status" not in r.grouped:
+                tally[r.status] = tally.get(r.status, 0) + 1
+        # the state most ranks are in (a tie: RUNNING)
+        usual = max(tally, key=lambda k: (tally[k], k == "RUNNING")) if tally else ""
+        for r in comm.ranks:
+            if r.status and r.status != usual:
+                g = glob(r)
+                say(f"{who(r)} {_STATUS_SAYS.get(r.status, 'has status ' + r.status)} ({r.status})")
+                if g is not None:
+                    blame(g, r.status)
         for r in comm.missing:
             g = glob(r)
-            what = "dead" if r.dead else "unresponsive" if r.unresponsive else "missing (no data)"
-            where = f" (pid {r.pid} on {r.host})" if r.pid >= 0 and r.host else ""
-            sentence = f"rank {g}{where} is {what}"
-            behind.setdefault(g, what)
-            if sentence not in seen:
-                seen.add(sentence)
-                says.append(sentence)
-            if g not in culprits:
-                culprits.append(g)
+            if r.status == "NOCOMM":
+                what, short = _STATUS_SAYS["NOCOMM"], "no communicator"
+            elif r.dead:
+                what = short = "dead"
+            elif r.unresponsive:
+                what, short = "does not answer (stopped, hung in the kernel, or its node unreachable)", "no answer"
+            else:
+                what, short = "missing (no data)", "missing"
+            where = f" (pid {r.pid} on {r.host})" if r.pid >= 0 and r.host and g is not None else ""
+            say(f"{who(r)}{where} {'is ' if what in ('dead', 'missing (no data)') else ''}{what}")
+            if r.pid < 0 and rank_of is not None and (st.silent_processes or st.dead_processes):
+                continue  # (2.24/2.25 give no pid here: the processes listed by pid are blamed instead)
+            if g is not None:
+                blame(g, short)
         for r in comm.ranks:
             if r.error:
                 g = glob(r)
-                sentence = f"rank {g} reported {r.error}"
-                behind.setdefault(g, r.error)
-                if sentence not in seen:
-                    seen.add(sentence)
-                    says.append(sentence)
-                if g not in culprits:
-                    culprits.append(g)
-    for host, pid in st.dead_processes:
-        g = rank_of(host, pid) if rank_of is not None else None
-        sentence = f"process {pid} on {host}" + (f" (rank {g})" if g is not None else "") + " is dead"
-        if sentence not in seen:
-            seen.add(sentence)
-            says.append(sentence)
-        if g is not None and g not in culprits:
-            culprits.append(g)
-            behind.setdefault(g, "dead")
+                say(f"{who(r)} reported {r.error}")
+                if g is not None:
+                    blame(g, r.error)
+    for label, procs in (("is dead", st.dead_processes), ("does not answer", st.silent_processes)):
+        for host, pid in procs:
+            g = rank_of(host, pid) if rank_of is not None else None
+            say(f"process {pid} on {host}" + (f" (rank {g})" if g is not None else "") + f" {label}")
+            if g is not None:
+                blame(g, "dead" if label == "is dead" else "no answer")
     text = "; ".join(says) + " (NCCL RAS)" if says else ""
+    if text and st.unreliable:
+        text += f" [{st.unreliable}]"
+    if text and st.partial:
+        text += " [the report was cut at ddptop's deadline: ranks it had not come to are not in it]"
     return RasVerdict(culprits, text, behind)
 
 
 # -- pushed events (MONITOR, 2.29+) ------------------------------------------------
 
 _MONITOR_LINE = re.compile(r"^\[(?P<time>[^\]]*)\] (?P<event>[A-Z_]+): (?P<rest>.*?)\s*$")
-_PEER = re.compile(r"Process (?P<pid>\d+) on node (?P<host>\S+) managing GPUs? (?P<gpu>\S+(?: \(NVML \d+\))?)")
+_PEER = re.compile(r"Process (?P<pid>\d+) on node (?P<host>\S+) managing GPUs? (?P<gpu>\S+(?: \(NVML [\d,]+\))?)")
 
 
 @dataclass
@@ -540,4 +715,4 @@ def job_pids(st: RasStatus) -> set[int]:
     """Every pid the answer names (to check that an answer on a shared,
     default port is about this job)."""
     pids = {r.pid for c in st.comms for r in [*c.ranks, *c.missing] if r.pid >= 0}
-    return pids | {pid for _h, pid in st.dead_processes}
+    return pids | {pid for _h, pid in st.dead_processes} | {pid for _h, pid in st.silent_processes}
