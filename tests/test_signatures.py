@@ -24,6 +24,13 @@ REAL = {
 # more real lines (from the users' logs quoted in the public issues named, or
 # from this machine's torch), each with the signature it must raise
 REAL_MORE = [
+    # slurmstepd, as in desihub/desitarget#628 and IGNF/myria3d#123 (with and without the reason)
+    ("scheduler-stopped", "slurmstepd: error: *** STEP 32233190.0 ON nid01934 CANCELLED AT 2020-07-03T02:59:56 DUE TO "
+                          "TIME LIMIT ***"),
+    ("scheduler-stopped", "slurmstepd: error: *** STEP 6053.0 ON DEL2212S020 CANCELLED AT 2024-04-23T12:18:08 ***"),
+    # ProcessGroupNCCL's NCCLComm::getNcclComm on a communicator its watchdog aborted
+    ("nccl-comm-aborted", "[rank2]: torch.distributed.DistBackendError: NCCL communicator was aborted on rank 2.  "
+                          "Original reason for failure was: [Rank 2] Watchdog caught collective operation timeout"),
     # pytorch reducer.cpp, as torch 2.13 prints it here (examples/train_ddp.py --fault unused-param)
     ("ddp-unused-params", "[rank0]: RuntimeError: Expected to have finished reduction in the prior iteration before "
                           "starting a new one. This error indicates that your module has parameters that were not used "
@@ -339,3 +346,100 @@ def test_a_line_the_signature_matcher_fails_on_is_noted_once_and_later_lines_are
     assert notes[0].level == "warning" and notes[0].t == 0.0
     assert notes[0].message.startswith("signature matcher failed on line 1 of torchrun's output: KeyError: 'boom'")
     assert [a.id for a in out if isinstance(a, AlarmEvent)] == ["cuda-oom", "port-in-use"]
+
+
+# -- the cause, not its consequences ----------------------------------------------------------------
+
+def _feed(lines):
+    m = SignatureMatcher()
+    return [f for i, (rank, text) in enumerate(lines) for f in m.feed(text, rank, i + 1)]
+
+
+def test_a_rank_that_failed_on_its_own_beats_the_timeouts_of_the_ranks_that_waited_for_it():
+    """Rank 2 raised an exception no signature knows; ranks 0 and 1 timed out waiting in the next
+    collective ten minutes later, and their lines come first in the file: rank 2 is the cause."""
+    fs = _feed([(0, REAL["nccl-watchdog-timeout"].replace("rank1", "rank0").replace("Rank 1", "Rank 0")),
+                (1, REAL["nccl-watchdog-timeout"]),
+                (2, "[rank2]: FileNotFoundError: [Errno 2] No such file or directory: '/data/shard_0007.tar'")])
+    rc = root_cause(fs)
+    assert rc.signature == "python-exception" and rc.rank == 2
+    # alone, the timeout is the finding
+    assert root_cause(fs[:1]).signature == "nccl-watchdog-timeout"
+
+
+def test_an_exception_that_says_a_wait_ran_out_is_a_timeout_not_a_failure_of_its_own():
+    fs = _feed([(0, "[rank0]: TimeoutError: timed out waiting for the barrier"),
+                (1, "[rank1]: KeyError: 'pixel_values'")])
+    assert root_cause(fs).rank == 1
+
+
+def test_only_consequences_is_no_root_cause():
+    """A clean run whose teardown logged a reset connection, or a rank stopped from outside: no
+    failure is named (and diagnose exits 0)."""
+    fs = _feed([(1, "[rank1]:[W TCPStore.cpp:131] [c10d] recvValue failed on SocketImpl(fd=77): "
+                    "Connection reset by peer"),
+                (0, "[rank0]: KeyboardInterrupt")])
+    assert fs and root_cause(fs) is None
+
+
+def test_a_communication_error_after_a_lost_peer_is_the_consequence_of_the_rank_that_died():
+    """Rank 0's NCCL 'unhandled system error' whose last error says the remote peer closed the
+    connection is a consequence when rank 3 failed on its own; with no such rank it stays the cause."""
+    system = REAL["nccl-system-error"]
+    lost = "socketProgressOpt: Call to recv from 10.0.0.2<43127> failed : Connection closed by remote peer"
+    oom = "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    fs = _feed([(0, system), (0, lost), (3, oom)])
+    assert root_cause(fs).signature == "cuda-oom" and root_cause(fs).rank == 3
+    fs = _feed([(0, system), (0, lost)])
+    assert root_cause(fs).signature == "nccl-system-error"
+    segv = _feed([(0, "NET/IB : Got completion from peer 10.0.0.2<1234> with error 12, opcode 0, len 0"),
+                  (0, "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting"),
+                  (3, "Fatal Python error: Segmentation fault")])
+    assert root_cause(segv).signature == "rank-signal" and root_cause(segv).rank == 3
+
+
+def test_how_a_rank_ended_is_the_consequence_of_what_its_own_log_says():
+    """torchrun's summary says rank 1 died of SIGABRT (or exited 1); its own log says why (a CUDA
+    device-side assert, a ZeroDivisionError): that is the cause."""
+    summary = TORCHRUN_SUMMARY.replace("rank      : 5 (local_rank: 1)", "rank      : 1 (local_rank: 1)")
+    abort = summary.replace("exitcode  : -11", "exitcode  : -6").replace("Signal 11 (SIGSEGV)", "Signal 6 (SIGABRT)")
+    fs = _feed([(1, "[rank1]: RuntimeError: CUDA error: device-side assert triggered")]
+               + [(None, l) for l in abort.splitlines()])
+    assert any(f.signature == "rank-signal" and f.detail["signal"] == "SIGABRT" for f in fs)
+    assert root_cause(fs).signature == "cuda-device-assert"
+    exit1 = summary.replace("exitcode  : -11 (pid: 9295)", "exitcode  : 1 (pid: 9295)").replace(
+        "traceback : Signal 11 (SIGSEGV) received by PID 9295", "traceback : To enable traceback see: ...")
+    fs = _feed([(1, "[rank1]: ZeroDivisionError: division by zero")] + [(None, l) for l in exit1.splitlines()])
+    assert root_cause(fs).signature == "python-exception"
+
+
+def test_among_equal_findings_the_rank_torchrun_saw_fail_first_wins():
+    summary = TORCHRUN_SUMMARY.replace("exitcode  : -11", "exitcode  : 1").replace(
+        "traceback : Signal 11 (SIGSEGV) received by PID 9295", "traceback : To enable traceback see: ...")
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    fs = _feed([(0, f"[rank0]: {oom}"), (5, f"[rank5]: {oom}")] + [(None, l) for l in summary.splitlines()])
+    assert root_cause(fs).signature == "cuda-oom" and root_cause(fs).rank == 5
+
+
+def test_a_process_dead_of_a_signal_says_so_in_its_own_last_words():
+    for line, sig in (("Fatal Python error: Segmentation fault", "SIGSEGV"),
+                      ("Segmentation fault (core dumped)", "SIGSEGV"),
+                      ("/bin/sh: line 1: 48213 Bus error               python train.py", "SIGBUS"),
+                      ("Fatal Python error: Aborted", "SIGABRT")):
+        fs = SignatureMatcher().feed(line, 3)
+        assert [(f.signature, f.rank, f.detail["signal"]) for f in fs if f.signature == "rank-signal"] == [
+            ("rank-signal", 3, sig)], line
+    assert SignatureMatcher().feed("Aborted training: loss is nan", 3) == []
+
+
+def test_deepspeeds_launcher_names_the_first_rank_that_failed():
+    line = ("[2024-03-01 10:00:01,000] [ERROR] [launch.py:321:sigkill_handler] ['/usr/bin/python3', '-u', 'train.py', "
+            "'--local_rank=2', '--deepspeed'] exits with return code = -9")
+    (f,) = SignatureMatcher().feed(line, None)
+    assert f.signature == "rank-signal" and f.rank == 2 and f.detail["signal"] == "SIGKILL" and f.detail["root"]
+    assert "OOM killer" in f.explanation and root_cause([f]) is f
+
+
+def test_torchrun_tee_and_torch_prefixes_together_give_the_global_rank():
+    (f,) = SignatureMatcher().feed("[default1]:[rank5]: ValueError: bad shard", None)
+    assert f.rank == 5

@@ -17,7 +17,7 @@ import traceback
 from ddptop.core.events import (FINAL_STATES, AlarmEvent, Event, GpuEvent, LogBatch, NoteEvent, ProcEvent,
                                 ProgressEvent, RankEvent, RasEvent, StacksEvent, StateEvent)
 from ddptop.core.progress import OTHER, parse_progress
-from ddptop.core.signatures import CAUSE, GENERIC, Finding, SignatureMatcher, cascade_level, root_cause
+from ddptop.core.signatures import CAUSE, CONSEQUENCE, TIMEOUT, Finding, SignatureMatcher, cascade_level, root_cause
 from ddptop.core.stack_verdict import WAITING_KINDS
 from ddptop.core.stall import StackVerdict, StallDetector
 
@@ -201,10 +201,10 @@ class Analyzer:
                           suggested_profiles=("nccl-debug", "flight-recorder"), node=self.node)
 
     def _alarm_for(self, f: Finding, t: float) -> AlarmEvent | None:
-        if cascade_level(f, self.findings) > GENERIC:
+        if cascade_level(f, self.findings) >= CONSEQUENCE:
             return None  # (a SIGABRT after a watchdog timeout is the timeout's consequence)
         if f.signature == "python-exception" and any(
-                x.rank == f.rank and x.level < GENERIC and x is not f for x in self.findings):
+                x.rank == f.rank and x.level in (CAUSE, TIMEOUT) and x is not f for x in self.findings):
             return None  # a specific signature already explains this rank
         key = (f.signature, f.rank)
         if key in self._alarmed:

@@ -15,11 +15,18 @@ from ddptop.core.analyzer import Analyzer
 from ddptop.core.events import LogBatch
 from ddptop.core.tailer import Tailer
 
-_PREFIX_RANK = re.compile(r"^\s*\[(?:default|rank)(\d+)\]:")
-_NAME_RANK = re.compile(r"(?:rank|worker)[_-]?(\d+)", re.IGNORECASE)
+# "[rank3]:", "[default3]:" (torchrun --tee: the local rank), "[default1]:[rank5]:" (the global one wins)
+_PREFIX_RANK = re.compile(r"^\s*(?:\[default\d+\]:\s?)?\[(?:default|rank)(\d+)\]:")
+_GLOBAL_PREFIX = re.compile(r"^\s*(?:\[default\d+\]:\s?)?\[rank(\d+)\]:")
+_NAME_RANK = re.compile(r"(?:rank|worker|proc|task)[_-]?(\d+)", re.IGNORECASE)
+# plain log files a directory may hold (SLURM's %j-%t.out, tee'd .txt, .err)
+LOG_SUFFIXES = (".log", ".out", ".err", ".txt", ".stdout", ".stderr")
 
 
-def _file_events(path: Path, rank: int | None, stream: str, rel: str):
+def _file_events(path: Path, rank: int | None, stream: str, rel: str, named: int | None = None):
+    """The batches of one file.  ``rank``: the local rank its directory says
+    (a torchrun --log-dir), else None; ``named``: the rank its name says
+    (rank_3.log, or the number that tells it from the other files given)."""
     t = Tailer(path)
     out = []
     while True:
@@ -28,10 +35,16 @@ def _file_events(path: Path, rank: int | None, stream: str, rel: str):
         if t.pos == before or t.at_eof():  # (a read with no line may be the rest of an over-long one)
             break
     out += t.flush()
-    if rank is None and not any(_PREFIX_RANK.match(ln.text) for ln in out):
-        # one rank's own log, with no rank prefixes: its name may say which rank (rank_3.log), else rank 0
-        m = _NAME_RANK.search(path.name)
-        rank = int(m.group(1)) if m else 0
+    if rank is not None:
+        # one rank's own file: torch's "[rankN]:" prefixes in it say its global rank (a --log-dir only
+        # knows the local one, which repeats on every node)
+        said = {m.group(1) for ln in out[:5000] for m in [_GLOBAL_PREFIX.match(ln.text)] if m}
+        if len(said) == 1:
+            rank = int(said.pop())
+    elif not any(_PREFIX_RANK.match(ln.text) for ln in out):
+        # no rank prefixes: its name may say which rank, else no rank is known (never a guess: a
+        # dmesg or launcher log is nobody's)
+        rank = named
     # consecutive lines of one rank (and up to a progress bar's redraw) make one batch
     run: list = []
     run_rank: int | None = None
@@ -62,6 +75,7 @@ def _file_events(path: Path, rank: int | None, stream: str, rel: str):
 
 def analyze_paths(paths: list[str]) -> Analyzer:
     an = Analyzer(clock=lambda: 0.0, detect_stalls=False)
+    given: list[Path] = []  # plain files, read after the rest (their names say ranks together)
     for p in map(Path, paths):
         if (p / journal.META).is_file():
             from ddptop.core.session import Session
@@ -74,17 +88,60 @@ def analyze_paths(paths: list[str]) -> Analyzer:
                 an.feed(batch)
             continue
         if p.is_dir():
-            files = journal.rank_log_files(p)
-            if not files:
-                files = [(0, None, "stdout", f) for f in sorted(p.rglob("*.log"))]
-            for attempt, local_rank, stream, f in files:
-                an.feed(list(_file_events(f, local_rank, stream, str(f))))
+            files = rank_files(p)
+            if files:
+                for attempt, local_rank, stream, f in files:
+                    an.feed(list(_file_events(f, local_rank, stream, str(f))))
+                continue
+            plain = sorted(f for f in p.rglob("*") if f.suffix.lower() in LOG_SUFFIXES and f.is_file())
+            for f, named in zip(plain, ranks_by_name(plain)):
+                an.feed(list(_file_events(f, None, "stdout", str(f), named)))
             continue
         if p.is_file():
-            an.feed(list(_file_events(p, None, "stdout", str(p))))
+            given.append(p)
             continue
         raise FileNotFoundError(f"{p}: no such file or directory")
+    for f, named in zip(given, ranks_by_name(given)):
+        an.feed(list(_file_events(f, None, "stdout", str(f), named)))
     return an
+
+
+def rank_files(d: Path) -> list[tuple[int, int, str, Path]]:
+    """(attempt, local rank, stream, path) of the rank logs torchrun's
+    --log-dir layout holds under ``d``, whichever level of it ``d`` is: the
+    log dir, its ``<run id>_<x>`` directory, an ``attempt_N``, or one rank's."""
+    files = journal.rank_log_files(d)
+    if files:
+        return files
+    out = []
+    for f in d.rglob("*.log"):
+        if f.name not in ("stdout.log", "stderr.log") or not f.parent.name.isdigit():
+            continue
+        m = re.search(r"attempt_(\d+)", str(f.parent.parent.name))
+        out.append((int(m.group(1)) if m else 0, int(f.parent.name), f.stem, f))
+    if not out and d.name.isdigit():
+        out = [(0, int(d.name), f.stem, f) for f in (d / "stdout.log", d / "stderr.log") if f.is_file()]
+    return sorted(out, key=lambda x: (x[0], x[1], x[2]))
+
+
+def ranks_by_name(files: list[Path]) -> list[int | None]:
+    """The rank each file's name says: ``rank_3.log``, ``worker-3.out``; or,
+    for files whose names differ only in their last number (SLURM's
+    ``job-55120-3.out``, one per task), that number; else None."""
+    out: list[int | None] = []
+    families: dict[str, int] = {}
+    for f in files:
+        key = re.sub(r"\d+(?=\D*$)", "#", f.name)
+        families[key] = families.get(key, 0) + 1
+    for f in files:
+        m = _NAME_RANK.search(f.name)
+        if m:
+            out.append(int(m.group(1)))
+            continue
+        last = re.search(r"(\d+)(?=\D*$)", f.name)
+        key = re.sub(r"\d+(?=\D*$)", "#", f.name)
+        out.append(int(last.group(1)) if last and families[key] > 1 and len(last.group(1)) <= 5 else None)
+    return out
 
 
 def flight_reports(paths: list[str]) -> list[dict]:
@@ -147,16 +204,35 @@ def ras_reports(paths: list[str]) -> list[dict]:
 
 
 def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[dict] | None = None) -> dict:
-    from ddptop.core.signatures import collective_counters, counter_verdict
+    from ddptop.core.signatures import GENERIC, TIMEOUT, cascade_level, collective_counters, counter_verdict
 
     rc = an.root_cause()
     counters = collective_counters(an.findings)
     culprits, said = counter_verdict(counters)
-    if rc is not None and rc.rank is not None and rc.level == 0 and not culprits:
-        culprits = (rc.rank,)
+    seen = set(an.stall.ranks) | {f.rank for f in an.findings if f.rank is not None}
+    why = ""
+    if rc is not None and rc.rank is None and rc.detail.get("pid"):
+        # a line that names a process, not a rank (the kernel's Xid): the launcher's report says whose pid it is
+        by_pid = {str(f.detail["pid"]): f.rank for f in an.findings if f.detail.get("pid") and f.rank is not None
+                  and f.signature in ("rank-signal", "rank-exit")}
+        if str(rc.detail["pid"]) in by_pid:
+            culprits = (by_pid[str(rc.detail["pid"])],)
+            why = f"pid {rc.detail['pid']} is rank {culprits[0]}'s (torchrun's failure report)"
+    if rc is not None and rc.rank is not None and rc.level <= GENERIC and not culprits:
+        # the same failure (not its consequences: the others' SIGTERM, their lost peer) on most ranks
+        kind = (rc.signature, rc.detail.get("signal"))
+        first = {f.rank for f in an.findings if f.detail.get("root")}
+        same = sorted({f.rank for f in an.findings if (f.signature, f.detail.get("signal")) == kind
+                       and f.rank is not None and cascade_level(f, an.findings) <= GENERIC})
+        if len(same) >= 2 and len(same) * 2 > len(seen) and not (first & set(same)):
+            why = f"{rc.signature} on ranks {', '.join(map(str, same))}: the same failure on most ranks, no odd one out"
+        else:
+            culprits = (rc.rank,)
     for r in ras_answers or []:
         if not culprits and r.get("culprits"):
             culprits = tuple(r["culprits"])  # NCCL's own view
+    if not culprits and not why and (rc is None or rc.level >= TIMEOUT):
+        culprits, why = _behind(an, seen)
     return {
         "root_cause": rc.to_dict() if rc else None,
         "culprits": list(culprits),
@@ -164,25 +240,62 @@ def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[di
                                      for r, (e, c) in sorted(counters.items())}, "verdict": said} if counters else None,
         "findings": [f.to_dict() for f in an.findings],
         "progress": {str(r): {"last_step": s} for r, s in sorted(an.last_steps.items())},
+        "culprit_evidence": why,
         "flight_recorder": flights or [],
         "nccl_ras": ras_answers or [],
     }
+
+
+# timeouts a rank reports while it waits in a collective for the others
+_WAITED = ("nccl-watchdog-timeout", "nccl-heartbeat-timeout", "gloo-timeout")
+
+
+def _behind(an: Analyzer, seen: set[int]) -> tuple[tuple[int, ...], str]:
+    """When nothing names a culprit: the ranks that did not time out while the
+    others did (they were not in the collective the others waited in), else the
+    ranks whose last training step is behind the others'."""
+    waited = {f.rank for f in an.findings if f.signature in _WAITED and f.rank is not None}
+    others = sorted(seen - waited)
+    if len(waited) >= 2 and others and len(others) < len(waited):
+        return tuple(others), (f"{_ranks(sorted(waited))} timed out waiting in a collective; {_ranks(others)} did "
+                               f"not: {'it was' if len(others) == 1 else 'they were'} elsewhere (its last lines say "
+                               "where)")
+    steps = {r: s for r, s in an.last_steps.items() if s is not None}
+    if len(steps) >= 2 and len(set(steps.values())) > 1:
+        top = max(steps.values())
+        behind = sorted(r for r, s in steps.items() if s < top)
+        if len(behind) * 2 < len(steps):
+            return tuple(behind), "; ".join(f"rank {r}'s last training step was {steps[r]}" for r in behind) + (
+                f", the others reached {top}")
+    return (), ""
+
+
+def _ranks(rs: list[int]) -> str:
+    return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(map(str, rs))
 
 
 def format_report(rep: dict) -> str:
     out = []
     rc = rep["root_cause"]
     if rc:
-        who = f"rank {rc['rank']}" if rc["rank"] is not None else "torchrun"
+        who = (f"rank {rc['rank']}" if rc["rank"] is not None else
+               "torchrun" if str(rc.get("source", "")).endswith("torchrun.log") else "rank unknown")
+        if rc["signature"] in _WAITED and rc["rank"] is not None:
+            who = f"seen first on rank {rc['rank']}, which waited for another"
         out.append(f"Root cause: {rc['signature']} ({who})")
         out.append(f"  {rc['explanation']}")
         out.append(f"  evidence: {rc['source']}:{rc['line']}: {rc['text'][:200]}")
         if rc["suggested_profiles"]:
             out.append(f"  try: {', '.join('--profile ' + p for p in rc['suggested_profiles'])}")
+    elif rep["findings"]:
+        out.append("Root cause: none found: only consequences (a lost peer, a stop from outside), so the process "
+                   "that failed first left no error in these logs (killed: the OOM killer, the scheduler?)")
     else:
         out.append("Root cause: none found (no known failure signature in these logs)")
     if rep.get("collectives"):
         out.append(f"  collectives: {rep['collectives']['verdict']}")
+    if rep.get("culprit_evidence"):
+        out.append(f"  {rep['culprit_evidence']}")
     if rep.get("culprits"):
         out.append(f"  culprit: {', '.join(f'rank {r}' for r in rep['culprits'])}")
     seen: dict[tuple, list] = {}

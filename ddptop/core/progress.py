@@ -62,7 +62,9 @@ _FORMATS: list[tuple[str, re.Pattern]] = [
     # tqdm: "10/1752 [00:29<1:22:01, 2.83s/it]" (with optional "desc: 1%|...| ")
     ("tqdm", re.compile(r"(?:(?P<desc>[^\s|:][^|:]*):\s*)?(?:\d+%\|[^|]*\|\s*)?(?P<step>\d+)/(?P<total>\d+|\?) \[\d")),
     # "step: 700  loss: 0.70", "step 12 loss", "iter 30", "global_step=5"
-    ("step", re.compile(r"\b(?:global_step|step|iter|iteration|it)\b\s*[:=#]?\s*\[?\s*(?P<step>\d+)(?:\s*/\s*(?P<total>\d+))?", re.I)),
+    # (a step count is a whole number: "STEP 48213.0" is SLURM's job step id)
+    ("step", re.compile(r"\b(?:global_step|step|iter|iteration|it)\b\s*[:=#]?\s*\[?\s*(?P<step>\d+)(?![\d.]*\.\d)(?!\d)"
+                        r"(?:\s*/\s*(?P<total>\d+))?", re.I)),
 ]
 
 _HF_STEP = re.compile(r"'step': (\d+)")

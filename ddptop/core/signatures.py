@@ -14,8 +14,10 @@ from typing import Callable
 
 from ddptop.core.progress import clean
 
-# how a finding ranks as a root cause: lower is more likely the cause
-CAUSE, TIMEOUT, GENERIC, CONSEQUENCE, INFO = 0, 1, 2, 3, 9
+# how a finding ranks as a root cause: lower is more likely the cause.  A known cause first; then a
+# rank that failed on its own (an exception no signature knows, a signal); then a timeout, which
+# only says that a rank waited for another; consequences (a lost peer, a stop) are never the cause.
+CAUSE, GENERIC, TIMEOUT, CONSEQUENCE, INFO = 0, 1, 2, 3, 9
 
 
 @dataclass(frozen=True)
@@ -100,10 +102,14 @@ CATALOG: list[Signature] = [
     _s("gloo-timeout", r"[Gg]loo.*[Tt]imed out|gloo/transport/.*[Tt]imed out",
        "A gloo collective timed out (default 30 min): a rank never joined it.",
        ("fail-fast",), TIMEOUT),
-    _s("peer-connection-reset", r"Connection reset by peer|Connection closed by peer|connection refused by peer",
+    _s("peer-connection-reset",
+       r"Connection reset by peer|Connection closed by (?:remote )?peer|connection refused by peer",
        "A rank lost its connection to another: almost always because that other rank died first. "
        "Look for the first rank that failed.",
        (), CONSEQUENCE),
+    _s("nccl-comm-aborted", r"NCCL communicator was aborted|[Cc]ommunicator was aborted on rank",
+       "This rank's NCCL communicator was aborted (by its watchdog after a timeout, or because of an error "
+       "elsewhere): a consequence; look for the first failure.", (), CONSEQUENCE),
     _s("cuda-oom", r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError: CUDA|CUDA error: out of memory",
        "A rank ran out of GPU memory.", ("single-gpu",)),
     _s("port-in-use", r"errno: 98 - Address already in use|EADDRINUSE|[Aa]ddress already in use",
@@ -113,8 +119,12 @@ CATALOG: list[Signature] = [
        r"RendezvousTimeoutError|[Rr]endezvous.*timed? ?out|Timed out initializing process group|"
        r"TCPStore.*[Tt]imed? ?out|wait timeout after \d+ms, keys:|"
        r"The client socket has (?:timed out after|failed to connect to any network address)",
-       "Ranks did not all arrive at the rendezvous in time (a node did not start, wrong address or port, "
-       "or a firewall).", ("fail-fast",)),
+       "Ranks did not all arrive at the rendezvous in time (a node or rank crashed or did not start: look at "
+       "its own log first; else a wrong address or port, or a firewall).", ("fail-fast",), TIMEOUT),
+    _s("scheduler-stopped",
+       r"\*\*\* (?:JOB|STEP) [\d.]+ ON \S+ CANCELLED AT \S+(?: DUE TO (?P<why>[A-Z][A-Z ]*[A-Z]))?",
+       "The scheduler (SLURM) stopped the job: its time limit (DUE TO TIME LIMIT), preemption, a node failure, "
+       "or scancel. The ranks' errors after this line are its consequences.", ()),
     _s("ddp-param-mismatch",
        r"DDP expects same model across all ranks|appears not to match sizes of the same param in process|"
        r"params\[\d+\] in this process with sizes",
@@ -130,8 +140,10 @@ CATALOG: list[Signature] = [
        "Shared memory (/dev/shm) ran out: containers default to 64 MB, which breaks NCCL's SHM transport and "
        "DataLoader workers. Give the container more (--shm-size) or use fewer workers.",
        ("shm-off", "fewer-workers")),
-    _s("xid", r"NVRM: Xid|\bXid\b.*\(PCI:",
-       "The NVIDIA driver reported an Xid error: a GPU hardware or driver fault.", ("single-gpu",)),
+    _s("xid", r"NVRM: Xid \((?P<pci>PCI:[^)]*)\): (?P<xid>\d+)(?:, pid=(?P<pid>\d+))?|NVRM: Xid|\bXid\b.*\(PCI:",
+       "The NVIDIA driver reported an Xid error: a GPU hardware or driver fault (79: the GPU fell off the bus; "
+       "48, 63, 64, 94, 95: memory (ECC) errors; 13, 31, 43: usually an application's bad memory access; 74: "
+       "NVLink). `pid` names the process it hit.", ("single-gpu",)),
     _s("nccl-not-available", r"Distributed package doesn't have NCCL built in|NCCL is not available|ProcessGroupNCCL is only supported with GPUs",
        "The script asks for the nccl backend but this PyTorch or machine has no NCCL/GPU. Run it on gloo.",
        ("gloo",)),
@@ -230,18 +242,35 @@ _HINTS = [(h, i) for i, sig in enumerate(CATALOG) if sig.hints is not None for h
 _ALWAYS = frozenset(i for i, sig in enumerate(CATALOG) if sig.hints is None)
 
 _SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>SIG\w+)\) received by PID (?P<pid>\d+)")
+# the process's own last words on a fatal signal: faulthandler's, or the shell's
+_FATAL_NAMES = r"Segmentation fault|Aborted|Bus error|Floating point exception|Illegal instruction"
+_FATAL = re.compile(rf"Fatal Python error: (?P<what>{_FATAL_NAMES})|^\S+: line \d+: +\d+ (?P<shell>{_FATAL_NAMES})\b|"
+                    rf"^(?P<dumped>{_FATAL_NAMES}) \(core dumped\)")
+_FATAL_SIGNALS = {"Segmentation fault": (11, "SIGSEGV"), "Aborted": (6, "SIGABRT"), "Bus error": (7, "SIGBUS"),
+                  "Floating point exception": (8, "SIGFPE"), "Illegal instruction": (4, "SIGILL")}
+# DeepSpeed's launcher on the first rank process that failed (then it stops the others):
+# "[...sigkill_handler] ['python', '-u', 'train.py', '--local_rank=2', ...] exits with return code = -9"
+_LAUNCHER_EXIT = re.compile(r"exits with return code = (?P<code>-?\d+)")
+_LOCAL_RANK_ARG = re.compile(r"--local[_-]rank[= ']+(?P<rank>\d+)")
+# exceptions that say a wait ran out (a timeout: another rank did not come), or that the process was
+# stopped from outside (a consequence)
+_TIMEOUT_EXC = re.compile(r"[Tt]ime[dD]?[ _-]?[Oo]ut|timed out|TimeoutError|DistStoreError")
+_STOPPED_EXC = re.compile(r"^(?:[\w.]*\.)?(?:KeyboardInterrupt|SignalException|BrokenPipeError)\b")
 _EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): (?P<msg>.*)$")
 _ROOT_BLOCK = re.compile(r"Root Cause \(first observed failure\)")
 _FAILURES_BLOCK = re.compile(r"^\s*Failures:\s*$")
 _BLOCK_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+) \(local_rank: (?P<local>\d+)\)")
 _BLOCK_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+)(?: \(pid: (?P<pid>\d+)\))?")
-_RANK_PREFIX = re.compile(r"^\s*\[(?:default|rank)(?P<rank>\d+)\]:")
+# "[rank3]:", "[default3]:", and torchrun --tee's local prefix before torch's global one:
+# "[default1]:[rank5]:" (the global rank wins)
+_RANK_PREFIX = re.compile(r"^\s*(?:\[default(?P<local>\d+)\]:\s?)?\[(?:default|rank)(?P<rank>\d+)\]:")
 # "[Rank 3] Watchdog caught ...", "[PG ID 0 PG GUID 0(default_pg) Rank 1] Timeout at NCCL work ..."
 _RANK_IN_MESSAGE = re.compile(r"\[(?:PG [^\]]*?)?\b[Rr]ank (?P<rank>\d+)\]")
 _SIGNAMES = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
 _CONSEQUENTIAL_SIGNALS = {"SIGTERM", "SIGKILL", "SIGINT"}
 # exceptions raised by the collective machinery itself after a timeout: the timeout is the finding
-_CASCADE_EXC = re.compile(r"^(?:torch\.distributed\.)?(?:DistBackendError|DistStoreError):")
+# (and NCCL's own result names, on the line after its error: "ncclSystemError: System call ... failed")
+_CASCADE_EXC = re.compile(r"^(?:torch\.distributed\.)?(?:DistBackendError|DistStoreError):|^nccl[A-Z]\w*Error:")
 
 RANK_SIGNAL_PROFILES = ("gloo", "single-gpu", "nccl-debug")
 
@@ -309,18 +338,18 @@ class SignatureMatcher:
             if m:
                 code = int(m.group("code"))
                 r = self._block_rank
+                pid = int(m.group("pid")) if m.group("pid") else None
                 if code < 0:
-                    name = _SIGNAMES.get(-code, f"signal {-code}")
-                    level = CONSEQUENCE if (name in _CONSEQUENTIAL_SIGNALS or self._block == "failures") else CAUSE
-                    out.append(Finding("rank-signal", r, line, t.strip(),
-                                       f"Rank {r} was killed by {name}"
-                                       + (" (the first failure torchrun observed)." if self._block == "root" else "."),
-                                       RANK_SIGNAL_PROFILES if level == CAUSE else (), level, source,
-                                       {"signal": name, "signum": -code, "root": self._block == "root"}))
+                    out.append(_signal_finding(-code, r, line, t.strip(), source, self._block == "root",
+                                               consequence=self._block == "failures", who="torchrun", pid=pid))
                 elif code != 0 and self._block == "root":
                     out.append(Finding("rank-exit", r, line, t.strip(),
                                        f"Rank {r} exited with code {code} (the first failure torchrun observed); "
-                                       "its own log says why.", (), GENERIC, source, {"exit_code": code, "root": True}))
+                                       "its own log says why.", (), GENERIC, source,
+                                       {"exit_code": code, "root": True, **({"pid": pid} if pid else {})}))
+                elif code != 0 and pid:
+                    out.append(Finding("rank-exit", r, line, t.strip(), f"Rank {r} exited with code {code}.", (),
+                                       CONSEQUENCE, source, {"exit_code": code, "pid": pid}))
                 return out
             if t.startswith("====="):
                 self._block = None
@@ -331,6 +360,24 @@ class SignatureMatcher:
             out.append(Finding("rank-signal", rank, line, t.strip(), f"A rank was killed by {name}.",
                                RANK_SIGNAL_PROFILES if level == CAUSE else (), level, source,
                                {"signal": name, "signum": int(m.group("num"))}))
+        m = _FATAL.search(t.strip()) if ("Fatal Python" in t or "core dumped" in t or ": line " in t) else None
+        if m:
+            num, name = _FATAL_SIGNALS[m.group("what") or m.group("shell") or m.group("dumped")]
+            out.append(Finding("rank-signal", rank, line, t.strip(),
+                               f"{'Rank ' + str(rank) if rank is not None else 'A process'} died of {name} "
+                               "(its own last words: faulthandler or the shell).",
+                               RANK_SIGNAL_PROFILES, CAUSE, source, {"signal": name, "signum": num}))
+        m = _LAUNCHER_EXIT.search(t) if "exits with return code" in t else None
+        if m and int(m.group("code")) != 0:
+            lr = _LOCAL_RANK_ARG.search(t)
+            r = int(lr.group("rank")) if lr else rank
+            code = int(m.group("code"))
+            if code < 0:
+                out.append(_signal_finding(-code, r, line, t.strip(), source, True, who="the launcher"))
+            else:
+                out.append(Finding("rank-exit", r, line, t.strip(),
+                                   f"Rank {r} exited with code {code} (the first failure the launcher saw); its own "
+                                   "log says why.", (), GENERIC, source, {"exit_code": code, "root": True}))
         for i in sorted(_ALWAYS | {i for h, i in _HINTS if h in t}):  # in catalogue order
             sig = CATALOG[i]
             m = sig.pattern.search(t)
@@ -341,12 +388,36 @@ class SignatureMatcher:
         if s.startswith("[rank"):
             s = _RANK_PREFIX.sub("", s).strip()
         m = _EXCEPTION.match(s)
-        if m and rank is not None and all(f.level >= CONSEQUENCE for f in out) and not _CASCADE_EXC.match(s):
-            # an exception whose message is itself a consequence (peer gone) is one too
-            level = CONSEQUENCE if out else GENERIC
-            out.append(Finding("python-exception", rank, line, s, f"Rank {rank} raised {m.group('type')}: {m.group('msg')[:200]}",
+        if m and all(f.level >= CONSEQUENCE for f in out) and not _CASCADE_EXC.match(s):
+            # an exception whose message is itself a consequence (peer gone) is one too; one that says a
+            # wait ran out is a timeout (another rank did not come); a stop from outside is a consequence
+            level = (CONSEQUENCE if out or _STOPPED_EXC.match(s) else
+                     TIMEOUT if _TIMEOUT_EXC.search(s[:300]) else GENERIC)
+            who = f"Rank {rank}" if rank is not None else "A process (rank unknown)"
+            out.append(Finding("python-exception", rank, line, s, f"{who} raised {m.group('type')}: {m.group('msg')[:200]}",
                                (), level, source, {"type": m.group("type")}))
         return out
+
+
+def _signal_finding(num: int, rank: int | None, line: int | None, text: str, source: str, root: bool, *,
+                    consequence: bool = False, who: str = "torchrun", pid: int | None = None) -> Finding:
+    """A rank ended by signal ``num``, as its launcher reports it.  The first failure the launcher saw
+    (``root``) is a cause, unless it is a stop from outside (SIGTERM, SIGINT); a SIGKILL there is most
+    often the kernel's OOM killer.  Later failures are the launcher stopping the rest."""
+    name = _SIGNAMES.get(num, f"signal {num}")
+    if consequence or (name in _CONSEQUENTIAL_SIGNALS and not (root and name == "SIGKILL")):
+        level = CONSEQUENCE
+    elif name == "SIGKILL":
+        level = GENERIC
+    else:
+        level = CAUSE
+    said = f"Rank {rank} was killed by {name}" + (f" (the first failure {who} observed)" if root else "")
+    if name == "SIGKILL" and level != CONSEQUENCE:
+        said += ("; with nothing in its own log, that is most often the kernel's OOM killer (host memory: "
+                 "`dmesg` says 'Out of memory: Killed process'), else the scheduler or a person")
+    return Finding("rank-signal", rank, line, text, said + ".",
+                   RANK_SIGNAL_PROFILES if level == CAUSE else ("fewer-workers",) if name == "SIGKILL" else (),
+                   level, source, {"signal": name, "signum": num, "root": root, **({"pid": pid} if pid else {})})
 
 
 def failure_summary(lines) -> dict[int, int]:
@@ -381,12 +452,41 @@ def failure_summary(lines) -> dict[int, int]:
 ABORTING_TIMEOUTS = frozenset({"nccl-watchdog-timeout", "nccl-heartbeat-timeout"})
 
 
+# what NCCL or the transport say when a peer went away
+PEER_LOSS = frozenset({"peer-connection-reset", "nccl-remote-error", "nccl-ib-flushed", "nccl-comm-aborted"})
+# communication errors that are causes on their own, and consequences when a peer went away first
+COMM_ERRORS = frozenset({"nccl-system-error", "nccl-internal-error", "nccl-ib-error", "nccl-cuda-error"})
+_ENDINGS = frozenset({"rank-signal", "rank-exit"})
+
+
 def cascade_level(f: Finding, findings: list[Finding]) -> int:
-    """``f``'s level once the cascade is known: a rank's SIGABRT after a
-    watchdog or heartbeat timeout is that timeout's consequence."""
+    """``f``'s level once the cascade is known:
+
+    * a rank's SIGABRT after a watchdog or heartbeat timeout is that timeout's consequence;
+    * how a rank ended (its exit code, a SIGABRT; any signal after a known cause) is a consequence
+      of what its own log says (an exception, an out-of-memory): that is the finding;
+    * a communication error on a rank that lost a peer (its own log says the peer closed, reset or
+      aborted) is a consequence when a rank failed on its own (that rank may share its number: two
+      nodes' local ranks)."""
+    if f.level >= CONSEQUENCE:
+        return f.level
     if (f.signature == "rank-signal" and f.detail.get("signal") == "SIGABRT"
             and any(x.signature in ABORTING_TIMEOUTS for x in findings)):
         return CONSEQUENCE
+    if f.signature in _ENDINGS and f.rank is not None:
+        # (an exit code or an abort follows whatever the rank's log says, a timeout included; another
+        # signal only a known cause, such as running out of memory)
+        lenient = f.signature == "rank-exit" or f.detail.get("signal") == "SIGABRT"
+        if any(x.rank == f.rank and x.signature not in _ENDINGS and x is not f
+               and (x.level < CONSEQUENCE if lenient else x.level == CAUSE) for x in findings):
+            return CONSEQUENCE
+    if f.signature in COMM_ERRORS and f.rank is not None:
+        lost_peer = any(x.rank == f.rank and x.signature in PEER_LOSS for x in findings)
+        # (another finding that is a failure of its own: on another rank, or on this one, such as an
+        # out-of-memory; not this rank's own ending, which says only how it ended)
+        if lost_peer and any(x.rank is not None and x.level <= GENERIC and x.signature not in COMM_ERRORS
+                             and not (x.rank == f.rank and x.signature in _ENDINGS) for x in findings):
+            return CONSEQUENCE
     return f.level
 
 
@@ -428,9 +528,15 @@ def counter_verdict(counters: dict[int, tuple[int, int]]) -> tuple[tuple[int, ..
 
 
 def root_cause(findings: list[Finding]) -> Finding | None:
-    """The finding most likely to be the cause, not a consequence."""
-    ranked = [(cascade_level(f, findings), 0 if f.detail.get("root") else 1, i, f)
+    """The finding most likely to be the cause, not a consequence: the lowest
+    level once the cascade is known (``cascade_level``); among equals, one on
+    the rank the launcher saw fail first (torchrun's *Root Cause*), then the
+    first read.  None when there are only consequences (a lost peer, a stop):
+    they say that something failed elsewhere, not what."""
+    first = {f.rank for f in findings if f.detail.get("root") and f.rank is not None}
+    ranked = [(cascade_level(f, findings), 0 if f.detail.get("root") or f.rank in first else 1, i, f)
               for i, f in enumerate(findings) if f.level < INFO]
+    ranked = [r for r in ranked if r[0] < CONSEQUENCE]
     if not ranked:
         return None
     ranked.sort(key=lambda x: (x[0], x[1], x[2]))
