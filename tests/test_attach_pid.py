@@ -433,7 +433,7 @@ def test_a_hang_raises_a_stall_alarm_and_stopping_the_attachment_leaves_the_job(
                         timeout=TIMEOUT, what="the stacks captured at the stall")
         where = Path(note["message"][len("stacks captured in "):].split(": ")[0])
         assert where.is_relative_to(tmp_path / "runs") and sorted(p.name for p in where.iterdir()) == ["rank0.txt", "rank1.txt"]
-        assert note["message"].endswith("rank 0 has one stack; rank 1 differs"), note  # the hung rank stands out
+        assert note["message"].endswith("2 different stacks: rank 0; rank 1"), note  # the hung rank's is not the other's
         # (e) asking the attachment to stop does not stop the job
         att.send_signal(signal.SIGINT)
         assert att.wait(timeout=30) == 130

@@ -105,3 +105,32 @@ def test_the_phase_follows_the_models_mode_even_when_a_framework_sets_it_directl
     phases = [e["phase"] for e in json_events(r.stdout) if e["kind"] == "progress" and e["source"] == "batch"]
     collapsed = [p for i, p in enumerate(phases) if i == 0 or p != phases[i - 1]]
     assert collapsed == ["train", "eval", "train"], phases
+
+
+def test_the_phase_follows_the_wrapped_model_when_only_its_flags_are_restored(runs_dir, tmp_path):
+    """Lightning calls eval() on the DDP wrapper and, after the validation, restores ``.training``
+    on the wrapped module's modules only: the wrapper's own flag stays False, training goes on."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import time, torch, torch.distributed as dist\n"
+        "from torch.utils.data import DataLoader\n"
+        "dist.init_process_group('gloo')\n"
+        "inner = torch.nn.Linear(2, 1)\n"
+        "m = torch.nn.parallel.DistributedDataParallel(inner)\n"
+        "def draw(n):\n"
+        "    for _ in DataLoader(list(range(n)), batch_size=1):\n"
+        "        time.sleep(0.06)\n"
+        "m.train(); draw(3)\n"
+        "m.eval(); draw(3)\n"
+        "print('evaluated', flush=True)\n"
+        "for mod in inner.modules():\n"
+        "    mod.training = True\n"
+        "assert not m.training\n"
+        "draw(3)\n"
+        "print('done')\n"
+    )
+    r = run_ddptop("--json", "torchrun", "--nproc-per-node", "1", str(script))
+    assert r.returncode == 0, r.stdout[-2000:]
+    phases = [e["phase"] for e in json_events(r.stdout) if e["kind"] == "progress" and e["source"] == "batch"]
+    collapsed = [p for i, p in enumerate(phases) if i == 0 or p != phases[i - 1]]
+    assert collapsed == ["train", "eval", "train"], phases

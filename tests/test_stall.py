@@ -1,5 +1,7 @@
 """The stall detector with a fake clock: it never sleeps."""
 
+import pytest
+
 from ddptop.core.stall import StallDetector
 
 
@@ -331,3 +333,127 @@ def test_each_nodes_stack_verdict_counts_whichever_arrives_last():
             alarm = d.check()
         assert alarm is not None and alarm.culprits == (1,) and alarm.where == {"1": {"line": 3}}, order
         assert "Rank 1 is in `f` (on node-b)." in alarm.message, alarm.message
+
+
+# -- work is not a hang ------------------------------------------------------------------------------
+
+def _hung(t, culprits, status, waiting=()):
+    from ddptop.core.stall import StackVerdict
+
+    return StackVerdict(t, True, tuple(culprits), "hung: ...",
+                        {r: {"rank": r, "status": status, "file": "train.py", "line": 30} for r in culprits},
+                        waiting=tuple(waiting))
+
+
+def test_a_rank_that_visibly_works_while_the_others_wait_is_not_a_hang_until_the_work_patience():
+    """Rank 0 evaluates (or archives, uploads) alone for minutes while rank 1 waits in a barrier:
+    its stack moves between samples. Not a hang; a hang only if it lasts past the work patience."""
+    c = Clock()
+    d = StallDetector(c, work_patience=300)
+    run_steps(d, c, [0, 1], 20, 1.0)
+    began = c.t
+    c.t += 30
+    d.stacks(_hung(c.t, [0], "moving", waiting=[1]))
+    for _ in range(26):
+        c.t += 10
+        assert d.check() is None, c.t - began
+    c.t += 20  # 310 s of silence
+    s = d.check()
+    assert s is not None and s.culprits == (0,) and "still working after" in s.message
+
+
+def test_a_rank_frozen_on_a_child_process_that_works_is_working():
+    """subprocess.run(["gzip", ...]) on rank 0: its stack is frozen, its child uses a core."""
+    c = Clock()
+    d = StallDetector(c, work_patience=300)
+    run_steps(d, c, [0, 1], 20, 1.0)
+    d.telemetry(0, cpu=0.5, children_cpu=99.0)
+    d.telemetry(1, cpu=0.5, children_cpu=0.0)
+    c.t += 30
+    d.stacks(_hung(c.t, [0], "frozen", waiting=[1]))
+    assert d.check() is None
+    d.telemetry(0, cpu=0.5, children_cpu=0.0)  # the child is done, or gone, and rank 0 still does not come
+    s = d.check()
+    assert s is not None and s.culprits == (0,)
+
+
+def test_every_rank_waiting_on_busy_data_loader_workers_is_working():
+    c = Clock()
+    d = StallDetector(c, work_patience=300)
+    run_steps(d, c, [0, 1], 20, 1.0)
+    for r in (0, 1):
+        d.telemetry(r, cpu=1.0, children_cpu=50.0)
+    c.t += 30
+    d.stacks(_hung(c.t, [], "frozen"))
+    assert d.check() is None
+
+
+def test_a_frozen_culprit_is_a_hang_at_once():
+    c = Clock()
+    d = StallDetector(c, work_patience=300)
+    run_steps(d, c, [0, 1], 20, 1.0)
+    c.t += 30
+    d.stacks(_hung(c.t, [1], "frozen", waiting=[0]))
+    s = d.check()
+    assert s is not None and s.culprits == (1,)
+
+
+def test_a_job_that_logs_every_hundred_steps_is_judged_by_the_time_between_its_lines():
+    """'step 100 ... step 200' every 16 s: 0.16 s per step, but the next line is due in 16 s."""
+    c = Clock()
+    d = StallDetector(c)
+    for i in range(1, 9):
+        c.t += 16.0
+        for r in (0, 1):
+            d.step(r, 100 * i)
+        assert d.check() is None
+    for _ in range(15):  # the next line is late by less than the slack: no alarm
+        c.t += 1.0
+        assert d.check() is None
+    assert d.ranks[0].expected() == pytest.approx(0.16)
+    c.t += 60
+    s = d.check()
+    assert s is not None and "steps came every 0.16 s" in s.message
+
+
+def test_a_pause_does_not_stretch_the_usual_interval():
+    c = Clock()
+    d = StallDetector(c)
+    run_steps(d, c, [0, 1], 30, 0.5)
+    c.t += 40  # an evaluation (its bar kept the alarm off)
+    for r in (0, 1):
+        d.other_progress(r)
+    run_steps(d, c, [0, 1], 10, 0.5)
+    assert d.ranks[0].expected() == pytest.approx(0.5)
+    assert d.ranks[0].arrival_gap() == pytest.approx(0.5)
+
+
+def test_output_is_life_when_no_progress_is_recognised_in_it():
+    """A log format ddptop does not know ('2025-01-01 | 100 | loss 0.3'), no hook: its lines
+    are its only sign of life, judged with the first-step grace from the last one."""
+    c = Clock()
+    d = StallDetector(c, first_step_grace=120)
+    for _ in range(30):  # 6 minutes of a line every 12 s
+        c.t += 12
+        d.output(0)
+        d.output(1)
+        assert d.check() is None
+    c.t += 121
+    assert d.check() is not None
+
+
+def test_ranks_frozen_in_different_collectives_are_a_mismatch():
+    from ddptop.core.stall import StackVerdict
+
+    c = Clock()
+    d = StallDetector(c)
+    run_steps(d, c, [0, 1], 20, 1.0)
+    c.t += 30
+    d.stacks(StackVerdict(c.t, True, (), "hung, no single culprit: rank 0 waits in `all_reduce` (torch.distributed) "
+                          "from `main` at t.py:21; rank 1 waits in `broadcast` (torch.distributed) from `main` at "
+                          "t.py:48", {}, waiting=(0, 1), mismatch=True))
+    s = d.check()
+    assert s.kind == "mismatch" and s.culprits == ()
+    assert "Collective mismatch" in s.message and "t.py:48" in s.message
+    assert "flight-recorder" in s.suggested_profiles
+    assert not any("t.py:48" in e for e in s.evidence)  # (said once, in the message)

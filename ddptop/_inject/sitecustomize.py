@@ -84,9 +84,14 @@ def _ddptop_install():
                     # the model's mode now: frameworks may set .training without calling train()
                     # (Lightning restores it so after a validation)
                     m = ref()
-                    if m is not None and (b"train" if m.training else b"eval") != batches["phase"]:
-                        batches["phase"] = b"train" if m.training else b"eval"
-                        batches["last"] = -1.0
+                    if m is not None:
+                        # (its first child's mode: Lightning calls eval() on the DDP wrapper and restores
+                        # only the wrapped module's flags after a validation, leaving the wrapper's False)
+                        inner = next(iter(m._modules.values()), None) if getattr(m, "_modules", None) else None
+                        training = inner.training if inner is not None and hasattr(inner, "training") else m.training
+                        if (b"train" if training else b"eval") != batches["phase"]:
+                            batches["phase"] = b"train" if training else b"eval"
+                            batches["last"] = -1.0
                 now = _now()
                 if now - batches["last"] >= 0.05 and not batches["off"]:
                     batches["last"] = now

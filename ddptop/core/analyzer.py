@@ -87,8 +87,11 @@ class Analyzer:
                 waiting = tuple(r for g in ev.groups if isinstance(g, dict) and g.get("state") in ("frozen", "busy")
                                 and (g.get("kind") in WAITING_KINDS or ev.hung and g.get("state") == "busy")
                                 for r in g.get("ranks", ()) if r not in ev.culprits)
+                groups = [g for g in ev.groups if isinstance(g, dict)]
+                mismatch = bool(ev.hung and not ev.culprits and len(groups) >= 2 and all(
+                    g.get("state") == "frozen" and g.get("kind") in WAITING_KINDS for g in groups))
                 st.stacks(StackVerdict(ev.t, ev.hung, ev.culprits, ev.summary, ev.where, ev.error, ev.io, ev.node,
-                                       waiting))
+                                       waiting, mismatch))
             elif isinstance(ev, RasEvent):
                 if ev.event == "PEER_DEAD":
                     a = self._peer_dead(ev)

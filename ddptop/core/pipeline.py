@@ -177,7 +177,9 @@ class StackSampler:
             for i in range(self.samples):
                 if i:
                     time.sleep(self.gap)
-                raw, _groups, err = dump_stacks(pids)
+                # --locals: a healthy loop often sits on the same line in both samples (a sleep, a GPU
+                # sync); its variables (the step counter, new tensors) still change
+                raw, _groups, err = dump_stacks(pids, with_locals=True)
                 for r, text in raw.items():
                     dumps[r].append(text)
                 if err:
@@ -425,7 +427,11 @@ class Pipeline:
             st.stacks_pending = False  # they did not come in time: judge without them
         if self.analyzer.finished or not self.analyzer.detect_stalls:
             return
-        if not (st.suspect(now) and now - self._sampled_at >= self.resample_every and not st.stacks_pending):
+        # (once per resample_every within one silence; a new silence, after progress came back in between,
+        # is sampled at once: an evaluation right after another must not be judged without stacks)
+        fresh = self._sampled_at < st.silence_began()
+        if not (st.suspect(now) and (fresh or now - self._sampled_at >= self.resample_every)
+                and not st.stacks_pending):
             return
         asked = self.ask_ras()
         if self.sampler is not None and self.sampler():

@@ -481,7 +481,7 @@ def _describe(st: RankStack, status: str) -> str:
     if status == "frozen" and st.kind == "collective":
         return st.text.replace(" called from ", " from ", 1)
     if status == "frozen":
-        return "is " + st.text
+        return st.text if st.text.startswith("waits ") else "is " + st.text
     if status == "busy":
         return "is busy " + st.text.replace(" (running)", "") + " (on CPU, same line in every sample)"
     if status == "moving":
@@ -505,12 +505,14 @@ def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None
     states: dict[int, list[RankStack]] = {}
     status: dict[int, str] = {}
     for rank, dumps in sorted(samples.items()):
-        sts = [rank_state(parse_dump(d), source_line) for d in dumps or ()]
-        sts = [s for s in sts if s.kind != "unknown" or s.exact]
+        pairs = [(d, rank_state(parse_dump(d), source_line)) for d in dumps or ()]
+        pairs = [(d, s) for d, s in pairs if s.kind != "unknown" or s.exact]
+        sts = [s for _d, s in pairs]
         states[rank] = sts
         if len(sts) < 2:
             status[rank] = "unknown"
-        elif len({s.exact for s in sts}) > 1:
+        elif len({s.exact for s in sts}) > 1 or len({_main_block(d) for d, _s in pairs}) > 1:
+            # (the same frames with other local variables, in dumps taken with --locals: a loop's counter moved)
             status[rank] = "moving"
         elif all(s.state == "active" for s in sts) and sts[-1].kind not in WAITING_KINDS:
             status[rank] = "busy"

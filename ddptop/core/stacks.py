@@ -64,7 +64,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0) -> tuple[dict[int, str], list[StackGroup], str | None]:
+def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0,
+                with_locals: bool = False) -> tuple[dict[int, str], list[StackGroup], str | None]:
     """(raw dump per rank, groups of identical stacks, error message or None).
 
     ``--nonblocking``: py-spy reads the rank's memory without stopping it, so a
@@ -80,7 +81,8 @@ def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0) -> tuple[dict[
         # --full-filenames: the verdict tells the user's files from the libraries' by
         # their path, and reads the line a frame is blocked on
         try:
-            r = subprocess.run([exe, "dump", "--nonblocking", "--full-filenames", "--pid", str(pid)],
+            r = subprocess.run([exe, "dump", "--nonblocking", "--full-filenames", *(["--locals"] if with_locals else []),
+                                "--pid", str(pid)],
                                capture_output=True, text=True, errors="replace", timeout=timeout)
         except subprocess.TimeoutExpired:
             errors[rank] = f"rank {rank}: py-spy timed out"
@@ -129,5 +131,7 @@ def summarise(groups: list[StackGroup]) -> str:
     odd = [g for g in groups[1:]]
     def who(g):
         return f"ranks {', '.join(map(str, g.ranks))}" if len(g.ranks) > 1 else f"rank {g.ranks[0]}"
+    if len(main.ranks) == len(odd[0].ranks):  # no majority: nobody's stack is the odd one
+        return f"{len(groups)} different stacks: " + "; ".join(who(g) for g in groups)
     head = f"{who(main)} share one stack" if len(main.ranks) > 1 else f"{who(main)} has one stack"
     return head + "; " + "; ".join(f"{who(g)} {'differ' if len(g.ranks) > 1 else 'differs'}" for g in odd)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 HOT_UTIL = 40.0  # % GPU utilisation that counts as "busy" (an NCCL spin reads ~100, idle ~0)
 IDLE_UTIL = 15.0
 BUSY_CPU = 85.0
+CHILDREN_WORK_CPU = 20.0  # % CPU a rank's child processes use that counts as work (gzip, data-loader workers)
 
 
 @dataclass
@@ -34,6 +35,9 @@ class RankState:
     last_other: float | None = None  # last eval/checkpoint progress
     last_output: float | None = None
     intervals: deque = field(default_factory=lambda: deque(maxlen=64))  # (t, steps_seen)
+    # times at which new training progress arrived (one per read that brought any): a job that prints
+    # "step 100" every 16 s has 0.16 s steps but must be judged by its 16 s between lines
+    arrivals: deque = field(default_factory=lambda: deque(maxlen=64))
     phase: str = ""  # train | eval | save, from the hook (empty: not known)
     batches: int | None = None  # batches drawn from data loaders (the hook)
     last_batch: float | None = None
@@ -47,17 +51,34 @@ class RankState:
     exit_code: int | None = None
 
     def expected(self) -> float | None:
-        """Seconds per step, over the recent window.
+        """Seconds per step, over the recent window (what the alarm says).
 
         From (time, steps) pairs rather than single intervals, so lines that
-        arrive in batches (one read, one timestamp) still give the true rate.
+        arrive in batches (one read, one timestamp) still give the true rate;
+        the median step of the arrivals, so a pause (an evaluation) in the
+        window does not stretch it.
         """
         if len(self.intervals) < 2:
             return None
         (t0, n0), (t1, n1) = self.intervals[0], self.intervals[-1]
         if n1 - n0 < 3 or t1 <= t0:
             return None
-        return (t1 - t0) / (n1 - n0)
+        per: list[float] = []
+        prev = self.intervals[0]
+        for cur in list(self.intervals)[1:]:
+            if cur[0] > prev[0] and cur[1] > prev[1]:
+                per.append((cur[0] - prev[0]) / (cur[1] - prev[1]))
+                prev = cur
+        return statistics.median(per) if len(per) >= 3 else (t1 - t0) / (n1 - n0)
+
+    def arrival_gap(self) -> float | None:
+        """The usual seconds between two arrivals of training progress (the
+        median: a pause, an evaluation, does not stretch it), or None while
+        too few have come."""
+        if len(self.arrivals) < 4:
+            return None
+        a = list(self.arrivals)
+        return statistics.median(b - x for x, b in zip(a, a[1:]))
 
 
     def batch_expected(self, phase: str) -> float | None:
@@ -73,7 +94,7 @@ class RankState:
 
 @dataclass(frozen=True)
 class Stall:
-    kind: str  # hot | collective | idle | cpu-bound | unknown
+    kind: str  # mismatch | hot | collective | idle | cpu-bound | unknown
     ranks: tuple[int, ...]
     culprits: tuple[int, ...]
     silent_for: float  # seconds since the job's last progress
@@ -99,6 +120,8 @@ class StackVerdict:
     # ranks frozen in a collective or backward in every sample, or spinning on one line while the
     # culprits are frozen (polling for them): their CPU use is waiting, not work of their own
     waiting: tuple[int, ...] = ()
+    # every rank frozen waiting in a collective, in two or more different ones (or call sites)
+    mismatch: bool = False
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -138,7 +161,7 @@ def combine(verdicts: list[StackVerdict]) -> StackVerdict | None:
 class StallDetector:
     def __init__(self, clock, *, min_silence: float = 10.0, k: float = 3.0, slack: float = 12.0,
                  first_step_grace: float = 120.0, stall_after: float | None = None, start: float | None = None,
-                 io_patience: float = 600.0, watch_patience: float = 30.0):
+                 io_patience: float = 600.0, watch_patience: float = 30.0, work_patience: float = 300.0):
         self.clock = clock
         self.min_silence = min_silence
         self.k = k
@@ -156,6 +179,9 @@ class StallDetector:
         self.ras: tuple[float, tuple[int, ...], str] | None = None
         self.suspect_at = 0.5  # of the threshold: when to ask for stack samples
         self.io_patience = io_patience  # how long ranks seen in I/O (a checkpoint write) count as work
+        # how long ranks that visibly work while the others wait for them (their stacks move, their
+        # children use the CPU) count as work, not as the culprits of a hang
+        self.work_patience = work_patience
         # a rank with no step seen yet but watched by stack samples: frozen this long is a suspect
         # (instead of the first-step grace, which is for a job starting up unseen)
         self.watch_patience = watch_patience
@@ -181,6 +207,8 @@ class StallDetector:
         jump = step - st.step if step is not None and st.step is not None and step > st.step else 1
         st.steps_seen += min(jump, 1_000_000)
         st.intervals.append((t, st.steps_seen))
+        if not st.arrivals or t > st.arrivals[-1]:
+            st.arrivals.append(t)
         if step is not None:
             st.step = step
 
@@ -259,14 +287,22 @@ class StallDetector:
     def threshold_train(self, st: RankState) -> float:
         if st.last_progress is None:
             return self.watch_patience if st.watched is not None else self.first_step_grace
-        e = st.expected()
+        # (judged by the time between arrivals of progress, which a job that logs every N steps
+        # stretches, never by the time per step)
+        e = st.arrival_gap()
         if e is None:
             return max(self.min_silence, 3 * self.min_silence)  # learning: be patient
         return max(self.min_silence, min(self.k * e, e + self.slack))
 
-    def _silent(self, st: RankState, now: float) -> float:
+    def _last_sign(self, st: RankState) -> float:
         last = max(x for x in (st.last_progress, st.last_other, self.started) if x is not None)
-        return now - last
+        if st.last_progress is None and st.last_output is not None and st.batches is None and st.watched is None:
+            # no progress recognised in its output, no hook, no stack watch: its output is its only sign of life
+            last = max(last, st.last_output)
+        return last
+
+    def _silent(self, st: RankState, now: float) -> float:
+        return now - self._last_sign(st)
 
     def _silent_pool(self, pool: list[RankState], now: float) -> float:
         return min(self._silent(st, now) for st in pool)
@@ -292,7 +328,7 @@ class StallDetector:
         pool = self._pool()
         if not pool:
             return self.started
-        return max(max(x for x in (st.last_progress, st.last_other, self.started) if x is not None) for st in pool)
+        return max(self._last_sign(st) for st in pool)
 
     def check(self, now: float | None = None) -> Stall | None:
         """A new stall, once per episode; None otherwise (and while it lasts).
@@ -322,10 +358,43 @@ class StallDetector:
             # in I/O for too long: a file system that hangs (NFS) is a hang too; those ranks are the culprits
             v = StackVerdict(v.t, True, v.io, f"{v.summary}; still in I/O after {self._silent_pool(pool, now):.0f} s",
                              v.where, v.error, v.io)
+        if v is not None and v.hung:
+            working = self._working(v, pool)
+            if working:
+                silent = self._silent_pool(pool, now)
+                if silent <= max(self.work_patience, *(self.threshold(st) for st in pool)):
+                    return None  # the others wait for ranks that visibly work (an evaluation, a save on rank 0)
+                v = StackVerdict(v.t, True, v.culprits, f"{v.summary}; {working} still working after {silent:.0f} s "
+                                 "(a loop in its own code, or work longer than ddptop's patience)",
+                                 v.where, v.error, v.io, v.node, v.waiting)
         if v is None and self.stacks_pending:
             return None
         self.active = self._describe(pool, now, v)
         return self.active
+
+    def _working(self, v: StackVerdict, pool: list[RankState]) -> str:
+        """Who, in a hung verdict, is visibly working rather than stuck ("" if
+        nobody): culprits whose stacks move or spin outside any collective (rank
+        0 evaluating, archiving, uploading while the others wait in a barrier),
+        or frozen on a child process that works (``subprocess.run(["gzip",
+        ...])``); with no culprit, every rank waiting on children that work
+        (data-loader workers starting up)."""
+        def status(r: int) -> str:
+            w = v.where.get(r) or v.where.get(str(r)) or {}
+            return str(w.get("status", "")) if isinstance(w, dict) else ""
+
+        def children_busy(r: int) -> bool:
+            st = self.ranks.get(r)
+            return st is not None and (st.children_cpu or 0) >= CHILDREN_WORK_CPU
+
+        if v.culprits:
+            if all(status(r) in ("moving", "busy") or children_busy(r) for r in v.culprits):
+                rs = sorted(v.culprits)
+                return f"rank {rs[0]} is" if len(rs) == 1 else f"ranks {', '.join(map(str, rs))} are"
+            return ""
+        if pool and all(children_busy(st.rank) for st in pool):
+            return "their child processes (data-loader workers?) are"
+        return ""
 
     def _partial(self, pool: list[RankState], stalled: list[RankState], now: float) -> Stall | None:
         """Some ranks frozen, the others' only sign of life their moving stacks
@@ -334,7 +403,7 @@ class StallDetector:
         others move: the movers are the culprits)."""
         if not stalled or any(st.watched is None for st in pool if st not in stalled):
             return None
-        began = max(max(x for x in (st.last_progress, st.last_other, self.started) if x is not None) for st in stalled)
+        began = max(self._last_sign(st) for st in stalled)
         v = self.verdict
         if v is None or v.t < began or v.hung is not True:
             return None
@@ -377,9 +446,9 @@ class StallDetector:
         if v is not None and v.hung and v.culprits:
             culprits = list(v.culprits)
             where = dict(v.where)
-        if v is not None and v.summary and not (v.hung and v.culprits):
-            # (a verdict that names the culprits is said in the message itself)
-            evidence.insert(0, f"stacks ({'frozen' if v.hung else 'unclear'}): {v.summary}")
+        if v is not None and v.summary and not v.hung:
+            # (a hung verdict is said in the message itself)
+            evidence.insert(0, f"stacks (unclear): {v.summary}")
         elif v is not None and v.error:
             evidence.append(f"no stacks: {v.error}")
         # 5. NCCL's own view (RAS): who launched fewer collectives, who is missing or dead
@@ -396,7 +465,9 @@ class StallDetector:
         cpu_bound = [st.rank for st in everyone if (st.cpu or 0) + (st.children_cpu or 0) >= BUSY_CPU
                      and (st.util is None or st.util <= IDLE_UTIL) and st.rank not in waiting]
         in_collective = bool(v is not None and v.hung and v.culprits and waiting - set(v.culprits))
-        if utils and len(hot) >= max(1, len(utils) - len(culprits)) and hot:
+        if v is not None and v.hung and v.mismatch and not culprits:
+            kind = "mismatch"
+        elif utils and len(hot) >= max(1, len(utils) - len(culprits)) and hot:
             kind = "hot"
             evidence.append(f"GPU utilisation {', '.join(f'r{r} {utils[r]:.0f}%' for r in sorted(utils))} with no step progress")
         elif in_collective:
@@ -415,7 +486,10 @@ class StallDetector:
         last = f"{silent:.0f} s without a training step"
         if expected:
             last += f" (steps came every {expected:.2g} s: {silent / expected:.0f}x the usual interval)"
-        what = {"hot": "Hot stall: GPUs busy but no step progress, the signature of ranks spinning in a "
+        what = {"mismatch": "Collective mismatch: the ranks wait in different collectives, so none can finish: "
+                            "one rank took another code path (a branch on the rank, its data or a condition), or "
+                            "the order of collectives differs between ranks",
+                "hot": "Hot stall: GPUs busy but no step progress, the signature of ranks spinning in a "
                        "collective that one rank never joined (an NCCL hang)",
                 "collective": "Collective hang: the other ranks wait for the odd rank out in a collective it never joined",
                 "idle": "Idle stall: no progress and nothing busy",
@@ -429,7 +503,8 @@ class StallDetector:
         if v is not None and v.hung and v.summary:
             said = v.summary.split(": ", 1)[1] if v.summary.startswith("hung") and ": " in v.summary else v.summary
             msg += f" {said[:1].upper()}{said[1:]}."
-        profiles = {"hot": ("p2p-off", "nccl-debug", "flight-recorder", "gloo"),
+        profiles = {"mismatch": ("flight-recorder", "nccl-debug"),
+                    "hot": ("p2p-off", "nccl-debug", "flight-recorder", "gloo"),
                     "collective": ("flight-recorder", "nccl-debug", "p2p-off"),
                     "idle": ("nccl-debug", "flight-recorder", "fewer-workers"),
                     "cpu-bound": ("fewer-workers",),
