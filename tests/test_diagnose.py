@@ -113,3 +113,24 @@ def test_consequences_alone_are_no_failure(tmp_path):
     code, rep = diagnose(log)
     assert code == 0 and rep["root_cause"] is None and rep["culprits"] == []
     assert [f["signature"] for f in rep["findings"]] == ["peer-connection-reset"]
+
+
+def test_a_line_ddptop_failed_to_read_is_said_in_the_post_mortem(tmp_path, monkeypatch, capsys):
+    """A parser bug skips a line; diagnose says so instead of being silently less sure."""
+    from ddptop.core import diagnose as dg
+    from ddptop.core.signatures import SignatureMatcher
+
+    inner = SignatureMatcher._feed
+
+    def feed(self, text, rank, line, source):
+        if "BAD" in text:
+            raise KeyError("boom")
+        return inner(self, text, rank, line, source)
+
+    monkeypatch.setattr(SignatureMatcher, "_feed", feed)
+    log = tmp_path / "rank_1.log"
+    log.write_text("step 1\nBAD line\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n")
+    assert dg.main([str(log)], json_mode=False) == 1
+    out = capsys.readouterr().out
+    assert "Root cause: cuda-oom (rank 1)" in out
+    assert "Note: signature matcher failed on line 2 of rank 1's stdout: KeyError: 'boom'" in out

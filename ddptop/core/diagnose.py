@@ -243,6 +243,8 @@ def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[di
         "culprit_evidence": why,
         "flight_recorder": flights or [],
         "nccl_ras": ras_answers or [],
+        # what went wrong in ddptop's own reading (a parser that failed on a line: that line was skipped)
+        "notes": [n.message for n in an.notes],
     }
 
 
@@ -318,6 +320,9 @@ def format_report(rep: dict) -> str:
             out.append(f"NCCL RAS ({r['file']}): unreadable: {r['error']}")
         else:
             out.append(f"NCCL RAS ({r['file']}, NCCL {r['version'] or '?'}, {r['format']}): {r['verdict']}")
+    for note in rep.get("notes", []):
+        out.append("")
+        out.append(f"Note: {note}")
     for fr in rep.get("flight_recorder", []):
         out.append("")
         out.append(f"Flight recorder ({fr['dir']}, ranks {', '.join(map(str, fr['ranks'])) or 'none'}):")
