@@ -388,10 +388,11 @@ class SignatureMatcher:
         if s.startswith("[rank"):
             s = _RANK_PREFIX.sub("", s).strip()
         m = _EXCEPTION.match(s)
-        if m and all(f.level >= CONSEQUENCE for f in out) and not _CASCADE_EXC.match(s):
-            # an exception whose message is itself a consequence (peer gone) is one too; one that says a
-            # wait ran out is a timeout (another rank did not come); a stop from outside is a consequence
-            level = (CONSEQUENCE if out or _STOPPED_EXC.match(s) else
+        if m and not out and not _CASCADE_EXC.match(s):
+            # (an exception whose message a signature already reads, a lost peer included, is that finding)
+            # one that says a wait ran out is a timeout (another rank did not come); a stop from outside is
+            # a consequence
+            level = (CONSEQUENCE if _STOPPED_EXC.match(s) else
                      TIMEOUT if _TIMEOUT_EXC.search(s[:300]) else GENERIC)
             who = f"Rank {rank}" if rank is not None else "A process (rank unknown)"
             out.append(Finding("python-exception", rank, line, s, f"{who} raised {m.group('type')}: {m.group('msg')[:200]}",
