@@ -89,6 +89,11 @@ def test_one_rank_answers_a_real_ras_query(tmp_path):
                 if e.get("kind") == "rank" and e.get("alive")}
         assert ras.job_pids(st) == pids
         assert ras.verdict(st).culprits == []
+        # the text report, as NCCL before 2.28.7 gives it (and any version without SET FORMAT)
+        text = ras.query(addr, timeout=10, json_format=False)
+        print(text.raw)
+        assert text.format == "text" and text.version == st.version and not text.partial
+        assert ras.verdict(text).culprits == [] and "Communicators" in text.raw
     finally:
         p.terminate()
         p.wait(timeout=60)
