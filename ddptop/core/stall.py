@@ -149,7 +149,8 @@ def combine(verdicts: list[StackVerdict]) -> StackVerdict | None:
         return StackVerdict(t, True, tuple(sorted({r for v in hung for r in v.culprits})),
                             "hung: " + "; ".join(_said(v) for v in hung if v.summary),
                             where, "; ".join(v.error for v in verdicts if v.error),
-                            waiting=tuple(sorted({r for v in verdicts for r in v.waiting})))
+                            waiting=tuple(sorted({r for v in verdicts for r in v.waiting})),
+                            mismatch=any(v.mismatch for v in hung) and not any(v.culprits for v in hung))
     unknown = [v for v in verdicts if v.hung is None]
     if unknown and len(unknown) == len(verdicts):
         return StackVerdict(t, None, (), "", {}, "; ".join(v.error for v in unknown if v.error))
