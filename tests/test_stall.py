@@ -243,6 +243,38 @@ def test_a_progress_bar_redrawn_with_the_same_count_is_not_life():
     assert a.check(c.t) == [] and a.stall.active is None
 
 
+def test_a_job_being_stopped_raises_no_new_stall():
+    """After a stall, --on-stall kill (or the person) stops the job; a rank interrupted by the
+    SIGTERM may draw one more batch and wait again: that is no second stall. A relaunch runs again."""
+    from ddptop.core.analyzer import Analyzer
+    from ddptop.core.events import ProgressEvent, StateEvent
+
+    c = Clock()
+    a = Analyzer(c)
+    for step in range(1, 41):
+        c.t += 0.2
+        a.feed([ProgressEvent(c.t, rank=r, step=step, source="hook") for r in (0, 1)])
+    alarms = []
+    for _ in range(30):
+        c.t += 1.0
+        alarms += [x for x in a.check(c.t) if x.type == "stall"]
+    assert len(alarms) == 1
+    a.feed([StateEvent(c.t, state="stopping", message="stop requested")])
+    c.t += 0.5
+    a.feed([ProgressEvent(c.t, rank=0, step=41, source="hook")])  # interrupted, it stirs once more
+    for _ in range(30):
+        c.t += 1.0
+        assert [x for x in a.check(c.t) if x.type == "stall"] == []
+    a.feed([StateEvent(c.t, state="running", message="relaunching")])
+    for step in range(1, 41):
+        c.t += 0.2
+        a.feed([ProgressEvent(c.t, rank=r, step=step, source="hook") for r in (0, 1)])
+    for _ in range(30):
+        c.t += 1.0
+        alarms += [x for x in a.check(c.t) if x.type == "stall"]
+    assert len(alarms) == 2
+
+
 def watch_round(d, c, moving, counts, dt=5.0):
     """One round of the stack watch: each rank sampled; ``moving`` ranks' stacks changed."""
     c.t += dt

@@ -14,7 +14,7 @@ import re
 import time
 import traceback
 
-from ddptop.core.events import (FINAL_STATES, AlarmEvent, Event, GpuEvent, LogBatch, NoteEvent, ProcEvent,
+from ddptop.core.events import (FINAL_STATES, STOPPING, AlarmEvent, Event, GpuEvent, LogBatch, NoteEvent, ProcEvent,
                                 ProgressEvent, RankEvent, RasEvent, StacksEvent, StateEvent)
 from ddptop.core.progress import OTHER, parse_progress
 from ddptop.core.signatures import CAUSE, CONSEQUENCE, TIMEOUT, Finding, SignatureMatcher, cascade_level, root_cause
@@ -39,6 +39,7 @@ class Analyzer:
         self._alarmed: set[tuple] = set()
         self.line_no: dict[str, int] = {}
         self.finished = False
+        self.stopping = False  # the job is being stopped (until it runs again: a relaunch)
         self.last_steps: dict[int, int | None] = {}
         self.hooked: set[int] = set()  # ranks whose steps come from the hook/beat
         self._bar_counts: dict[tuple, int] = {}  # (rank, kind, total, epoch) -> the last count a bar showed
@@ -107,6 +108,9 @@ class Analyzer:
                     self.nccl_version = m.group(1)
             elif isinstance(ev, StateEvent) and ev.state in FINAL_STATES:
                 self.finished = True
+            elif isinstance(ev, StateEvent):
+                # (a job being stopped raises no new stall: its ranks, interrupted, may stir once more)
+                self.stopping = ev.state == STOPPING
         self._line = None
         if self._new_notes:
             alarms[:0] = self._new_notes
@@ -222,7 +226,7 @@ class Analyzer:
                           suggested_profiles=f.suggested_profiles, node=self.node)
 
     def check(self, now: float | None = None) -> list[AlarmEvent]:
-        if self.finished or not self.detect_stalls:
+        if self.finished or self.stopping or not self.detect_stalls:
             return []
         s = self.stall.check(now)
         if s is None:
