@@ -481,11 +481,35 @@ def test_ranks_frozen_in_different_collectives_are_a_mismatch():
     d = StallDetector(c)
     run_steps(d, c, [0, 1], 20, 1.0)
     c.t += 30
+    where = {r: {"rank": r, "file": "t.py", "line": line, "call": call} for r, line, call in
+             ((0, 21, "all_reduce"), (1, 48, "broadcast"))}
     d.stacks(StackVerdict(c.t, True, (), "hung, no single culprit: rank 0 waits in `all_reduce` (torch.distributed) "
                           "from `main` at t.py:21; rank 1 waits in `broadcast` (torch.distributed) from `main` at "
-                          "t.py:48", {}, waiting=(0, 1), mismatch=True))
+                          "t.py:48", where, waiting=(0, 1), mismatch=True))
     s = d.check()
-    assert s.kind == "mismatch" and s.culprits == ()
+    assert s.kind == "mismatch" and s.culprits == () and s.where == where
     assert "Collective mismatch" in s.message and "t.py:48" in s.message
     assert "flight-recorder" in s.suggested_profiles
     assert not any("t.py:48" in e for e in s.evidence)  # (said once, in the message)
+
+
+def test_with_no_step_known_stacks_that_show_a_hang_end_the_grace():
+    """No progress recognised (a start, or a log ddptop cannot read): the 120 s grace is for a
+    slow start; stacks that show a rank frozen while the others wait in a collective are a hang."""
+    c = Clock()
+    d = StallDetector(c, first_step_grace=120)
+    for _ in range(3):
+        c.t += 12
+        d.output(0)
+        d.output(1)
+    c.t += 65
+    assert d.suspect() and d.check() is None  # (not yet: no stacks)
+    d.stacks(_hung(c.t, [1], "frozen", waiting=[0]))
+    s = d.check()
+    assert s is not None and s.culprits == (1,) and "without new output" in s.message
+    # a rank that works is still given the grace
+    c2 = Clock()
+    d2 = StallDetector(c2, first_step_grace=120)
+    c2.t += 65
+    d2.stacks(_hung(c2.t, [1], "moving", waiting=[0]))
+    assert d2.check() is None

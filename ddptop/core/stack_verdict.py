@@ -571,7 +571,10 @@ def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None
         culprits = []
 
     culprits = sorted(set(culprits))
-    where = {r: _where(r, last[r], status[r]) for r in sorted(set(culprits) | set(io))}
+    # (hung with no odd one out, a collective mismatch: where each rank is, for the alarm's `where`)
+    mismatch = bool(hung and not culprits and len({last[r].signature for r in frozen}) > 1)
+    shown = set(culprits) | set(io) | (set(frozen) if mismatch else set())
+    where = {r: _where(r, last[r], status[r]) for r in sorted(shown)}
     summary = _summary(hung, culprits, groups, last, status, notes, states)
     return Verdict(hung, tuple(culprits), groups, where, summary, status, tuple(io))
 

@@ -342,6 +342,14 @@ class StallDetector:
         if not pool:
             return None
         stalled = [st for st in pool if self._silent(st, now) > self.threshold(st)]
+        v_now = self.verdict if self.verdict is not None and self.verdict.t >= self.silence_began() else None
+        if (len(stalled) < len(pool) and v_now is not None and v_now.hung and v_now.culprits and v_now.waiting
+                and all(st.last_progress is None and st.watched is None for st in pool)
+                and not self._working(v_now, pool)):
+            # no step known yet (starting up, or a log whose progress ddptop cannot read): the long grace
+            # is for a start that takes time; stacks that show ranks waiting in a collective for frozen
+            # ones, taken this far into the silence, are a hang now
+            stalled = list(pool)
         if self.active is not None:
             if any(self._silent(self.ranks[r], now) < self.threshold(self.ranks[r]) for r in self.active.ranks
                    if r in self.ranks):
@@ -447,6 +455,8 @@ class StallDetector:
         if v is not None and v.hung and v.culprits:
             culprits = list(v.culprits)
             where = dict(v.where)
+        elif v is not None and v.hung and v.mismatch:
+            where = dict(v.where)  # (where each rank waits, in its own collective)
         if v is not None and v.summary and not v.hung:
             # (a hung verdict is said in the message itself)
             evidence.insert(0, f"stacks (unclear): {v.summary}")
@@ -484,7 +494,12 @@ class StallDetector:
             evidence.append(f"ranks {', '.join(map(str, cpu_bound))} (or their workers) peg the CPU")
         else:
             kind = "unknown"
-        last = f"{silent:.0f} s without a training step"
+        if all(st.last_progress is None for st in pool):
+            seen = any(st.last_output is not None for st in pool)
+            last = (f"{silent:.0f} s without new output (ddptop recognises no training step in this job's log)"
+                    if seen else f"{silent:.0f} s without a first training step")
+        else:
+            last = f"{silent:.0f} s without a training step"
         if expected:
             last += f" (steps came every {expected:.2g} s: {silent / expected:.0f}x the usual interval)"
         what = {"mismatch": "Collective mismatch: the ranks wait in different collectives, so none can finish: "
