@@ -614,7 +614,8 @@ def bench_ras(queries: int = 30) -> None:
     from ddptop.core import ras
 
     for n in (8, 64, 1024):
-        job = Job([Rank(r, 10000 + r, f"10.0.{r // 8}.1", gpu=r % 8, counts={"AllReduce": 4412 - (r == 5)})
+        # (two ranks held back together: NCCL's text lists them as a group and its members)
+        job = Job([Rank(r, 10000 + r, f"10.0.{r // 8}.1", gpu=r % 8, counts={"AllReduce": 4412 - (r in (5, 6))})
                    for r in range(n)])
         for version, fmt in (("2.29.2", "json"), ("2.27.3", "text")):
             srv = RasServer(lambda: job, version=version)
@@ -624,7 +625,7 @@ def bench_ras(queries: int = 30) -> None:
                 v = ras.verdict(ras.query(srv.addr, timeout=5))
                 took.append(time.perf_counter() - t0)
             srv.close()
-            assert v.culprits == [5]
+            assert sorted(v.culprits) == [5, 6], v.text
             print(f"ras: query+parse+verdict, {n:5d} ranks, {fmt:4}: median {statistics.median(took) * 1000:6.2f} ms")
     # end to end: the alarm's culprit from RAS
     with tempfile.TemporaryDirectory() as d:
