@@ -25,6 +25,23 @@ def test_each_kind_in_words_and_headless_decorates_them():
     assert format_text(st) == "== ddptop: stacks of 2 ranks, 2 samples over 1.0 s: frozen; hung: rank 1 is in main =="
 
 
+def test_stacks_where_the_others_wait_for_a_working_rank_are_not_said_to_be_hung():
+    """Rank 0 evaluates alone (its stack moves) while rank 1 waits in a barrier: the samples name
+    rank 0 as the one waited for, and say it works; a frozen culprit is still 'frozen'."""
+    from ddptop.ui.stacks_screen import stacks_markup
+
+    t = time.time()
+    working = StacksEvent(t, ranks=(0, 1), samples=2, span=1.0, hung=True, culprits=(0,),
+                          summary="hung: rank 0 is moving (stack changes between samples), last in `evaluate`",
+                          where={"0": {"rank": 0, "status": "moving"}})
+    assert "the others wait for ranks that work" in format_text(working) and "frozen" not in format_text(working)
+    markup = stacks_markup(working)
+    assert "working, the others wait for it: rank 0" in markup and "culprit" not in markup
+    frozen = StacksEvent(t, ranks=(0, 1), samples=2, span=1.0, hung=True, culprits=(1,), summary="hung: ...",
+                         where={"1": {"rank": 1, "status": "frozen"}})
+    assert ": frozen;" in format_text(frozen) and "culprit: rank 1" in stacks_markup(frozen)
+
+
 def test_the_ui_writes_the_same_words_into_its_merged_log(tmp_path):
     """An alarm, a note, a state change and stacks reach the UI's merged log in
     the words headless mode prints (without its == decoration)."""

@@ -82,7 +82,8 @@ def describe(ev: Event, *, nodes: bool = False) -> Said | None:
     if isinstance(ev, StacksEvent):
         if ev.error and not ev.samples:
             return Said(f"no stack samples: {ev.error}", "warning")
-        verdict = {True: "frozen", False: "moving (work)", None: "unclear"}[ev.hung]
+        verdict = ("the others wait for ranks that work (their stacks move): not a hang unless it lasts"
+                   if waiting_on_work(ev) else {True: "frozen", False: "moving (work)", None: "unclear"}[ev.hung])
         return Said(f"stacks of {len(ev.ranks)} ranks, {ev.samples} samples over {ev.span:.1f} s: {verdict}"
                     + (f"; {ev.summary}" if ev.summary else "") + (f" ({ev.dir})" if ev.dir else ""))
     if isinstance(ev, RasEvent):
@@ -101,3 +102,17 @@ def describe(ev: Event, *, nodes: bool = False) -> Said | None:
             s += f" (retrying in {ev.retry_in:g} s)"
         return Said(s, "warning" if ev.state in ("down", "failed") else "info")
     return None
+
+
+def waiting_on_work(ev: StacksEvent) -> bool:
+    """Stack samples in which the ranks that the others wait for are themselves
+    working (their stacks move, or spin outside any collective): rank 0
+    evaluating alone while the others sit in a barrier.  The stall detector
+    gives that the work patience; a person should not read it as a hang."""
+    if not (ev.hung and ev.culprits):
+        return False
+    for r in ev.culprits:
+        w = ev.where.get(str(r)) or ev.where.get(r)  # type: ignore[call-overload]
+        if not isinstance(w, dict) or w.get("status") not in ("moving", "busy"):
+            return False
+    return True

@@ -17,6 +17,7 @@ from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from ddptop.core.event_text import waiting_on_work
 from ddptop.core.events import StacksEvent
 
 
@@ -25,12 +26,16 @@ def stacks_markup(ev: StacksEvent | None) -> str:
         return ("[b]No stack samples yet.[/b]\n\nddptop samples every rank's stack (py-spy) twice, a second apart, "
                 "when it suspects a stall; [b]p[/b] captures one now.")
     when = time.strftime("%H:%M:%S", time.localtime(ev.t))
-    verdict = {True: "[b $error]hung[/]", False: "[b $success]moving: work, not a hang[/]",
-               None: "[b $warning]cannot tell[/]"}[ev.hung]
+    working = waiting_on_work(ev)
+    verdict = ("[b $warning]the others wait for ranks that work: not a hang unless it lasts[/]" if working else
+               {True: "[b $error]hung[/]", False: "[b $success]moving: work, not a hang[/]",
+                None: "[b $warning]cannot tell[/]"}[ev.hung])
     lines = [f"[b]Stacks sampled at {when}[/b]  ({ev.samples} sample{'s' if ev.samples != 1 else ''} of "
              f"{len(ev.ranks)} rank{'s' if len(ev.ranks) != 1 else ''} over {ev.span:.1f} s): {verdict}"]
     if ev.culprits:
-        lines.append(f"[b $error]culprit: {escape(', '.join(f'rank {r}' for r in ev.culprits))}[/]")
+        who = escape(', '.join(f'rank {r}' for r in ev.culprits))
+        lines.append(f"[b $warning]working, the others wait for it: {who}[/]" if working
+                     else f"[b $error]culprit: {who}[/]")
     if ev.summary:
         lines.append(escape(ev.summary))
     if ev.error:
