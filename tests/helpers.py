@@ -103,3 +103,17 @@ def logs(t: float, rank, *texts: str, stream: str = "stdout", path: str = "", tr
 def log_line(t: float, rank=None, stream: str = "stdout", text: str = "", path: str = "", transient: bool = False):
     """A ``logs`` batch of one line."""
     return logs(t, rank, text, stream=stream, path=path, transient=transient)
+
+
+def matcher_fails_on(monkeypatch, marker: str = "BAD") -> None:
+    """Make the signature matcher raise (a bug) on lines holding ``marker``, as if it had one."""
+    from ddptop.core.signatures import SignatureMatcher
+
+    inner = SignatureMatcher._feed
+
+    def feed(self, text, rank, line, source):
+        if marker in text:
+            raise KeyError("boom")
+        return inner(self, text, rank, line, source)
+
+    monkeypatch.setattr(SignatureMatcher, "_feed", feed)

@@ -118,16 +118,9 @@ def test_consequences_alone_are_no_failure(tmp_path):
 def test_a_line_ddptop_failed_to_read_is_said_in_the_post_mortem(tmp_path, monkeypatch, capsys):
     """A parser bug skips a line; diagnose says so instead of being silently less sure."""
     from ddptop.core import diagnose as dg
-    from ddptop.core.signatures import SignatureMatcher
+    from helpers import matcher_fails_on
 
-    inner = SignatureMatcher._feed
-
-    def feed(self, text, rank, line, source):
-        if "BAD" in text:
-            raise KeyError("boom")
-        return inner(self, text, rank, line, source)
-
-    monkeypatch.setattr(SignatureMatcher, "_feed", feed)
+    matcher_fails_on(monkeypatch)
     log = tmp_path / "rank_1.log"
     log.write_text("step 1\nBAD line\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n")
     assert dg.main([str(log)], json_mode=False) == 1

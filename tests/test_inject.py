@@ -81,6 +81,14 @@ def test_beat_does_not_import_torch_or_anything_heavy():
     assert r.stdout.strip() == "[]"
 
 
+def batch_phases(script) -> tuple[list[str], list[str]]:
+    """The phases the batch hook published for a 1-rank run of ``script``: each change once, and all."""
+    r = run_ddptop("--json", "torchrun", "--nproc-per-node", "1", str(script))
+    assert r.returncode == 0, r.stdout[-2000:]
+    phases = [e["phase"] for e in json_events(r.stdout) if e["kind"] == "progress" and e["source"] == "batch"]
+    return [p for i, p in enumerate(phases) if i == 0 or p != phases[i - 1]], phases
+
+
 def test_the_phase_follows_the_models_mode_even_when_a_framework_sets_it_directly(runs_dir, tmp_path):
     """eval() starts an evaluation; Lightning ends it by setting ``.training`` on
     every module (no train() call): the next batch drawn still says train."""
@@ -100,10 +108,7 @@ def test_the_phase_follows_the_models_mode_even_when_a_framework_sets_it_directl
         "draw(3)\n"
         "print('done')\n"
     )
-    r = run_ddptop("--json", "torchrun", "--nproc-per-node", "1", str(script))
-    assert r.returncode == 0, r.stdout[-2000:]
-    phases = [e["phase"] for e in json_events(r.stdout) if e["kind"] == "progress" and e["source"] == "batch"]
-    collapsed = [p for i, p in enumerate(phases) if i == 0 or p != phases[i - 1]]
+    collapsed, phases = batch_phases(script)
     assert collapsed == ["train", "eval", "train"], phases
 
 
@@ -129,8 +134,5 @@ def test_the_phase_follows_the_wrapped_model_when_only_its_flags_are_restored(ru
         "draw(3)\n"
         "print('done')\n"
     )
-    r = run_ddptop("--json", "torchrun", "--nproc-per-node", "1", str(script))
-    assert r.returncode == 0, r.stdout[-2000:]
-    phases = [e["phase"] for e in json_events(r.stdout) if e["kind"] == "progress" and e["source"] == "batch"]
-    collapsed = [p for i, p in enumerate(phases) if i == 0 or p != phases[i - 1]]
+    collapsed, phases = batch_phases(script)
     assert collapsed == ["train", "eval", "train"], phases

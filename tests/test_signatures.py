@@ -326,16 +326,9 @@ def test_a_line_the_signature_matcher_fails_on_is_noted_once_and_later_lines_are
     detection off: one warning note, and the signatures after still alarm."""
     from ddptop.core.analyzer import Analyzer
     from ddptop.core.events import AlarmEvent, NoteEvent
-    from helpers import log_line
+    from helpers import log_line, matcher_fails_on
 
-    inner = SignatureMatcher._feed
-
-    def feed(self, text, rank, line, source):
-        if "BAD" in text:
-            raise KeyError("boom")
-        return inner(self, text, rank, line, source)
-
-    monkeypatch.setattr(SignatureMatcher, "_feed", feed)
+    matcher_fails_on(monkeypatch)
     an = Analyzer(lambda: 0.0)
     lines = ["BAD line", "step 1", "BAD again", REAL["cuda-oom"], "BAD once more", REAL["port-in-use"]]
     out = []

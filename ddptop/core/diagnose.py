@@ -19,6 +19,7 @@ from ddptop.core.tailer import Tailer
 _PREFIX_RANK = re.compile(r"^\s*(?:\[default\d+\]:\s?)?\[(?:default|rank)(\d+)\]:")
 _GLOBAL_PREFIX = re.compile(r"^\s*(?:\[default\d+\]:\s?)?\[rank(\d+)\]:")
 _NAME_RANK = re.compile(r"(?:rank|worker|proc|task)[_-]?(\d+)", re.IGNORECASE)
+_LAST_NUMBER = re.compile(r"\d+(?=\D*$)")
 # plain log files a directory may hold (SLURM's %j-%t.out, tee'd .txt, .err)
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt", ".stdout", ".stderr")
 
@@ -110,17 +111,12 @@ def rank_files(d: Path) -> list[tuple[int, int, str, Path]]:
     """(attempt, local rank, stream, path) of the rank logs torchrun's
     --log-dir layout holds under ``d``, whichever level of it ``d`` is: the
     log dir, its ``<run id>_<x>`` directory, an ``attempt_N``, or one rank's."""
-    files = journal.rank_log_files(d)
-    if files:
-        return files
     out = []
-    for f in d.rglob("*.log"):
+    for f in d.rglob("*.log"):  # (<rank>/stdout.log under any level, the rank's own directory included)
         if f.name not in ("stdout.log", "stderr.log") or not f.parent.name.isdigit():
             continue
-        m = re.search(r"attempt_(\d+)", str(f.parent.parent.name))
+        m = re.search(r"attempt_(\d+)", f.parent.parent.name)
         out.append((int(m.group(1)) if m else 0, int(f.parent.name), f.stem, f))
-    if not out and d.name.isdigit():
-        out = [(0, int(d.name), f.stem, f) for f in (d / "stdout.log", d / "stderr.log") if f.is_file()]
     return sorted(out, key=lambda x: (x[0], x[1], x[2]))
 
 
@@ -128,19 +124,17 @@ def ranks_by_name(files: list[Path]) -> list[int | None]:
     """The rank each file's name says: ``rank_3.log``, ``worker-3.out``; or,
     for files whose names differ only in their last number (SLURM's
     ``job-55120-3.out``, one per task), that number; else None."""
+    keys = [_LAST_NUMBER.sub("#", f.name) for f in files]
     out: list[int | None] = []
-    families: dict[str, int] = {}
-    for f in files:
-        key = re.sub(r"\d+(?=\D*$)", "#", f.name)
-        families[key] = families.get(key, 0) + 1
-    for f in files:
+    for f, key in zip(files, keys):
         m = _NAME_RANK.search(f.name)
+        last = _LAST_NUMBER.search(f.name)
         if m:
             out.append(int(m.group(1)))
-            continue
-        last = re.search(r"(\d+)(?=\D*$)", f.name)
-        key = re.sub(r"\d+(?=\D*$)", "#", f.name)
-        out.append(int(last.group(1)) if last and families[key] > 1 and len(last.group(1)) <= 5 else None)
+        elif last and keys.count(key) > 1 and len(last.group(0)) <= 5:
+            out.append(int(last.group(0)))
+        else:
+            out.append(None)
     return out
 
 

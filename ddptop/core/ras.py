@@ -603,13 +603,13 @@ def verdict(st: RasStatus, rank_of: Callable[[str, int], int | None] | None = No
             if r.status == "NOCOMM":
                 what, short = _STATUS_SAYS["NOCOMM"], "no communicator"
             elif r.dead:
-                what = short = "dead"
+                what, short = "is dead", "dead"
             elif r.unresponsive:
                 what, short = "does not answer (stopped, hung in the kernel, or its node unreachable)", "no answer"
             else:
-                what, short = "missing (no data)", "missing"
+                what, short = "is missing (no data)", "missing"
             where = f" (pid {r.pid} on {r.host})" if r.pid >= 0 and r.host and g is not None else ""
-            say(f"{who(r)}{where} {'is ' if what in ('dead', 'missing (no data)') else ''}{what}")
+            say(f"{who(r)}{where} {what}")
             if r.pid < 0 and rank_of is not None and (st.silent_processes or st.dead_processes):
                 continue  # (2.24/2.25 give no pid here: the processes listed by pid are blamed instead)
             if g is not None:

@@ -360,7 +360,7 @@ class StallDetector:
             if partial is not None:
                 self.active = partial
             return partial
-        v = self.verdict if self.verdict is not None and self.verdict.t >= self.silence_began() else None
+        v = v_now
         if v is not None and v.hung is False:
             if not (v.io and self._silent_pool(pool, now) > max(self.io_patience, *(self.threshold(st) for st in pool))):
                 return None  # every rank's stack moves (or writes): work (a long evaluation, a save), not a hang
