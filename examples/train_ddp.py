@@ -5,6 +5,7 @@ Runs on CPU with the gloo backend (nccl when CUDA is present).  Prints
 
     torchrun --nproc-per-node 2 examples/train_ddp.py --steps 200
     ddptop torchrun --nproc-per-node 2 examples/train_ddp.py --steps 200
+    torchrun --nproc-per-node 2 examples/train_ddp.py --sim-cuda on --gpu-step-time 0.2:0.5 --fault hang
 
 Faults (``--fault KIND --fault-rank R --fault-step S``):
 
@@ -24,6 +25,36 @@ Faults (``--fault KIND --fault-rank R --fault-step S``):
              at step S, rank R's data-loader worker is killed with SIGKILL,
              as the kernel's OOM killer does when workers exhaust host memory
              (uses a data loader with --workers, at least 1)
+  die        rank R exits at once (exit code 1) at step S
+  other-collective
+             rank R all-gathers a metric at step S while the others all-reduce
+             (a collective only one rank enters; 3 ranks or more)
+
+--sim-cuda on|auto (default off) runs the NCCL form of these faults on a CPU,
+with a stand-in for the CUDA runtime (sim_cuda.py, built with gcc on first
+use; auto: the plain gloo form when there is no C compiler).  As with NCCL,
+collectives are asynchronous: each gradient's all-reduce (gloo, async_op) is
+a "kernel" on a CUDA stream, the optimizer step runs on the stream after
+them, and the rank waits for the stream at its synchronisation line
+(cudaStreamSynchronize, where loss.item() waits on a GPU), spinning inside
+libcudart.so.12 at ~100% CPU.  No DDP wrapper (DDP's reducer blocks in
+backward under gloo, NCCL's does not).  A collective that fails (a dead
+peer, a mismatch) never completes, as an NCCL kernel spins until the
+watchdog.  There the faults are:
+
+  hang       rank R is stuck in data loading at step S, before its
+             all-reduce; the others spin at the sync line
+  other-collective
+             rank R all-gathers a metric and waits at the metrics sync line;
+             the others all-reduce and spin at the usual sync line
+  p2p-hang   every rank's collective of step S never completes (unless
+             NCCL_P2P_DISABLE=1), all ranks spin at the sync; with
+             --fault-step 1, the broken-P2P start-up hang (no step printed)
+  die        rank R exits at step S; the others spin at the sync line
+             (until torchrun stops them: see --monitor-interval)
+  straggler, segv, worker-killed   as above
+  --gpu-step-time MIN[:MAX]   each step's "GPU work" takes MIN..MAX seconds
+             (random, the same on every rank), spent spinning at the sync
 """
 
 from __future__ import annotations
@@ -31,7 +62,9 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime
+import functools
 import os
+import random
 import signal
 import sys
 import time
@@ -80,7 +113,7 @@ def parse_args(argv=None):
     p.add_argument("--first-step-time", type=float, default=0.0, help="extra seconds before the first step (model load)")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--fault", choices=["none", "hang", "p2p-hang", "segv", "straggler", "mismatch",
-                                           "unused-param", "worker-killed"], default="none")
+                                           "unused-param", "worker-killed", "die", "other-collective"], default="none")
     p.add_argument("--workers", type=int, default=0, help="data-loader worker processes per rank (default 0)")
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=10)
@@ -88,11 +121,40 @@ def parse_args(argv=None):
     p.add_argument("--eval-every", type=int, default=0, help="run a fake evaluation every N steps (0: never)")
     p.add_argument("--eval-time", type=float, default=3.0, help="seconds one evaluation takes")
     p.add_argument("--fail", action="store_true", help="raise an exception at the end (non-zero exit)")
-    return p.parse_args(argv)
+    p.add_argument("--sim-cuda", choices=["off", "auto", "on"], default="off",
+                   help="NCCL-like asynchronous collectives on a stand-in CUDA runtime (default off; see above)")
+    p.add_argument("--gpu-step-time", type=gpu_step_time, default=None, metavar="MIN[:MAX]",
+                   help="with --sim-cuda: seconds of simulated GPU work per step")
+    args = p.parse_args(argv)
+    if args.sim_cuda == "off" and args.gpu_step_time:
+        p.error("--gpu-step-time needs --sim-cuda auto or on")
+    if args.sim_cuda != "off" and args.fault in ("mismatch", "unused-param"):
+        p.error(f"--fault {args.fault} trips a DDP check; --sim-cuda runs without DDP")
+    return args
+
+
+def gpu_step_time(text):
+    lo, _, hi = text.partition(":")
+    try:
+        lo, hi = float(lo), float(hi or lo)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not MIN[:MAX] in seconds: {text!r}") from None
+    if not 0 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"need 0 <= MIN <= MAX: {text!r}")
+    return lo, hi
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.sim_cuda != "off":
+        import sim_cuda
+
+        cudart, why = sim_cuda.load()
+        if cudart is not None:
+            return train_sim_cuda(args, sim_cuda, cudart)
+        if args.sim_cuda == "on":
+            sys.exit(f"--sim-cuda on: no CUDA runtime stand-in: {why}")
+        print(f"--sim-cuda auto: no CUDA runtime stand-in ({why}); running the gloo (blocking) form instead", flush=True)
     import torch.distributed as dist
 
     rank = int(os.environ.get("RANK", "0"))
@@ -120,6 +182,9 @@ def main(argv=None):
     batches = iter(torch.utils.data.DataLoader(Batches(rank, args.steps), batch_size=None, num_workers=workers))
     for step in range(1, args.steps + 1):
         if rank == args.fault_rank and step == args.fault_step:
+            if args.fault == "die":
+                print(f"rank {rank} exits now (injected fault)", flush=True)
+                os._exit(1)
             if args.fault == "segv":
                 print(f"rank {rank} segfaults now (injected fault)", flush=True)
                 ctypes.string_at(0)  # SIGSEGV
@@ -146,7 +211,11 @@ def main(argv=None):
                 time.sleep(3600)
         # a small explicit collective every step, polled busily like a GPU kernel
         t = torch.tensor([loss.item()], device=device)
-        work = dist.all_reduce(t, async_op=True)
+        if args.fault == "other-collective" and rank == args.fault_rank and step == args.fault_step:
+            print(f"rank {rank} all-gathers a metric alone now (injected fault)", flush=True)
+            work = dist.all_gather([torch.zeros_like(t) for _ in range(world)], t, async_op=True)
+        else:
+            work = dist.all_reduce(t, async_op=True)
         if device.type == "cpu":
             while not work.is_completed():
                 pass
@@ -169,6 +238,102 @@ def main(argv=None):
     dist.barrier()
     if rank == 0:
         print("training done", flush=True)
+    dist.destroy_process_group()
+    if args.fail:
+        raise RuntimeError("failing on purpose (--fail)")
+
+
+def next_batch(batches, stuck=False):
+    """The next batch.  ``stuck`` (--sim-cuda --fault hang): it never comes, as
+    with a read from a file system that stopped answering."""
+    while stuck:
+        time.sleep(86400)
+    return torch.as_tensor(next(batches))
+
+
+def train_sim_cuda(args, sim_cuda, cudart):
+    """The training loop as on GPUs with NCCL (--sim-cuda): collectives are
+    asynchronous kernels on a CUDA stream, and the rank waits (spinning) at its
+    synchronisation lines, here on the CUDA runtime stand-in (see sim_cuda.py)."""
+    import torch.distributed as dist
+
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=30))
+    print(f"rank {rank}/{world} up on cpu (backend gloo, simulated CUDA stream, pid {os.getpid()})", flush=True)
+
+    torch.manual_seed(0)
+    model = TwoHeads(args.hidden)  # the same weights on every rank, so no DDP wrapper
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    params = list(model.parameters())
+    stream = sim_cuda.Stream(cudart)
+    metrics_done = ctypes.c_void_p()
+    cudart.cudaEventCreate(ctypes.byref(metrics_done))
+    if args.first_step_time:
+        time.sleep(args.first_step_time)
+
+    def optimizer_step():  # a kernel after the all-reduces: average the summed gradients, step
+        for p in params:
+            p.grad.div_(world)
+        opt.step()
+
+    p2p_broken = args.fault == "p2p-hang" and os.environ.get("NCCL_P2P_DISABLE") != "1"
+    workers = max(args.workers, 1 if args.fault == "worker-killed" else 0)
+    batches = iter(torch.utils.data.DataLoader(Batches(rank, args.steps), batch_size=None, num_workers=workers))
+    for step in range(1, args.steps + 1):
+        fault = args.fault if rank == args.fault_rank and step == args.fault_step else None
+        if fault == "die":
+            print(f"rank {rank} exits now (injected fault)", flush=True)
+            os._exit(1)
+        if fault == "segv":
+            print(f"rank {rank} segfaults now (injected fault)", flush=True)
+            ctypes.string_at(0)  # SIGSEGV
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if fault == "worker-killed":
+            import psutil
+
+            for w in psutil.Process().children():
+                print(f"rank {rank} kills its data-loader worker {w.pid} (injected fault)", flush=True)
+                w.kill()
+        if fault == "hang":
+            print(f"rank {rank} hangs now (injected fault)", flush=True)
+        x = next_batch(batches, stuck=fault == "hang")
+        if args.gpu_step_time:  # this step's forward and backward kernels, as long on every rank
+            stream.enqueue(functools.partial(time.sleep, random.Random(step).uniform(*args.gpu_step_time)))
+        y = x.sum(dim=1, keepdim=True)
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        if fault == "other-collective":
+            # a metric gathered on this rank alone: its all-gather meets the others' all-reduce
+            print(f"rank {rank} all-gathers a metric alone now (injected fault)", flush=True)
+            metric = loss.detach().reshape(1)
+            gathered = [torch.zeros_like(metric) for _ in range(world)]
+            stream.collective(dist.all_gather(gathered, metric, async_op=True))
+            cudart.cudaEventRecord(metrics_done, stream.handle)
+            cudart.cudaEventSynchronize(metrics_done)  # = metric.item() on a GPU
+            print(f"step {step} gathered {[round(g.item(), 4) for g in gathered]}", flush=True)
+        mean = loss.detach().reshape(1).clone()
+        works = [dist.all_reduce(p.grad, async_op=True) for p in params] + [dist.all_reduce(mean, async_op=True)]
+        if p2p_broken and step == args.fault_step:  # the broken P2P transport: this collective's kernel never ends
+            stream.enqueue(sim_cuda.forever)
+        for work in works:
+            stream.collective(work)
+        stream.enqueue(optimizer_step)
+        cudart.cudaStreamSynchronize(stream.handle)  # = loss.item() on a GPU: waits for the step's kernels
+        print(f"step {step} loss {loss.item():.4f} mean_loss {mean.item() / world:.4f}", flush=True)
+        if args.eval_every and step % args.eval_every == 0:
+            time.sleep(args.eval_time)  # a pause in training
+            dist.barrier()
+        delay = args.step_time
+        if args.fault == "straggler" and rank == args.fault_rank and step >= args.fault_step:
+            delay *= 5  # in Python, between steps: a slow rank, not a slow GPU
+        if delay:
+            time.sleep(delay)
+    dist.barrier()
+    if rank == 0:
+        print("training done", flush=True)
+    stream.destroy()
     dist.destroy_process_group()
     if args.fail:
         raise RuntimeError("failing on purpose (--fail)")

@@ -117,3 +117,12 @@ def matcher_fails_on(monkeypatch, marker: str = "BAD") -> None:
         return inner(self, text, rank, line, source)
 
     monkeypatch.setattr(SignatureMatcher, "_feed", feed)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (a launch's own rendezvous port, so tests can run side by side)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -46,7 +46,7 @@ def check_named(events, script: Path, function: str):
     assert "time.sleep" in script.read_text().splitlines()[w["line"] - 1] and w["call"] == "time.sleep", w
     assert f"{script.name}:{w['line']}" in a["message"] and "(`time.sleep`)" in a["message"], a["message"]
     # and where the other rank waits: in a collective (DDP), said in the same alarm
-    assert "rank 0 waits in" in a["message"], a["message"]
+    assert "Rank 0 waits in" in a["message"], a["message"]
     stacks = [e for e in events if e["kind"] == "stacks" and e["t"] <= a["t"]]
     assert stacks and stacks[-1]["hung"] is True and stacks[-1]["culprits"] == [1]
     last_step = max(t for t in steps_at(events) if t < a["t"])

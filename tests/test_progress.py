@@ -60,7 +60,7 @@ def test_a_line_the_progress_parser_fails_on_is_noted_once_and_later_lines_are_s
     detection off: one warning note (however often the bug strikes), and the
     steps after the bad lines are still counted."""
     from ddptop.core import progress
-    from ddptop.core.analyzer import Analyzer
+    from ddptop.core.analysis.analyzer import Analyzer
     from ddptop.core.events import AlarmEvent, NoteEvent
     from helpers import log_line
     from ddptop.core.pipeline import Pipeline

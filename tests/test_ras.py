@@ -12,6 +12,7 @@ import random
 import pytest
 
 from ddptop.core import ras
+from ddptop.core.analysis.ras import verdict as ras_verdict
 from ras_server import Job, Rank, RasServer
 
 
@@ -48,7 +49,7 @@ def test_the_rank_that_never_launched_the_collective_is_named(server, version, f
     st = ras.query(s.addr, timeout=5)
     assert st.format == fmt and st.version.startswith(version)
     assert s.queries[-1].split("|")[0] == "CLIENT PROTOCOL 2"
-    v = ras.verdict(st)
+    v = ras_verdict(st)
     assert v.culprits == [held]
     kind = "AllReduce" if tuple(map(int, version.split("."))) >= (2, 26) else "collective"
     top = 4412 + 2 if kind == "collective" else 4412
@@ -61,7 +62,7 @@ def test_global_ranks_from_host_and_pid(server):
     job = job_of(4, {2})
     s = server(job)
     by_pid = {r.pid: 10 + r.rank for r in job.ranks}  # the job's global ranks 10..13
-    v = ras.verdict(ras.query(s.addr), lambda host, pid: by_pid.get(pid) if host == "10.0.0.7" else None)
+    v = ras_verdict(ras.query(s.addr), lambda host, pid: by_pid.get(pid) if host == "10.0.0.7" else None)
     assert v.culprits == [12] and "ranks 10, 11, 13 launched AllReduce #4412; rank 12 stopped at #4411" in v.text
     assert v.behind == {12: "AllReduce #4411 (others #4412)"}
 
@@ -71,7 +72,7 @@ def test_missing_and_dead_ranks_are_named(server, version):
     job = job_of(4, set(), missing={3}, dead={3})
     s = server(job, version)
     st = ras.query(s.addr)
-    v = ras.verdict(st)
+    v = ras_verdict(st)
     assert 3 in v.culprits
     assert "rank 3" in v.text and ("dead" in v.text or "missing" in v.text)
     if st.format == "json":
@@ -83,12 +84,12 @@ def test_a_rank_ahead_of_the_rest_is_said_but_not_blamed(server):
     NCCL's counts cannot tell whether it or they went astray, so it is said, not blamed."""
     job = job_of(4, set())
     job.ranks[1].counts["AllReduce"] += 1
-    v = ras.verdict(ras.query(server(job).addr))
+    v = ras_verdict(ras.query(server(job).addr))
     assert v.culprits == [] and "rank 1 went on to #4413 (and waits there)" in v.text
     # with two ranks, the higher count is the one the others wait in
     job = job_of(2, set())
     job.ranks[0].counts["AllReduce"] += 1
-    v = ras.verdict(ras.query(server(job).addr))
+    v = ras_verdict(ras.query(server(job).addr))
     assert v.culprits == [1] and "rank 1 stopped at #4412" in v.text
 
 
@@ -103,7 +104,7 @@ def test_ranks_held_back_together_are_each_named(server, version, verbose):
     held = set(rng.sample(range(n), 2))
     s = server(job_of(n, held), version)
     st = ras.query(s.addr, json_format=version >= "2.29", verbose=verbose)
-    v = ras.verdict(st)
+    v = ras_verdict(st)
     assert sorted(v.culprits) == sorted(held), (v.text, st.raw[-600:])
     if st.format == "text":
         assert "2 ranks have launched up to operation" in st.raw  # (the layout this test is about)
@@ -114,7 +115,7 @@ def test_a_group_too_large_to_list_is_said_as_counts(server):
     """Plain STATUS lists a group's members only while it is small (at most 10 ranks and a
     quarter of the communicator): a larger one is said as counts, with no rank to blame."""
     s = server(job_of(16, {1, 3, 5, 7, 9}), "2.27.3")
-    v = ras.verdict(ras.query(s.addr, json_format=False, verbose=False))
+    v = ras_verdict(ras.query(s.addr, json_format=False, verbose=False))
     assert v.culprits == [] and "11 ranks launched AllReduce #4412; 5 ranks are at #4411" in v.text
 
 
@@ -132,7 +133,7 @@ def test_a_rank_in_another_state_than_the_others_is_named(server, version, state
         job.ranks[odd].nocomm = True
     else:
         job.ranks[odd].status = state
-    v = ras.verdict(ras.query(server(job, version).addr))
+    v = ras_verdict(ras.query(server(job, version).addr))
     assert v.culprits == [odd] and says in v.text, v.text
 
 
@@ -142,7 +143,7 @@ def test_ranks_that_reported_an_error_are_named_with_it(server, version):
     bad = random.Random(version).sample(range(8), 2)
     for r in bad:
         job.ranks[r].async_error = 6  # ncclRemoteError
-    v = ras.verdict(ras.query(server(job, version).addr))
+    v = ras_verdict(ras.query(server(job, version).addr))
     assert sorted(v.culprits) == sorted(bad)
     assert f"rank {bad[0]} reported Remote process error (asynchronous error)" in v.text
 
@@ -152,7 +153,7 @@ def test_a_rank_whose_process_ras_cannot_name_is_still_named(server):
     job.ranks[2].known = False
     st = ras.query(server(job, "2.27.3").addr)
     assert "-- [process information not found]" in st.raw
-    assert ras.verdict(st).culprits == [2]
+    assert ras_verdict(st).culprits == [2]
 
 
 @pytest.mark.parametrize("version", ["2.29.2", "2.27.3", "2.25.1"])
@@ -163,7 +164,7 @@ def test_a_stopped_process_is_named_by_its_pid(server, version):
     job = job_of(4, set(), missing={1})
     by_pid = {r.pid: 20 + r.rank for r in job.ranks}
     st = ras.query(server(job, version).addr)
-    v = ras.verdict(st, lambda host, pid: by_pid.get(pid))
+    v = ras_verdict(st, lambda host, pid: by_pid.get(pid))
     assert v.culprits == [21], v.text
     assert "does not answer" in v.text
 
@@ -177,10 +178,10 @@ def test_ranks_of_a_sub_communicator_are_not_taken_for_the_jobs(server):
                for i, g in enumerate((2, 3))], comm_hash=0x51B)
     world.others.append(sub)
     s = server(world)
-    v = ras.verdict(ras.query(s.addr))
+    v = ras_verdict(ras.query(s.addr))
     assert v.culprits == [] and "rank 1 of communicator 51b (2 ranks" in v.text
     by_pid = {r.pid: r.rank for r in world.ranks}
-    v = ras.verdict(ras.query(s.addr), lambda host, pid: by_pid.get(pid))
+    v = ras_verdict(ras.query(s.addr), lambda host, pid: by_pid.get(pid))
     assert v.culprits == [3]
 
 
@@ -190,7 +191,7 @@ def test_the_query_waits_out_nccls_own_wait_and_keeps_a_cut_report(server):
     s = RasServer(lambda: job_of(4, {3}), gather=6.0)
     try:
         st = ras.query(s.addr, timeout=9)
-        assert not st.partial and ras.verdict(st).culprits == [3]
+        assert not st.partial and ras_verdict(st).culprits == [3]
         assert s.queries[-1].split("|")[1] == "TIMEOUT 3"
     finally:
         s.close()
@@ -200,7 +201,7 @@ def test_the_query_waits_out_nccls_own_wait_and_keeps_a_cut_report(server):
     s = RasServer(lambda: job, version="2.27.3", stall_at=cut)
     try:
         st = ras.query(s.addr, timeout=2, json_format=False)
-        v = ras.verdict(st)
+        v = ras_verdict(st)
         assert st.partial and v.culprits == [3] and "cut at ddptop's deadline" in v.text
     finally:
         s.close()
@@ -211,12 +212,12 @@ def test_a_report_known_to_be_garbled_by_its_version_says_so(server):
     world.others.append(Job([Rank(0, 5000, "10.0.0.7", counts={"AllReduce": 3}),
                              Rank(1, 5001, "10.0.0.7", counts={"AllReduce": 3}, missing=True)], comm_hash=0xABC))
     for version, garbled in (("2.27.3", True), ("2.29.2", False)):
-        v = ras.verdict(ras.query(server(world, version).addr, json_format=False))
+        v = ras_verdict(ras.query(server(world, version).addr, json_format=False))
         assert ("may garble this report" in v.text) is garbled, v.text
 
 
 def test_a_healthy_job_says_nothing(server):
-    v = ras.verdict(ras.query(server(job_of(4, set())).addr))
+    v = ras_verdict(ras.query(server(job_of(4, set())).addr))
     assert v.culprits == [] and v.text == ""
 
 
@@ -267,12 +268,12 @@ def test_damaged_answers_never_crash_the_parsers():
         for fmt, body in (("json", s.json_report(s.job())), ("text", s.text_report(s.job()))):
             rng = random.Random(fmt)
             for cut in range(0, len(body), max(1, len(body) // 60)):
-                ras.verdict(ras.parse(body[:cut], fmt))
+                ras_verdict(ras.parse(body[:cut], fmt))
             for _ in range(50):
                 b = list(body)
                 for _ in range(10):
                     b[rng.randrange(len(b))] = rng.choice("{}[]\",:0 \nA")
-                ras.verdict(ras.parse("".join(b), fmt))
+                ras_verdict(ras.parse("".join(b), fmt))
     finally:
         s.close()
 

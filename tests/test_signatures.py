@@ -324,7 +324,7 @@ def test_a_store_timeout_waiting_for_clients_is_its_own_root_cause():
 def test_a_line_the_signature_matcher_fails_on_is_noted_once_and_later_lines_are_still_matched(monkeypatch):
     """A matcher bug on some lines must neither pass silently nor turn signature
     detection off: one warning note, and the signatures after still alarm."""
-    from ddptop.core.analyzer import Analyzer
+    from ddptop.core.analysis.analyzer import Analyzer
     from ddptop.core.events import AlarmEvent, NoteEvent
     from helpers import log_line, matcher_fails_on
 

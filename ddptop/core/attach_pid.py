@@ -647,8 +647,8 @@ class ForeignSession:
         self._scan_log_dir(out)
         if self._ranks and not self._readable() and not self._warned_about("nothing-readable"):
             out.append(NoteEvent(now, "warning", "no rank's own output can be read (see above): ddptop shows the "
-                                                 "ranks' processes and telemetry, and raises no stall alarm for "
-                                                 "this job"))
+                                                 "ranks' processes and telemetry, reads no step from their output, "
+                                                 "and judges a hang by their stacks alone"))
         if root_alive:
             return False
         # the job is over once torchrun has gone and its ranks with it (or after a grace period)

@@ -11,7 +11,8 @@ import re
 from pathlib import Path
 
 from ddptop.core import journal
-from ddptop.core.analyzer import Analyzer
+from ddptop.core.analysis.analyzer import Analyzer
+from ddptop.core.analysis.culprits import WAITED
 from ddptop.core.events import LogBatch
 from ddptop.core.tailer import Tailer
 
@@ -162,6 +163,7 @@ def ras_reports(paths: list[str]) -> list[dict]:
     directly), the latest per run, each read: who NCCL saw behind, in global
     ranks where the run's journal knows the pids."""
     from ddptop.core import ras
+    from ddptop.core.analysis.ras import verdict as ras_verdict
 
     out = []
     for p in map(Path, paths):
@@ -190,7 +192,7 @@ def ras_reports(paths: list[str]) -> list[dict]:
                             by_pid[d["pid"]] = d["rank"]
             except OSError:
                 pass
-        v = ras.verdict(st, lambda _host, pid: by_pid.get(pid))
+        v = ras_verdict(st, lambda _host, pid: by_pid.get(pid))
         out.append({"file": str(f), "version": st.version, "format": st.format, "culprits": v.culprits,
                     "verdict": v.text or "every rank launched the same collectives, none missing "
                                "(NCCL counts collectives only, not send/recv)"})
@@ -198,76 +200,28 @@ def ras_reports(paths: list[str]) -> list[dict]:
 
 
 def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[dict] | None = None) -> dict:
-    from ddptop.core.signatures import GENERIC, TIMEOUT, cascade_level, collective_counters, counter_verdict
+    from ddptop.core.analysis.culprits import failure_culprits
+    from ddptop.core.signatures import collective_counters, counter_verdict
 
     rc = an.root_cause()
     counters = collective_counters(an.findings)
-    culprits, said = counter_verdict(counters)
+    _c, said = counter_verdict(counters)
     seen = set(an.stall.ranks) | {f.rank for f in an.findings if f.rank is not None}
-    why = ""
-    if rc is not None and rc.rank is None and rc.detail.get("pid"):
-        # a line that names a process, not a rank (the kernel's Xid): the launcher's report says whose pid it is
-        by_pid = {str(f.detail["pid"]): f.rank for f in an.findings if f.detail.get("pid") and f.rank is not None
-                  and f.signature in ("rank-signal", "rank-exit")}
-        if str(rc.detail["pid"]) in by_pid:
-            culprits = (by_pid[str(rc.detail["pid"])],)
-            why = f"pid {rc.detail['pid']} is rank {culprits[0]}'s (torchrun's failure report)"
-    if rc is not None and rc.rank is not None and rc.level <= GENERIC and not culprits:
-        # the same failure (not its consequences: the others' SIGTERM, their lost peer) on most ranks
-        kind = (rc.signature, rc.detail.get("signal"))
-        first = {f.rank for f in an.findings if f.detail.get("root")}
-        same = sorted({f.rank for f in an.findings if (f.signature, f.detail.get("signal")) == kind
-                       and f.rank is not None and cascade_level(f, an.findings) <= GENERIC})
-        if len(same) >= 2 and len(same) * 2 > len(seen) and not (first & set(same)):
-            why = f"{rc.signature} on ranks {', '.join(map(str, same))}: the same failure on most ranks, no odd one out"
-        else:
-            culprits = (rc.rank,)
-    for r in ras_answers or []:
-        if not culprits and r.get("culprits"):
-            culprits = tuple(r["culprits"])  # NCCL's own view
-    if not culprits and not why and (rc is None or rc.level >= TIMEOUT):
-        culprits, why = _behind(an, seen)
+    found = failure_culprits(an.findings, seen, an.last_steps,
+                             [r.get("culprits") or () for r in ras_answers or []])
     return {
         "root_cause": rc.to_dict() if rc else None,
-        "culprits": list(culprits),
+        "culprits": list(found.culprits),
         "collectives": {"per_rank": {str(r): {"last_enqueued": e, "last_completed": c}
                                      for r, (e, c) in sorted(counters.items())}, "verdict": said} if counters else None,
         "findings": [f.to_dict() for f in an.findings],
         "progress": {str(r): {"last_step": s} for r, s in sorted(an.last_steps.items())},
-        "culprit_evidence": why,
+        "culprit_evidence": found.why,
         "flight_recorder": flights or [],
         "nccl_ras": ras_answers or [],
         # what went wrong in ddptop's own reading (a parser that failed on a line: that line was skipped)
         "notes": [n.message for n in an.notes],
     }
-
-
-# timeouts a rank reports while it waits in a collective for the others
-_WAITED = ("nccl-watchdog-timeout", "nccl-heartbeat-timeout", "gloo-timeout")
-
-
-def _behind(an: Analyzer, seen: set[int]) -> tuple[tuple[int, ...], str]:
-    """When nothing names a culprit: the ranks that did not time out while the
-    others did (they were not in the collective the others waited in), else the
-    ranks whose last training step is behind the others'."""
-    waited = {f.rank for f in an.findings if f.signature in _WAITED and f.rank is not None}
-    others = sorted(seen - waited)
-    if len(waited) >= 2 and others and len(others) < len(waited):
-        return tuple(others), (f"{_ranks(sorted(waited))} timed out waiting in a collective; {_ranks(others)} did "
-                               f"not: {'it was' if len(others) == 1 else 'they were'} elsewhere (its last lines say "
-                               "where)")
-    steps = {r: s for r, s in an.last_steps.items() if s is not None}
-    if len(steps) >= 2 and len(set(steps.values())) > 1:
-        top = max(steps.values())
-        behind = sorted(r for r, s in steps.items() if s < top)
-        if len(behind) * 2 < len(steps):
-            return tuple(behind), "; ".join(f"rank {r}'s last training step was {steps[r]}" for r in behind) + (
-                f", the others reached {top}")
-    return (), ""
-
-
-def _ranks(rs: list[int]) -> str:
-    return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(map(str, rs))
 
 
 def format_report(rep: dict) -> str:
@@ -276,7 +230,7 @@ def format_report(rep: dict) -> str:
     if rc:
         who = (f"rank {rc['rank']}" if rc["rank"] is not None else
                "torchrun" if str(rc.get("source", "")).endswith("torchrun.log") else "rank unknown")
-        if rc["signature"] in _WAITED and rc["rank"] is not None:
+        if rc["signature"] in WAITED and rc["rank"] is not None:
             who = f"seen first on rank {rc['rank']}, which waited for another"
         out.append(f"Root cause: {rc['signature']} ({who})")
         out.append(f"  {rc['explanation']}")

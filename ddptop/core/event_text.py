@@ -106,13 +106,10 @@ def describe(ev: Event, *, nodes: bool = False) -> Said | None:
 
 def waiting_on_work(ev: StacksEvent) -> bool:
     """Stack samples in which the ranks that the others wait for are themselves
-    working (their stacks move, or spin outside any collective): rank 0
-    evaluating alone while the others sit in a barrier.  The stall detector
-    gives that the work patience; a person should not read it as a hang."""
-    if not (ev.hung and ev.culprits):
-        return False
-    for r in ev.culprits:
-        w = ev.where.get(str(r)) or ev.where.get(r)  # type: ignore[call-overload]
-        if not isinstance(w, dict) or w.get("status") not in ("moving", "busy"):
-            return False
-    return True
+    working (their stacks move, or they run on the CPU outside any wait):
+    rank 0 evaluating alone while the others sit in a barrier.  The stall
+    detector gives that the work patience; a person should not read it as a
+    hang.  (The rule is ``StackEvidence.waits_on_work``.)"""
+    from ddptop.core.analysis.evidence import StackEvidence
+
+    return bool(StackEvidence.from_event(ev).waits_on_work())

@@ -334,9 +334,13 @@ class StacksEvent(Event):
     """Every rank's Python stack, sampled (py-spy) two or more times a second or
     more apart when a stall is suspected, and what the samples say: ``hung``
     (True: frozen, or frozen in a collective while others move; False: every
-    rank moving, which is work; None: cannot tell), the ``culprits``, ``where``
-    each culprit is (as in ``AlarmEvent.where``), the stack ``groups`` (ranks
-    sharing one stack, described once) and ``dir``, where the dumps are."""
+    rank moving, which is work; None: cannot tell), the ``culprits``, the
+    ``waiting`` ranks, ``mismatch`` (the waiting ranks wait in different
+    collectives or sync points), ``where`` every sampled rank is (as in
+    ``AlarmEvent.where``), the stack ``groups`` (ranks sharing one stack,
+    described once), ``native`` (the samples include native frames) and
+    ``dir``, where the dumps are.  Read it back typed with
+    ``analysis.evidence.StackEvidence.from_event``."""
 
     kind: ClassVar[str] = "stacks"
     ranks: tuple[int, ...] = ()
@@ -351,6 +355,11 @@ class StacksEvent(Event):
     error: str = ""  # why there are no (or only some) samples: py-spy missing, ptrace denied
     node: str = ""
     io: tuple[int, ...] = ()  # ranks in I/O (a checkpoint write) in every sample: work, unless it lasts
+    waiting: tuple[int, ...] = ()  # ranks waiting for their peers (collective, backward, GPU sync)
+    mismatch: bool = False
+    workers: tuple[int, ...] = ()  # the ranks the others wait for, visibly working (hung False: not yet a hang)
+    native: bool = False  # native frames were read (py-spy --native: the ranks were paused for it)
+    pause: float = 0.0  # the longest a rank was paused for a native sample, seconds
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,13 @@ class StackCapture:
             self._busy.release()
 
 
+def _main_active(threads) -> bool:
+    from ddptop.core.analysis.stacks import _main_thread
+
+    t = _main_thread(threads)
+    return t is not None and t.state == "active"
+
+
 def source_line(file: str, line: int, *, limit: int = 4 << 20) -> str | None:
     """One line of a rank's source file, for naming the C call a frame is
     blocked in (``time.sleep``); None for anything that is not a readable
@@ -136,13 +143,21 @@ def source_line(file: str, line: int, *, limit: int = 4 << 20) -> str | None:
 
 class StackSampler:
     """At a suspected stall: every rank's stack (py-spy), ``samples`` times
-    ``gap`` seconds apart, and what they say (``stack_verdict``), emitted as one
-    ``StacksEvent`` that the pipeline feeds to the stall detector.  The dumps are
-    kept under ``dest/stacks/<time>-samples/``.  One sampling at a time, in a
-    thread of its own; never blocks the analysis."""
+    ``gap`` seconds apart, and what they say (``analysis.stacks.verdict``),
+    emitted as one ``StacksEvent`` that the pipeline feeds to the stall
+    detector.  The first sample is Python-only and non-blocking; the later
+    ones read native frames (``--native``, which pauses the rank while py-spy
+    unwinds it) of the ranks that were on the CPU in the first, so that a
+    rank spinning at a CUDA synchronisation shows the CUDA runtime, driver or
+    NCCL frames it spins in; ``native=False`` keeps every sample non-blocking.
+    ``request(gpu_busy)`` names the ranks whose GPU is busy without step
+    progress (the verdict reads such a rank, spinning on one line, as
+    waiting on the GPU).  The dumps are kept under ``dest/stacks/<time>-samples/``.  One
+    sampling at a time, in a thread of its own; never blocks the analysis."""
 
     def __init__(self, dest: Path, rank_pids: Callable[[], dict[int, int]], emit: Emit, *, node: str = "",
-                 samples: int = 2, gap: float = 1.0, clock: Callable[[], float] = time.time):
+                 samples: int = 2, gap: float = 1.0, clock: Callable[[], float] = time.time,
+                 native: bool = True):
         self.dest = Path(dest)
         self.rank_pids = rank_pids
         self.emit = emit
@@ -150,13 +165,18 @@ class StackSampler:
         self.samples = samples
         self.gap = gap
         self.clock = clock
+        self.native = native
+        self._gpu_busy: set[int] = set()
         self._busy = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def request(self) -> bool:
+    def request(self, gpu_busy: set[int] | None = None) -> bool:
+        """Start a sampling (False: one is under way, or no rank runs).
+        ``gpu_busy``: the ranks whose GPU is busy with no step progress."""
         pids = self.rank_pids()
         if not pids or not self._busy.acquire(blocking=False):
             return False
+        self._gpu_busy = set(gpu_busy or ())
         self._thread = threading.Thread(target=self._run, args=(pids,), daemon=True, name="ddptop-stack-samples")
         self._thread.start()
         return True
@@ -167,6 +187,9 @@ class StackSampler:
             t.join(timeout)
 
     def _run(self, pids: dict[int, int]) -> None:
+        from dataclasses import replace
+
+        from ddptop.core.analysis.stacks import parse_dump, verdict
         from ddptop.core.events import StacksEvent
         from ddptop.core.stacks import dump_stacks
 
@@ -174,18 +197,23 @@ class StackSampler:
             t0 = self.clock()
             dumps: dict[int, list[str]] = {r: [] for r in pids}
             errors: list[str] = []
+            native: set[int] = set()
+            paused: dict[int, float] = {}
             for i in range(self.samples):
                 if i:
                     time.sleep(self.gap)
                 # --locals: a healthy loop often sits on the same line in both samples (a sleep, a GPU
                 # sync); its variables (the step counter, new tensors) still change
-                raw, _groups, err = dump_stacks(pids, with_locals=True)
+                raw, _groups, err = dump_stacks(pids, with_locals=True, native=native, took=paused)
                 for r, text in raw.items():
                     dumps[r].append(text)
                 if err:
                     errors.append(err)
                     if not raw:
                         break  # py-spy missing or denied everywhere: no use trying again
+                if i == 0 and self.native:
+                    # the next samples read native frames of the ranks on the CPU (spinning at a sync?)
+                    native = {r for r, text in raw.items() if _main_active(parse_dump(text))}
             span = self.clock() - t0
             got = {r: d for r, d in dumps.items() if d}
             error = "; ".join(dict.fromkeys(errors))
@@ -193,19 +221,13 @@ class StackSampler:
                 self.emit([StacksEvent(t0, ranks=tuple(sorted(pids)), error=error or "no stack could be read",
                                        node=self.node)])
                 return
-            from ddptop.core.stack_verdict import main_frames, verdict
-
-            v = verdict(got, source_line)
+            ev = replace(verdict(got, source_line, self._gpu_busy), t=t0, node=self.node)
             d = self._save(got)
-            groups = []
-            for g in v.groups:
-                frames, user = main_frames(got[g.ranks[0]][-1]) if got.get(g.ranks[0]) else ([], [])
-                groups.append({"ranks": list(g.ranks), "state": g.status, "kind": g.kind, "text": g.description,
-                               "culprit": any(r in v.culprits for r in g.ranks), "frames": frames, "user": user})
+            fields = ev.to_event_fields()
+            fields["error"] = error
             self.emit([StacksEvent(t0, ranks=tuple(sorted(got)), samples=min(len(x) for x in got.values()),
-                                   span=round(span, 3), hung=v.hung, culprits=tuple(v.culprits),
-                                   summary=v.summary, where={str(k): dict(w) for k, w in v.where.items()},
-                                   groups=tuple(groups), dir=str(d), error=error, node=self.node, io=tuple(v.io))])
+                                   span=round(span, 3), dir=str(d), native=bool(paused),
+                                   pause=round(max(paused.values(), default=0.0), 4), **fields)])
         except Exception as e:  # never let sampling take the watching down
             from ddptop.core.events import StacksEvent
 
@@ -266,7 +288,7 @@ class StackWatch:
         import resource
 
         from ddptop.core.events import ProgressEvent
-        from ddptop.core.stack_verdict import moved
+        from ddptop.core.analysis.stacks import moved
         from ddptop.core.stacks import py_spy
 
         exe = py_spy()
@@ -343,7 +365,7 @@ class Pipeline:
                  stall_only: bool = False,
                  on_stall: Callable[[AlarmEvent], None] | None = None,
                  on_alarm: Callable[[AlarmEvent], None] | None = None,
-                 sampler: Callable[[], bool] | None = None,
+                 sampler: Callable[[set[int]], bool] | None = None,
                  resample_every: float = 20.0, stacks_wait: float = 10.0,
                  ras: "RasProbe | None" = None, ras_always: bool | Callable[[], bool] = False):
         """``stall_only``: the sources' own signature alarms are already in their
@@ -374,14 +396,15 @@ class Pipeline:
         self.ras = ras
         self.ras_always = ras_always
         self._ras_unknown_said = False
-        self._sampled_at = -1e18
         self._last_check = -1e18
         self.analyzer = self._new_analyzer()
 
     def _new_analyzer(self):
-        from ddptop.core.analyzer import Analyzer
+        from ddptop.core.analysis.analyzer import Analyzer
 
-        return Analyzer(self.clock, stall_after=self.stall_after, node=self.node)
+        return Analyzer(self.clock, stall_after=self.stall_after, node=self.node,
+                        can_sample=self.sampler is not None or self.ras is not None,
+                        resample_every=self.resample_every, stacks_wait=self.stacks_wait)
 
     def process(self, events: list[Event], now: float | None = None, *,
                 check: bool = False) -> list[AlarmEvent | NoteEvent]:
@@ -414,31 +437,22 @@ class Pipeline:
             notes = []
         if check or now - self._last_check >= self.check_every:
             self._last_check = now
-            self._sample_stacks(now)
-            alarms += an.check(now)
+            sample, stalls = an.decide(now)
+            if sample:
+                self._take_samples()
+            alarms += stalls
         if not self.crash_seen and (any(a.type == "crash" for a in alarms)
                                     or any(f.signature in CRASH_SIGNATURES for f in an.findings)):
             self.crash_seen = True
         return [*notes, *alarms]
 
-    def _sample_stacks(self, now: float) -> None:
+    def _take_samples(self) -> None:
+        """The detector asked for stack samples (a suspected stall): take them,
+        and ask NCCL's RAS; say so to the detector if no samples come."""
+        self.ask_ras()
         st = self.analyzer.stall
-        if st.stacks_pending and now - self._sampled_at > self.stacks_wait:
-            st.stacks_pending = False  # they did not come in time: judge without them
-        if self.analyzer.finished or not self.analyzer.detect_stalls:
-            return
-        # (once per resample_every within one silence; a new silence, after progress came back in between,
-        # is sampled at once: an evaluation right after another must not be judged without stacks)
-        fresh = self._sampled_at < st.silence_began()
-        if not (st.suspect(now) and (fresh or now - self._sampled_at >= self.resample_every)
-                and not st.stacks_pending):
-            return
-        asked = self.ask_ras()
-        if self.sampler is not None and self.sampler():
-            st.stacks_pending = True
-            asked = True
-        if asked:
-            self._sampled_at = now
+        if self.sampler is None or not self.sampler(st.gpu_busy()):
+            st.samples_refused()
 
     def _monitor_wanted(self) -> bool:
         """Follow NCCL's pushed events: the job uses NCCL 2.29+ (or an unknown
@@ -608,6 +622,7 @@ class RasProbe:
 
     def _run(self, addr: str) -> None:
         from ddptop.core import ras
+        from ddptop.core.analysis.ras import verdict as ras_verdict
         from ddptop.core.events import RasEvent
 
         t0 = self.clock()
@@ -631,7 +646,7 @@ class RasProbe:
             def rank_of(host: str, pid: int) -> int | None:
                 return by_pid.get(pid) if (not host or host in local or len(local) == 0) else None
 
-            v = ras.verdict(st, rank_of)
+            v = ras_verdict(st, rank_of)
             file = ""
             try:
                 from ddptop.core.journal import make_private_dir

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,12 +65,17 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0,
-                with_locals: bool = False) -> tuple[dict[int, str], list[StackGroup], str | None]:
+def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0, with_locals: bool = False,
+                native: frozenset[int] | set[int] = frozenset(),
+                took: dict[int, float] | None = None) -> tuple[dict[int, str], list[StackGroup], str | None]:
     """(raw dump per rank, groups of identical stacks, error message or None).
 
     ``--nonblocking``: py-spy reads the rank's memory without stopping it, so a
     dump can never wedge or kill a rank, even if py-spy itself is killed.
+    The ranks in ``native`` are dumped with ``--native`` instead (C frames:
+    the CUDA runtime, the driver, NCCL), which pauses the rank while py-spy
+    unwinds it (``took``: seconds each such dump ran, an upper bound on the
+    pause).
     """
     exe = py_spy()
     if exe is None:
@@ -80,15 +86,24 @@ def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0,
     def one(rank: int, pid: int) -> None:
         # --full-filenames: the verdict tells the user's files from the libraries' by
         # their path, and reads the line a frame is blocked on
+        how = ["--native"] if rank in native else ["--nonblocking"]
+        t0 = time.monotonic()
         try:
-            r = subprocess.run([exe, "dump", "--nonblocking", "--full-filenames", *(["--locals"] if with_locals else []),
+            r = subprocess.run([exe, "dump", *how, "--full-filenames", *(["--locals"] if with_locals else []),
                                 "--pid", str(pid)],
                                capture_output=True, text=True, errors="replace", timeout=timeout)
+            if rank in native and took is not None:
+                took[rank] = time.monotonic() - t0
         except subprocess.TimeoutExpired:
             errors[rank] = f"rank {rank}: py-spy timed out"
             return
         except OSError as e:
             errors[rank] = f"rank {rank}: py-spy could not run: {e}"
+            return
+        if r.returncode != 0 and rank in native and _alive(pid):
+            # native frames could not be read (an unwinder that fails on this build): the Python stack still can
+            errors[rank] = f"rank {rank}: no native frames ({_last_line(r)})"
+            one_python(rank, pid)
             return
         if r.returncode != 0:
             if not _alive(pid):
@@ -101,6 +116,16 @@ def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0,
             errors[rank] = f"rank {rank}: {msg}"
             return
         raw[rank] = r.stdout
+
+    def one_python(rank: int, pid: int) -> None:
+        try:
+            r = subprocess.run([exe, "dump", "--nonblocking", "--full-filenames",
+                                *(["--locals"] if with_locals else []), "--pid", str(pid)],
+                               capture_output=True, text=True, errors="replace", timeout=timeout)
+        except (OSError, subprocess.SubprocessError):
+            return
+        if r.returncode == 0:
+            raw[rank] = r.stdout
 
     # every rank at once (at most 8 py-spy at a time), so that one sample of
     # all ranks is one moment, not a walk across them
@@ -120,6 +145,11 @@ def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0,
         groups.setdefault(normalise(dump), []).append(rank)
     out = sorted((StackGroup(tuple(rs), s) for s, rs in groups.items()), key=lambda g: (-len(g.ranks), g.ranks))
     return raw, out, "; ".join(errors[r] for r in sorted(errors)) or None
+
+
+def _last_line(r: subprocess.CompletedProcess) -> str:
+    lines = (r.stderr or r.stdout or "").strip().splitlines()
+    return lines[-1] if lines else f"exit {r.returncode}"
 
 
 def summarise(groups: list[StackGroup]) -> str:

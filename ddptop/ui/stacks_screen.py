@@ -17,7 +17,7 @@ from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from ddptop.core.event_text import waiting_on_work
+from ddptop.core.analysis.evidence import StackEvidence
 from ddptop.core.events import StacksEvent
 
 
@@ -25,39 +25,39 @@ def stacks_markup(ev: StacksEvent | None) -> str:
     if ev is None:
         return ("[b]No stack samples yet.[/b]\n\nddptop samples every rank's stack (py-spy) twice, a second apart, "
                 "when it suspects a stall; [b]p[/b] captures one now.")
+    v = StackEvidence.from_event(ev)
     when = time.strftime("%H:%M:%S", time.localtime(ev.t))
-    working = waiting_on_work(ev)
+    working = bool(v.waits_on_work())
     verdict = ("[b $warning]the others wait for ranks that work: not a hang unless it lasts[/]" if working else
                {True: "[b $error]hung[/]", False: "[b $success]moving: work, not a hang[/]",
-                None: "[b $warning]cannot tell[/]"}[ev.hung])
+                None: "[b $warning]cannot tell[/]"}[v.hung])
+    native = f", native frames read (paused up to {ev.pause * 1000:.0f} ms)" if ev.native else ""
     lines = [f"[b]Stacks sampled at {when}[/b]  ({ev.samples} sample{'s' if ev.samples != 1 else ''} of "
-             f"{len(ev.ranks)} rank{'s' if len(ev.ranks) != 1 else ''} over {ev.span:.1f} s): {verdict}"]
-    if ev.culprits:
-        who = escape(', '.join(f'rank {r}' for r in ev.culprits))
+             f"{len(ev.ranks)} rank{'s' if len(ev.ranks) != 1 else ''} over {ev.span:.1f} s{native}): {verdict}"]
+    if v.culprits or v.workers:
+        who = escape(', '.join(f'rank {r}' for r in v.culprits or v.workers))
         lines.append(f"[b $warning]working, the others wait for it: {who}[/]" if working
                      else f"[b $error]culprit: {who}[/]")
-    if ev.summary:
-        lines.append(escape(ev.summary))
-    if ev.error:
-        lines.append(f"[$warning]{escape(ev.error)}[/]")
+    if v.summary:
+        lines.append(escape(v.summary))
+    if v.error:
+        lines.append(f"[$warning]{escape(v.error)}[/]")
     if ev.dir:
         lines.append(f"[dim]dumps: {escape(ev.dir)}[/]")
-    groups = [g for g in ev.groups if isinstance(g, dict)]
-    groups.sort(key=lambda g: (not g.get("culprit"), -len(g.get("ranks") or ())))
-    majority = max(groups, key=lambda g: len(g.get("ranks") or ()), default=None)
-    common = set(majority.get("frames") or ()) if majority is not None and len(groups) > 1 else set()
+    groups = sorted(v.groups, key=lambda g: (not g.culprit, -len(g.ranks)))
+    majority = max(groups, key=lambda g: len(g.ranks), default=None)
+    common = set(majority.frames) if majority is not None and len(groups) > 1 else set()
     for g in groups:
-        ranks = ", ".join(str(r) for r in g.get("ranks") or ())
-        head = f"ranks {ranks}" if len(g.get("ranks") or ()) > 1 else f"rank {ranks}"
-        var = "$error" if g.get("culprit") else "$accent"
-        state = g.get("state", "")
+        ranks = ", ".join(str(r) for r in g.ranks)
+        head = f"ranks {ranks}" if len(g.ranks) > 1 else f"rank {ranks}"
+        var = "$error" if g.culprit else "$accent"
         lines.append("")
-        lines.append(f"[b {var}]{escape(head)}[/]" + (f" [dim]({escape(state)})[/]" if state else "")
-                     + (f": {escape(str(g.get('text', '')))}" if g.get("text") else ""))
-        user = set(g.get("user") or ())
-        for i, frame in enumerate(g.get("frames") or ()):
+        lines.append(f"[b {var}]{escape(head)}[/]" + (f" [dim]({escape(g.status)})[/]" if g.status else "")
+                     + (f": {escape(g.text)}" if g.text else ""))
+        user = set(g.user)
+        for i, frame in enumerate(g.frames):
             mark = "[b $warning]►[/]" if common and frame not in common and g is not majority else " "
-            text = escape(str(frame))
+            text = escape(frame)
             lines.append(f" {mark} {'[b]' + text + '[/b]' if i in user else '[dim]' + text + '[/dim]'}")
     return "\n".join(lines)
 

@@ -244,27 +244,98 @@ print((time.perf_counter() - t) / %d * 1e6)
           f"+{res['hooked'] - res['plain']:.2f} us per batch (target <= 5 us)")
 
 
-def bench_alarm_latency() -> None:
+def bench_alarm_latency(repeat: int = 2) -> None:
+    """How long after the step that should have come the stall alarm arrives,
+    on real 2- and 3-rank jobs, per hang form and step time: the distribution
+    (median, p90, max), and whether the alarm named the culprit and its line."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from helpers import free_port
+
+    forms = [("gloo, rank 1 stuck, rank 0 polling", ["--fault", "hang"], 2),
+             ("CUDA stand-in, rank 1 stuck, rank 0 at its sync", ["--sim-cuda", "on", "--fault", "hang"], 2),
+             ("CUDA stand-in, rank 1 in another collective (3 ranks)",
+              ["--sim-cuda", "on", "--fault", "other-collective"], 3)]
+    lat: list[float] = []
     with tempfile.TemporaryDirectory() as d:
-        env = dict(os.environ, DDPTOP_RUNS_DIR=d)
-        for step_time in (0.2, 1.0):
-            r = subprocess.run([sys.executable, "-m", "ddptop", "--json", "--gpu", "sim", "--on-stall", "kill", "torchrun",
-                                "--nproc-per-node", "2", str(ROOT / "examples" / "train_ddp.py"), "--steps", "100000",
-                                "--step-time", str(step_time), "--fault", "hang", "--fault-rank", "1", "--fault-step", "15"],
-                               env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
-            ev = [json.loads(l) for l in r.stdout.splitlines()]
-            prog = [e for e in ev if e["kind"] == "progress" and e["source"] != "batch"]
-            alarm = next(e for e in ev if e["kind"] == "alarm" and e["type"] == "stall")
-            last = max(e["t"] for e in prog)
-            ts = sorted({e["t"] for e in prog if e["rank"] == 0})
-            interval = (ts[-1] - ts[0]) / max(1, len(ts) - 1) if len(ts) > 1 else step_time
-            due = last + interval
-            lat = alarm["t"] - due
-            stacks = next((e for e in ev if e["kind"] == "stacks"), None)
-            print(f"alarm latency, hang at step 15 (step every {interval:.2f} s): {lat:.1f} s after the step that "
-                  f"should have come ({lat / interval:.0f}x the step interval); culprits {alarm['culprits']}"
-                  + (f"; stacks sampled {stacks['t'] - due:.1f} s after it ({stacks['samples']} samples over "
-                     f"{stacks['span']:.1f} s): {stacks['summary'] or stacks['error']}" if stacks else "; no stack samples"))
+        env = dict(os.environ, DDPTOP_RUNS_DIR=d, XDG_CACHE_HOME=os.path.join(d, "cache"))
+        for name, fault, nproc in forms:
+            for step_time in (0.05, 0.2, 0.5):
+                for i in range(repeat):
+                    r = subprocess.run([sys.executable, "-m", "ddptop", "--json", "--gpu", "sim", "--on-stall", "kill",
+                                        "torchrun", "--nproc-per-node", str(nproc), "--master-port", str(free_port()),
+                                        str(ROOT / "examples" / "train_ddp.py"), "--steps", "100000",
+                                        "--step-time", str(step_time), *fault, "--fault-rank", "1",
+                                        "--fault-step", str(15 + 5 * i)],
+                                       env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+                    ev = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+                    steps = sorted(e["t"] for e in ev if e["kind"] == "log" and e["text"].startswith("step ")
+                                   and e["rank"] == 0)
+                    alarm = next((e for e in ev if e["kind"] == "alarm" and e["type"] == "stall"), None)
+                    if alarm is None or len(steps) < 3:
+                        print(f"  {name}, step {step_time} s: no alarm ({r.returncode})")
+                        continue
+                    interval = statistics.median(b - a for a, b in zip(steps, steps[1:]))
+                    due = steps[-1] + interval
+                    lat.append(alarm["t"] - due)
+                    named = alarm["culprits"] == [1] and bool(alarm["where"].get("1", {}).get("line"))
+                    print(f"  {name}, step every {interval:.2f} s: alarm {alarm['t'] - due:.1f} s after the step "
+                          f"that should have come, {alarm['id']}, culprit and line {'named' if named else 'NOT named'}")
+    if lat:
+        lat.sort()
+        p90 = lat[min(len(lat) - 1, int(0.9 * len(lat)))]
+        print(f"alarm latency over {len(lat)} hangs: median {statistics.median(lat):.1f} s, p90 {p90:.1f} s, "
+              f"max {lat[-1]:.1f} s after the step that should have come (target: median <= 5 s)")
+
+
+def bench_native_pause(dumps: int = 20) -> None:
+    """What a native stack sample (``py-spy dump --native``, which stops the
+    process while it unwinds) costs a rank: a child process spins a thread
+    that notes every gap in its own timeline longer than 1 ms; the gaps that
+    fall inside each dump are that dump's pause.  The same for the
+    non-blocking Python-only dump, for comparison."""
+    from ddptop.core.stacks import py_spy
+
+    exe = py_spy()
+    if exe is None:
+        print("native pause: py-spy is not installed")
+        return
+    child = subprocess.Popen([sys.executable, "-c", """
+import json, sys, threading, time
+gaps = []
+def spin():
+    last = time.perf_counter()
+    while True:
+        now = time.perf_counter()
+        if now - last > 0.001:
+            gaps.append((last, now))
+        last = now
+threading.Thread(target=spin, daemon=True).start()
+print(time.perf_counter(), flush=True)
+sys.stdin.readline()
+print(json.dumps(gaps), flush=True)
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        child.stdout.readline()
+        time.sleep(0.5)
+        windows: dict[str, list[tuple[float, float]]] = {"native": [], "nonblocking": []}
+        for i in range(dumps):
+            for how in ("native", "nonblocking"):
+                t0 = time.perf_counter()
+                subprocess.run([exe, "dump", f"--{how}", "--pid", str(child.pid)], capture_output=True, timeout=30)
+                windows[how].append((t0, time.perf_counter()))
+                time.sleep(0.1)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        gaps = json.loads(child.stdout.readline())
+    finally:
+        child.kill()
+        child.wait()
+    for how, ws in windows.items():
+        pauses = sorted(max([b - a for a, b in gaps if a >= w0 and b <= w1 + 0.01] or [0.0]) for w0, w1 in ws)
+        walls = sorted(w1 - w0 for w0, w1 in ws)
+        print(f"py-spy dump --{how}: the process paused {statistics.median(pauses) * 1000:.1f} ms median, "
+              f"{pauses[-1] * 1000:.1f} ms max over {len(ws)} dumps (the dump itself took "
+              f"{statistics.median(walls) * 1000:.0f} ms median)")
 
 
 def bench_stack_watch(ranks: int = 8, seconds: float = 40.0) -> None:
@@ -612,6 +683,7 @@ def bench_ras(queries: int = 30) -> None:
     from ras_server import Job, Rank, RasServer
 
     from ddptop.core import ras
+    from ddptop.core.analysis.ras import verdict as ras_verdict
 
     for n in (8, 64, 1024):
         # (two ranks held back together: NCCL's text lists them as a group and its members)
@@ -622,7 +694,7 @@ def bench_ras(queries: int = 30) -> None:
             took = []
             for _ in range(queries):
                 t0 = time.perf_counter()
-                v = ras.verdict(ras.query(srv.addr, timeout=5))
+                v = ras_verdict(ras.query(srv.addr, timeout=5))
                 took.append(time.perf_counter() - t0)
             srv.close()
             assert sorted(v.culprits) == [5, 6], v.text
@@ -787,7 +859,7 @@ def bench_ui64(ranks: int = 64, rate: int = 1000, seconds: float = 40.0, odd: in
 def bench_analysis(lines: int = 50_000) -> None:
     """The live analysis (progress parser, signature matcher, stall bookkeeping)
     per log line, in-process, for three kinds of line, each fed as batches."""
-    from ddptop.core.analyzer import Analyzer
+    from ddptop.core.analysis.analyzer import Analyzer
     from ddptop.core.events import LogBatch
 
     kinds = {
@@ -809,7 +881,7 @@ def bench_analysis(lines: int = 50_000) -> None:
 
 
 BENCHES = {"help": bench_help, "ingest": bench_ingest, "frame": bench_first_frame, "supervise": bench_supervise,
-           "telemetry": bench_telemetry, "hook": bench_hook, "alarm": bench_alarm_latency, "watch": bench_stack_watch, "attach": bench_attach, "relaunch": bench_relaunch,
+           "telemetry": bench_telemetry, "hook": bench_hook, "alarm": bench_alarm_latency, "native-pause": bench_native_pause, "watch": bench_stack_watch, "attach": bench_attach, "relaunch": bench_relaunch,
            "busy-node": bench_busy_node, "signatures": bench_signatures, "ras": bench_ras,
            "replay": bench_replay, "latency": bench_latency, "frame-tmux": bench_frame_tmux, "idle": bench_idle, "ui64": bench_ui64,
            "analysis": bench_analysis}

@@ -30,6 +30,7 @@ if tuple(NCCL[:2]) < (2, 24):
     pytest.skip(f"NCCL {NCCL} has no RAS (2.24+)", allow_module_level=True)
 
 from ddptop.core import ras  # noqa: E402
+from ddptop.core.analysis.ras import verdict as ras_verdict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 240
@@ -88,12 +89,12 @@ def test_one_rank_answers_a_real_ras_query(tmp_path):
         pids = {e["pid"] for e in map(json.loads, (run / "events.jsonl").read_text().splitlines())
                 if e.get("kind") == "rank" and e.get("alive")}
         assert ras.job_pids(st) == pids
-        assert ras.verdict(st).culprits == []
+        assert ras_verdict(st).culprits == []
         # the text report, as NCCL before 2.28.7 gives it (and any version without SET FORMAT)
         text = ras.query(addr, timeout=10, json_format=False)
         print(text.raw)
         assert text.format == "text" and text.version == st.version and not text.partial
-        assert ras.verdict(text).culprits == [] and "Communicators" in text.raw
+        assert ras_verdict(text).culprits == [] and "Communicators" in text.raw
     finally:
         p.terminate()
         p.wait(timeout=60)

@@ -18,8 +18,8 @@ from ddptop.core.events import (FINAL_STATES, STOPPING, AlarmEvent, Event, GpuEv
                                 ProgressEvent, RankEvent, RasEvent, StacksEvent, StateEvent)
 from ddptop.core.progress import OTHER, parse_progress
 from ddptop.core.signatures import CAUSE, CONSEQUENCE, TIMEOUT, Finding, SignatureMatcher, cascade_level, root_cause
-from ddptop.core.stack_verdict import WAITING_KINDS
-from ddptop.core.stall import StackVerdict, StallDetector
+from ddptop.core.analysis.detector import Decision, StallDetector
+from ddptop.core.analysis.evidence import StackEvidence
 
 
 MAX_FAILURE_NOTES = 20  # parser-failure notes per analyzer, at most
@@ -69,12 +69,12 @@ class Analyzer:
                     st.watch(ev.rank, ev.step, ev.t)
                     continue
                 self.hooked.add(ev.rank)
-                st.step(ev.rank, ev.step, ev.t)
+                st.step(ev.rank, ev.step, ev.t, source="hook")
                 self.last_steps[ev.rank] = ev.step
             elif isinstance(ev, GpuEvent):
                 if ev.util is not None:
                     for r in ev.ranks:
-                        st.telemetry(r, util=ev.util)
+                        st.telemetry(r, util=ev.util, simulated=ev.simulated)
             elif isinstance(ev, ProcEvent):
                 st.telemetry(ev.rank, cpu=ev.cpu, children_cpu=ev.children_cpu, status=ev.status)
             elif isinstance(ev, RankEvent):
@@ -83,16 +83,9 @@ class Analyzer:
                     if ev.rank not in st.ranks or st.ranks[ev.rank].last_output is None:
                         st.output(ev.rank, ev.t)
                 else:
-                    st.rank_ended(ev.rank, ev.exit_code)
+                    st.rank_ended(ev.rank, ev.exit_code, ev.t)
             elif isinstance(ev, StacksEvent):
-                waiting = tuple(r for g in ev.groups if isinstance(g, dict) and g.get("state") in ("frozen", "busy")
-                                and (g.get("kind") in WAITING_KINDS or ev.hung and g.get("state") == "busy")
-                                for r in g.get("ranks", ()) if r not in ev.culprits)
-                groups = [g for g in ev.groups if isinstance(g, dict)]
-                mismatch = bool(ev.hung and not ev.culprits and len(groups) >= 2 and all(
-                    g.get("state") == "frozen" and g.get("kind") in WAITING_KINDS for g in groups))
-                st.stacks(StackVerdict(ev.t, ev.hung, ev.culprits, ev.summary, ev.where, ev.error, ev.io, ev.node,
-                                       waiting, mismatch))
+                st.stacks(StackEvidence.from_event(ev))
             elif isinstance(ev, RasEvent):
                 if ev.event == "PEER_DEAD":
                     a = self._peer_dead(ev)
@@ -191,7 +184,7 @@ class Analyzer:
             # (a hooked rank's log step numbers are not mixed with its hook count)
             self.stall.other_progress(rank, t)
         else:
-            self.stall.step(rank, p.step, t)
+            self.stall.step(rank, p.step, t, source="log")
             self.last_steps[rank] = p.step if p.step is not None else self.last_steps.get(rank)
 
     def _peer_dead(self, ev: RasEvent) -> AlarmEvent | None:
@@ -219,23 +212,40 @@ class Analyzer:
         self._alarmed.add(key)
         kind = "crash" if f.signature in ("rank-signal", "python-exception", "rank-exit", "cuda-oom") else "signature"
         who = f"rank {f.rank}" if f.rank is not None else "torchrun"
+        culprits: tuple[int, ...] = (f.rank,) if f.rank is not None and f.level == CAUSE else ()
+        if root_cause(self.findings) is f:
+            # the job's failure as it stands: the same culprits as ``ddptop diagnose`` of this run
+            from ddptop.core.analysis.culprits import failure_culprits
+
+            seen = set(self.stall.ranks) | {x.rank for x in self.findings if x.rank is not None}
+            culprits = failure_culprits(self.findings, seen, self.last_steps).culprits or culprits
         return AlarmEvent(t, type=kind, id=f.signature,
                           ranks=(f.rank,) if f.rank is not None else (),
-                          culprits=(f.rank,) if f.rank is not None and f.level == CAUSE else (),
+                          culprits=culprits,
                           message=f"{f.signature} ({who}): {f.explanation}  Evidence: {f.text[:300]}",
                           suggested_profiles=f.suggested_profiles, node=self.node)
 
-    def check(self, now: float | None = None) -> list[AlarmEvent]:
+    def decide(self, now: float | None = None) -> tuple[bool, list[AlarmEvent]]:
+        """(take stack samples now?, the new stall alarms): the detector's
+        decision, as alarms.  Nothing while the job ends or is being stopped."""
         if self.finished or self.stopping or not self.detect_stalls:
-            return []
-        s = self.stall.check(now)
+            return False, []
+        d: Decision = self.stall.decide(now)
+        s = d.stall
         if s is None:
-            return []
+            return d.sample, []
         evidence = "; ".join(s.evidence)
-        return [AlarmEvent(self.clock() if now is None else now, type="stall", id=f"stall-{s.kind}",
-                           ranks=s.ranks, culprits=s.culprits,
-                           message=s.message + (f" Evidence: {evidence}." if evidence else ""),
-                           suggested_profiles=s.suggested_profiles, node=self.node, where=s.where)]
+        return d.sample, [AlarmEvent(self.clock() if now is None else now, type="stall", id=f"stall-{s.kind}",
+                                     ranks=s.ranks, culprits=s.culprits,
+                                     message=s.message + (f" Evidence: {evidence}." if evidence else ""),
+                                     suggested_profiles=s.suggested_profiles, node=self.node, where=s.where)]
+
+    def check(self, now: float | None = None) -> list[AlarmEvent]:
+        """The new stall alarms (samples that ``decide`` would ask for are not taken)."""
+        sample, alarms = self.decide(now)
+        if sample:
+            self.stall.samples_refused()
+        return alarms
 
     def root_cause(self) -> Finding | None:
         return root_cause(self.findings)

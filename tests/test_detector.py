@@ -2,7 +2,14 @@
 
 import pytest
 
-from ddptop.core.stall import StallDetector
+from ddptop.core.analysis.detector import StallDetector
+from ddptop.core.analysis.evidence import StackEvidence, Where
+
+
+def StackVerdict(t, hung, culprits=(), summary="", where=None, error="", io=(), node="", waiting=(), mismatch=False):
+    """Stack evidence as the verdict gives it (``where`` as it travels in JSON)."""
+    wh = {int(k): Where.from_dict(v, int(k)) for k, v in (where or {}).items()}
+    return StackEvidence(t, hung, tuple(culprits), tuple(waiting), mismatch, wh, tuple(io), summary, error, node)
 
 
 class Clock:
@@ -18,21 +25,21 @@ def run_steps(d, clock, ranks, n, dt):
         clock.t += dt
         for r in ranks:
             d.step(r, (d.ranks[r].step or 0) + 1 if r in d.ranks else 1)
-        assert d.check() is None
+        assert d.decide().stall is None
 
 
 def test_healthy_job_never_alarms_even_with_a_slow_first_step_and_jitter():
     c = Clock()
     d = StallDetector(c)
     c.t += 100  # model load, compile: under the first-step grace
-    assert d.check() is None
+    assert d.decide().stall is None
     import random
     rng = random.Random(0)
     for i in range(2000):
         c.t += 0.5 * rng.uniform(0.5, 2.0)
         for r in (0, 1):
             d.step(r, i + 1)
-        assert d.check() is None
+        assert d.decide().stall is None
 
 
 def test_hang_alarms_within_15s_of_the_missing_step_and_names_the_rank_behind():
@@ -47,13 +54,13 @@ def test_hang_alarms_within_15s_of_the_missing_step_and_names_the_rank_behind():
     alarm = None
     while alarm is None and c.t < due + 60:
         c.t += 0.5
-        alarm = d.check()
+        alarm = d.decide().stall
     assert alarm is not None and c.t - due <= 15
     assert alarm.culprits == (2,)
     assert any("rank 2 is at step 50" in e for e in alarm.evidence)
     # once per episode
     c.t += 5
-    assert d.check() is None
+    assert d.decide().stall is None
 
 
 def test_hot_stall_names_the_idle_gpu():
@@ -63,7 +70,7 @@ def test_hot_stall_names_the_idle_gpu():
     d.telemetry(0, util=100.0, cpu=100.0)
     d.telemetry(1, util=0.0, cpu=0.0)
     c.t += 30
-    s = d.check()
+    s = d.decide().stall
     assert s.kind == "hot" and s.culprits == (1,)
     assert "p2p-off" in s.suggested_profiles
 
@@ -75,7 +82,7 @@ def test_idle_stall():
     for r in (0, 1):
         d.telemetry(r, util=0.0, cpu=1.0)
     c.t += 30
-    assert d.check().kind == "idle"
+    assert d.decide().stall.kind == "idle"
 
 
 def test_cpu_bound_stall_from_data_loader_workers():
@@ -85,14 +92,13 @@ def test_cpu_bound_stall_from_data_loader_workers():
     for r in (0, 1):
         d.telemetry(r, util=2.0, cpu=20.0, children_cpu=400.0)
     c.t += 30
-    assert d.check().kind == "cpu-bound"
+    assert d.decide().stall.kind == "cpu-bound"
 
 
 def test_ranks_spinning_in_a_collective_are_waiting_not_cpu_bound():
     """Without GPU telemetry (gloo, --gpu none), the ranks that wait for a frozen rank may spin a
     core each; the stacks say they wait, so this is a collective hang with the frozen rank the
     culprit, not a CPU-bound stall to be fixed with fewer data-loader workers."""
-    from ddptop.core.stall import StackVerdict
 
     c = Clock()
     d = StallDetector(c)
@@ -100,13 +106,13 @@ def test_ranks_spinning_in_a_collective_are_waiting_not_cpu_bound():
     d.telemetry(0, util=None, cpu=100.0)
     d.telemetry(1, util=None, cpu=0.5)
     d.telemetry(2, util=None, cpu=99.0)
-    d.stacks_pending = True
     c.t += 30
-    assert d.check() is None  # waits for the stacks
+    d.stacks_pending, d.sampled_at = True, c.t
+    assert d.decide().stall is None  # waits for the stacks
     d.stacks(StackVerdict(c.t, True, (1,), "hung: rank 1 sleeps in train.py:40; ranks 0, 2 wait in all_reduce",
                           {1: {"rank": 1, "file": "train.py", "line": 40, "function": "step"}}, waiting=(0, 2)))
     d.stacks_pending = False
-    s = d.check()
+    s = d.decide().stall
     assert s.kind == "collective" and s.culprits == (1,)
     assert "fewer-workers" not in s.suggested_profiles and "flight-recorder" in s.suggested_profiles
     assert "ranks 0, 2 wait for rank 1" in " ".join(s.evidence)
@@ -120,7 +126,7 @@ def test_other_progress_holds_the_alarm_off_and_progress_resumes():
         c.t += 1.0
         d.other_progress(0)
         d.other_progress(1)
-        assert d.check() is None
+        assert d.decide().stall is None
     run_steps(d, c, [0, 1], 5, 1.0)
 
 
@@ -130,7 +136,7 @@ def test_dead_rank_is_the_culprit():
     run_steps(d, c, [0, 1, 2], 10, 1.0)
     d.rank_ended(1, -11)
     c.t += 40
-    s = d.check()
+    s = d.decide().stall
     assert s is not None and 1 in s.culprits
 
 
@@ -139,7 +145,7 @@ def test_stall_after_overrides():
     d = StallDetector(c, stall_after=3.0)
     run_steps(d, c, [0], 5, 1.0)
     c.t += 3.5
-    assert d.check() is not None
+    assert d.decide().stall is not None
 
 
 def test_no_first_step_ever_alarms_after_the_grace():
@@ -148,9 +154,9 @@ def test_no_first_step_ever_alarms_after_the_grace():
     d.output(0)
     d.output(1)
     c.t += 59
-    assert d.check() is None
+    assert d.decide().stall is None
     c.t += 2
-    assert d.check() is not None
+    assert d.decide().stall is not None
 
 
 def test_a_long_evaluation_drawing_batches_is_alive_and_a_hang_inside_it_is_caught():
@@ -167,13 +173,13 @@ def test_a_long_evaluation_drawing_batches_is_alive_and_a_hang_inside_it_is_caug
         for r in (0, 1):
             n[r] += 1
             d.batch(r, n[r], c.t, "eval")
-        assert d.check() is None
+        assert d.decide().stall is None
     # rank 1 stops drawing batches inside the evaluation; rank 0 waits for it
     last = c.t
     alarm = None
     while alarm is None and c.t < last + 120:
         c.t += 0.5
-        alarm = d.check()
+        alarm = d.decide().stall
     assert alarm is not None, "a hang inside the evaluation must still be caught"
     assert c.t - last <= 15.0, c.t - last  # by the evaluation's own rate, not a training step's
     # back to training: steps again clear it
@@ -189,14 +195,13 @@ def test_a_checkpoint_save_gets_a_patient_threshold():
     for r in (0, 1):
         d.batch(r, 500, c.t, "save")
     c.t += 25.0  # longer than a training step's threshold (10 s), within the save's (30 s)
-    assert d.check() is None
+    assert d.decide().stall is None
 
 
 def test_stacks_that_say_io_hold_the_alarm_until_the_io_patience_runs_out():
     """Rank 0 writes a checkpoint on slow storage, rank 1 waits in a barrier: the
     stacks say work (I/O).  A write that never ends (a hung NFS mount) still alarms,
     after ``io_patience``, naming the rank in I/O."""
-    from ddptop.core.stall import StackVerdict
 
     c = Clock()
     d = StallDetector(c, io_patience=120.0)
@@ -208,19 +213,19 @@ def test_stacks_that_say_io_hold_the_alarm_until_the_io_patience_runs_out():
                           io=(0,)))
     while c.t < last + 119:
         c.t += 1.0
-        assert d.check() is None, c.t - last
+        assert d.decide().stall is None, c.t - last
     alarm = None
     while alarm is None and c.t < last + 200:
         c.t += 1.0
-        alarm = d.check()
+        alarm = d.decide().stall
     assert alarm is not None and alarm.culprits == (0,)
-    assert "still in I/O" in alarm.message and alarm.where == {"0": {"function": "save_checkpoint"}}
+    assert "still in I/O" in alarm.message and alarm.where["0"]["function"] == "save_checkpoint"
 
 
 def test_a_progress_bar_redrawn_with_the_same_count_is_not_life():
     """tqdm redraws its bar (a new elapsed time, the same count) while the loop is
     stuck: the alarm must neither wait for it nor end and come again."""
-    from ddptop.core.analyzer import Analyzer
+    from ddptop.core.analysis.analyzer import Analyzer
     from ddptop.core.events import ProgressEvent
     from helpers import log_line
 
@@ -246,7 +251,7 @@ def test_a_progress_bar_redrawn_with_the_same_count_is_not_life():
 def test_a_job_being_stopped_raises_no_new_stall():
     """After a stall, --on-stall kill (or the person) stops the job; a rank interrupted by the
     SIGTERM may draw one more batch and wait again: that is no second stall. A relaunch runs again."""
-    from ddptop.core.analyzer import Analyzer
+    from ddptop.core.analysis.analyzer import Analyzer
     from ddptop.core.events import ProgressEvent, StateEvent
 
     c = Clock()
@@ -286,7 +291,6 @@ def watch_round(d, c, moving, counts, dt=5.0):
 def test_a_job_watched_by_its_stacks_alone_is_judged_after_the_watch_patience_not_the_grace():
     """No hook, no log progress (a job ddptop did not launch): moving stacks are
     life, however long; frozen ones are a stall after ``watch_patience``."""
-    from ddptop.core.stall import StackVerdict
 
     c = Clock()
     d = StallDetector(c)
@@ -295,22 +299,21 @@ def test_a_job_watched_by_its_stacks_alone_is_judged_after_the_watch_patience_no
         d.watch(r, 0, c.t)
     for _ in range(60):  # five minutes of stacks that move: no alarm
         watch_round(d, c, {0, 1}, counts)
-        assert d.check() is None
+        assert d.decide().stall is None
     frozen_at = c.t
     alarm = None
     while alarm is None and c.t < frozen_at + 120:
         watch_round(d, c, set(), counts)
         if d.suspect() and d.verdict is None:
             d.stacks(StackVerdict(c.t, True, (1,), "hung: rank 1 is in `f` at train.py:9", {"1": {"line": 9}}))
-        alarm = d.check()
-    assert alarm is not None and alarm.culprits == (1,) and alarm.where == {"1": {"line": 9}}
+        alarm = d.decide().stall
+    assert alarm is not None and alarm.culprits == (1,) and alarm.where["1"]["line"] == 9
     assert c.t - frozen_at <= 40, c.t - frozen_at  # the watch patience (30 s), not the 120 s first-step grace
 
 
 def test_a_watched_rank_that_moves_while_the_others_are_frozen_is_the_culprit():
     """Rank 1 spins in its own loop (its stack moves), rank 0 waits in a
     collective (frozen): stack samples say hung, and the mover is named."""
-    from ddptop.core.stall import StackVerdict
 
     c = Clock()
     d = StallDetector(c)
@@ -327,13 +330,13 @@ def test_a_watched_rank_that_moves_while_the_others_are_frozen_is_the_culprit():
         if d.suspect() and not asked:
             asked = True
             d.stacks(StackVerdict(c.t, True, (1,), "hung: rank 1 is moving; rank 0 waits in `all_reduce`", {"1": {}}))
-        alarm = d.check()
+        alarm = d.decide().stall
         assert alarm is None or alarm.ranks == (0,)
     assert alarm is not None and alarm.culprits == (1,), "a mover beside a frozen rank must still be alarmed"
     # one alarm for the episode, while it lasts
     for _ in range(20):
         watch_round(d, c, {1}, counts)
-        assert d.check() is None
+        assert d.decide().stall is None
     # stacks that say work (every rank moving) never alarm
     d2 = StallDetector(c)
     for r in counts:
@@ -342,13 +345,12 @@ def test_a_watched_rank_that_moves_while_the_others_are_frozen_is_the_culprit():
         watch_round(d2, c, {1}, counts)
         if d2.suspect():
             d2.stacks(StackVerdict(c.t, False, (), "no hang"))
-        assert d2.check() is None
+        assert d2.decide().stall is None
 
 
 def test_each_nodes_stack_verdict_counts_whichever_arrives_last():
     """A multi-node view gets each node's own samples: one node's ranks hung is
     the job hung, even when another node (whose rank spins) says work after it."""
-    from ddptop.core.stall import StackVerdict
 
     for order in ((0, 1), (1, 0)):
         c = Clock()
@@ -356,21 +358,20 @@ def test_each_nodes_stack_verdict_counts_whichever_arrives_last():
         run_steps(d, c, [0, 1], 50, 0.2)
         c.t += 6.0
         said = [StackVerdict(c.t, False, (), "no hang: rank 0 is moving", node="node-a"),
-                StackVerdict(c.t, True, (1,), "hung: rank 1 is in `f`", {"1": {"line": 3}}, node="node-b")]
+                StackVerdict(c.t, True, (1,), "hung: rank 1 is in `f`", {"1": {"line": 3, "file": "/w/t.py", "function": "f", "status": "frozen", "kind": "user code"}}, node="node-b")]
         for i in order:
             d.stacks(said[i])
         alarm = None
         while alarm is None and c.t < 1000 + 60:
             c.t += 0.5
-            alarm = d.check()
-        assert alarm is not None and alarm.culprits == (1,) and alarm.where == {"1": {"line": 3}}, order
-        assert "Rank 1 is in `f` (on node-b)." in alarm.message, alarm.message
+            alarm = d.decide().stall
+        assert alarm is not None and alarm.culprits == (1,) and alarm.where["1"]["line"] == 3 and alarm.where["1"]["node"] == "node-b", order
+        assert "rank 1 on node-b is in `f` at t.py:3" in alarm.message, alarm.message
 
 
 # -- work is not a hang ------------------------------------------------------------------------------
 
 def _hung(t, culprits, status, waiting=()):
-    from ddptop.core.stall import StackVerdict
 
     return StackVerdict(t, True, tuple(culprits), "hung: ...",
                         {r: {"rank": r, "status": status, "file": "train.py", "line": 30} for r in culprits},
@@ -388,9 +389,9 @@ def test_a_rank_that_visibly_works_while_the_others_wait_is_not_a_hang_until_the
     d.stacks(_hung(c.t, [0], "moving", waiting=[1]))
     for _ in range(26):
         c.t += 10
-        assert d.check() is None, c.t - began
+        assert d.decide().stall is None, c.t - began
     c.t += 20  # 310 s of silence
-    s = d.check()
+    s = d.decide().stall
     assert s is not None and s.culprits == (0,) and "still working after" in s.message
 
 
@@ -403,9 +404,9 @@ def test_a_rank_frozen_on_a_child_process_that_works_is_working():
     d.telemetry(1, cpu=0.5, children_cpu=0.0)
     c.t += 30
     d.stacks(_hung(c.t, [0], "frozen", waiting=[1]))
-    assert d.check() is None
+    assert d.decide().stall is None
     d.telemetry(0, cpu=0.5, children_cpu=0.0)  # the child is done, or gone, and rank 0 still does not come
-    s = d.check()
+    s = d.decide().stall
     assert s is not None and s.culprits == (0,)
 
 
@@ -417,7 +418,7 @@ def test_every_rank_waiting_on_busy_data_loader_workers_is_working():
         d.telemetry(r, cpu=1.0, children_cpu=50.0)
     c.t += 30
     d.stacks(_hung(c.t, [], "frozen"))
-    assert d.check() is None
+    assert d.decide().stall is None
 
 
 def test_a_frozen_culprit_is_a_hang_at_once():
@@ -426,7 +427,7 @@ def test_a_frozen_culprit_is_a_hang_at_once():
     run_steps(d, c, [0, 1], 20, 1.0)
     c.t += 30
     d.stacks(_hung(c.t, [1], "frozen", waiting=[0]))
-    s = d.check()
+    s = d.decide().stall
     assert s is not None and s.culprits == (1,)
 
 
@@ -438,13 +439,13 @@ def test_a_job_that_logs_every_hundred_steps_is_judged_by_the_time_between_its_l
         c.t += 16.0
         for r in (0, 1):
             d.step(r, 100 * i)
-        assert d.check() is None
+        assert d.decide().stall is None
     for _ in range(15):  # the next line is late by less than the slack: no alarm
         c.t += 1.0
-        assert d.check() is None
+        assert d.decide().stall is None
     assert d.ranks[0].expected() == pytest.approx(0.16)
     c.t += 60
-    s = d.check()
+    s = d.decide().stall
     assert s is not None and "steps came every 0.16 s" in s.message
 
 
@@ -469,13 +470,12 @@ def test_output_is_life_when_no_progress_is_recognised_in_it():
         c.t += 12
         d.output(0)
         d.output(1)
-        assert d.check() is None
+        assert d.decide().stall is None
     c.t += 121
-    assert d.check() is not None
+    assert d.decide().stall is not None
 
 
 def test_ranks_frozen_in_different_collectives_are_a_mismatch():
-    from ddptop.core.stall import StackVerdict
 
     c = Clock()
     d = StallDetector(c)
@@ -486,8 +486,8 @@ def test_ranks_frozen_in_different_collectives_are_a_mismatch():
     d.stacks(StackVerdict(c.t, True, (), "hung, no single culprit: rank 0 waits in `all_reduce` (torch.distributed) "
                           "from `main` at t.py:21; rank 1 waits in `broadcast` (torch.distributed) from `main` at "
                           "t.py:48", where, waiting=(0, 1), mismatch=True))
-    s = d.check()
-    assert s.kind == "mismatch" and s.culprits == () and s.where == where
+    s = d.decide().stall
+    assert s.kind == "mismatch" and s.culprits == () and {r: (w["line"], w["call"]) for r, w in s.where.items()} == {"0": (21, "all_reduce"), "1": (48, "broadcast")}
     assert "Collective mismatch" in s.message and "t.py:48" in s.message
     assert "flight-recorder" in s.suggested_profiles
     assert not any("t.py:48" in e for e in s.evidence)  # (said once, in the message)
@@ -503,13 +503,162 @@ def test_with_no_step_known_stacks_that_show_a_hang_end_the_grace():
         d.output(0)
         d.output(1)
     c.t += 65
-    assert d.suspect() and d.check() is None  # (not yet: no stacks)
+    assert d.suspect() and d.decide().stall is None  # (not yet: no stacks)
     d.stacks(_hung(c.t, [1], "frozen", waiting=[0]))
-    s = d.check()
+    s = d.decide().stall
     assert s is not None and s.culprits == (1,) and "without new output" in s.message
     # a rank that works is still given the grace
     c2 = Clock()
     d2 = StallDetector(c2, first_step_grace=120)
     c2.t += 65
     d2.stacks(_hung(c2.t, [1], "moving", waiting=[0]))
-    assert d2.check() is None
+    assert d2.decide().stall is None
+
+
+# -- GPU waits (NCCL is asynchronous: waiting ranks spin at a CUDA sync point) ------------------------
+
+
+def gpu_wait(rank, line, native=True, node=""):
+    return {"rank": rank, "status": "frozen", "kind": "gpu-wait", "function": "<module>", "file": "/w/train.py",
+            "line": line, "call": "cudart.cudaStreamSynchronize", "gpu": "libcudart" if native else "util",
+            "native": "cudaStreamSynchronize (libcudart.so.12)" if native else "", "node": node}
+
+
+def stuck(rank, line, call="time.sleep"):
+    return {"rank": rank, "status": "frozen", "kind": "sleep/wait in user code", "function": "next_batch",
+            "file": "/w/train.py", "line": line, "call": call}
+
+
+def test_complete_stack_evidence_raises_the_alarm_before_the_learned_threshold():
+    """Steps every 0.1 s; the samples (taken ~2 s into the silence) show rank 1 frozen in Python and
+    ranks 0, 2 waiting on the GPU: the alarm comes with them, not at the 10 s floor."""
+    c = Clock()
+    d = StallDetector(c, can_sample=True)
+    run_steps(d, c, [0, 1, 2], 50, 0.1)
+    for r, u in ((0, 100.0), (1, 2.0), (2, 100.0)):
+        d.telemetry(r, util=u, cpu=100.0 if u > 50 else 0.0)
+    asked_at = None
+    while asked_at is None and c.t < 1010:
+        c.t += 0.25
+        dec = d.decide()
+        assert dec.stall is None
+        if dec.sample:
+            asked_at = c.t
+    last = 1000 + 50 * 0.1
+    assert asked_at is not None and 1.9 < asked_at - last < 2.6, asked_at - last
+    c.t += 1.2  # two samples, a second apart
+    d.stacks(StackVerdict(asked_at, True, (1,), "hung: ...", {0: gpu_wait(0, 88), 1: stuck(1, 60), 2: gpu_wait(2, 88)},
+                          waiting=(0, 2)))
+    s = d.decide().stall
+    assert s is not None and s.culprits == (1,) and s.kind == "hot" and s.silent_for < 5, s
+    assert "rank 1 is in `next_batch` at train.py:60 (`time.sleep`), its GPU idle (2%)" in s.message, s.message
+    assert "Ranks 0,2 wait on the GPU at train.py:88 (`cudaStreamSynchronize`, libcudart), GPUs at 100%" in s.message
+    assert s.where["1"]["line"] == 60
+
+
+def test_ranks_spinning_on_the_gpu_at_different_lines_are_a_mismatch_naming_the_odd_one():
+    c = Clock()
+    d = StallDetector(c, can_sample=True)
+    run_steps(d, c, [0, 1, 2], 50, 0.1)
+    c.t += 2.5
+    d.stacks(StackVerdict(c.t - 0.1, True, (1,), "hung: ...",
+                          {0: gpu_wait(0, 88), 1: gpu_wait(1, 140), 2: gpu_wait(2, 88)}, waiting=(0, 2), mismatch=True))
+    s = d.decide().stall
+    assert s is not None and s.kind == "mismatch" and s.culprits == (1,)
+    assert set(s.where) == {"0", "1", "2"} and s.where["1"]["line"] == 140
+    assert s.suggested_profiles[0] == "flight-recorder"
+
+
+def test_every_rank_waiting_at_one_sync_point_waits_for_the_threshold_and_is_not_vetoed():
+    """All ranks at the same CUDA sync: a long GPU step looks the same, so no early alarm; but it is no
+    'busy, working' veto either: at the learned threshold it is a hot stall with no single culprit."""
+    c = Clock()
+    d = StallDetector(c, can_sample=True)
+    run_steps(d, c, [0, 1], 20, 1.0)
+    for r in (0, 1):
+        d.telemetry(r, util=100.0, cpu=100.0)
+    c.t += 3.5
+    d.stacks(StackVerdict(c.t, True, (), "hung, no single culprit: ...", {0: gpu_wait(0, 88), 1: gpu_wait(1, 88)},
+                          waiting=(0, 1)))
+    while c.t < 1020 + 9.5:
+        assert d.decide().stall is None, c.t
+        c.t += 0.5
+    s = None
+    while s is None and c.t < 1020 + 20:
+        c.t += 0.5
+        s = d.decide().stall
+    assert s is not None and s.kind == "hot" and s.culprits == () and s.silent_for >= 10
+    assert "Ranks 0,1 wait on the GPU at train.py:88" in s.message
+
+
+def test_all_ranks_in_the_first_collective_alarm_when_the_grace_runs_out_with_p2p_off_first():
+    c = Clock()
+    d = StallDetector(c, can_sample=True)
+    for r in (0, 1):
+        d.rank(r)
+        d.output(r, c.t)
+        d.telemetry(r, util=100.0, cpu=100.0)
+    # (the hook runs: no step yet, but no log line to count as progress either)
+    d.ranks[0].batches = d.ranks[1].batches = 0
+    c.t += 61
+    d.stacks(StackVerdict(c.t, True, (), "hung, no single culprit: ...", {0: gpu_wait(0, 40), 1: gpu_wait(1, 40)},
+                          waiting=(0, 1)))
+    while c.t < 1000 + 119:
+        assert d.decide().stall is None, c.t
+        c.t += 1
+    c.t += 2
+    s = d.decide().stall
+    assert s is not None and s.culprits == () and s.suggested_profiles[0] == "p2p-off"
+    assert "since start-up without a first training step" in s.message
+
+
+def test_a_healthy_long_gpu_step_stays_silent():
+    """Every step sits 2-12 s at the sync point (all ranks wait on the GPU at one line): no alarm."""
+    import random
+
+    rnd = random.Random(7)
+    c = Clock()
+    d = StallDetector(c, can_sample=True)
+    for r in (0, 1):
+        d.telemetry(r, util=100.0, cpu=100.0)
+    step = 0
+    for _ in range(40):
+        dt = rnd.uniform(2, 12)
+        end = c.t + dt
+        while c.t < end:
+            c.t += 0.5
+            dec = d.decide()
+            assert dec.stall is None, (step, dt)
+            if dec.sample:
+                d.stacks(StackVerdict(c.t, True, (), "hung, no single culprit",
+                                      {0: gpu_wait(0, 88), 1: gpu_wait(1, 88)}, waiting=(0, 1)))
+        step += 1
+        for r in (0, 1):
+            d.step(r, step)
+
+
+def test_a_peer_that_died_on_another_node_is_said_at_once_not_after_the_watchdog():
+    """Rank 1 (another node: nothing stops rank 0 there) exits with code 1; rank 0 goes on spinning at its
+    sync point. Said a few seconds after the death, naming rank 1 and how it ended."""
+    c = Clock()
+    d = StallDetector(c)
+    run_steps(d, c, [0, 1], 30, 0.1)
+    c.t += 0.05
+    d.rank_ended(1, 1, c.t)
+    s = None
+    while s is None and c.t < 1010:
+        c.t += 0.25
+        s = d.decide().stall
+    assert s is not None and s.kind == "lost-peer" and s.culprits == (1,)
+    assert s.silent_for < 3.5 and "rank 1 exited with code 1" in s.message, s
+    assert s.suggested_profiles[0] == "nccl-debug"
+
+
+def test_ranks_that_torchrun_stops_after_a_peer_died_raise_no_stall():
+    c = Clock()
+    d = StallDetector(c)
+    run_steps(d, c, [0, 1], 30, 0.1)
+    d.rank_ended(1, 1, c.t + 0.05)
+    d.rank_ended(0, -15, c.t + 0.5)  # torchrun's SIGTERM to the survivor
+    c.t += 30
+    assert d.decide().stall is None

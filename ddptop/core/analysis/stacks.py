@@ -10,11 +10,20 @@ sample) and which *move*, and from that which ranks are the culprits.
     parse_dump(text) -> list[Thread]           py-spy text (or --json) output
     classify_frame(frame) -> str               where a frame's file comes from
     rank_state(threads) -> RankStack           what the main thread is doing
-    verdict({rank: [dump, dump, ...]}) -> Verdict
+    verdict({rank: [dump, dump, ...]}, gpu_busy=...) -> StackEvidence
 
 Frames are classified by the file they come from (stdlib / site-packages
-package / the user's own code), never by one function name.  Everything is a
-frozen dataclass with ``to_dict()`` giving JSON-serialisable data.
+package / the user's own code, and for native frames the shared library:
+the CUDA runtime, the driver, NCCL), never by one function name.
+
+On a GPU, NCCL collectives are asynchronous: a rank whose peers never come
+does not block inside the collective but runs on to the next CUDA
+synchronisation (``loss.item()``, ``torch.cuda.synchronize()``) and spins
+there.  Its Python stack then shows one unchanged line, on the CPU ("busy"),
+which alone reads like a rank working in a loop.  It is read as waiting on
+the GPU when its native frames (``py-spy --native``) come from the CUDA
+runtime, the driver or NCCL, or, without native frames, when its GPU is busy
+(``gpu_busy``: the caller's telemetry) while it sits on that line.
 """
 
 from __future__ import annotations
@@ -22,21 +31,19 @@ from __future__ import annotations
 import json
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from ddptop.core.analysis.evidence import KINDS, WAITING_KINDS, StackEvidence, StackGroup, Where, ranks_text
+
 __all__ = [
-    "Frame", "Thread", "RankStack", "Group", "Verdict",
-    "parse_dump", "classify_frame", "rank_state", "verdict", "main_frames", "moved",
-    "CATEGORIES", "KINDS",
+    "Frame", "Thread", "RankStack",
+    "parse_dump", "classify_frame", "gpu_library", "rank_state", "verdict", "main_frames", "moved",
+    "CATEGORIES", "KINDS", "WAITING_KINDS",
 ]
 
 # categories of a frame (classify_frame)
-CATEGORIES = ("collective", "autograd", "data", "io", "stdlib", "framework", "user")
-# what a rank's main thread is doing (RankStack.kind)
-KINDS = ("collective", "backward", "data", "io", "sleep/wait in user code", "user code", "framework", "unknown")
-# kinds in which a rank waits for its peers
-WAITING_KINDS = ("collective", "backward")
+CATEGORIES = ("collective", "autograd", "data", "io", "stdlib", "framework", "user", "native")
 
 # a callable giving the source text of (file, line), or None; supplied by the
 # caller (which may read files) so that this module stays pure
@@ -59,6 +66,13 @@ class Frame:
     @property
     def base(self) -> str:
         return self.file.replace("\\", "/").rsplit("/", 1)[-1]
+
+    @property
+    def native(self) -> bool:
+        """A C/C++ frame (py-spy --native): its file is a shared library or a
+        C source, not Python source."""
+        f = self.file
+        return not (f.endswith((".py", ".pyw", ".pyx")) or f.startswith("<") or not f)
 
     def to_dict(self) -> dict:
         return {"function": self.function, "file": self.file, "line": self.line}
@@ -90,44 +104,17 @@ class RankStack:
     state: str  # thread state: "active" / "idle" / "" (no thread)
     thread: str  # thread name
     signature: tuple[str, ...]  # for grouping ranks: func@file (+ :line for user frames)
-    exact: tuple[str, ...]  # for comparing samples of one rank: func@file:line for every frame
+    exact: tuple[str, ...]  # for comparing samples of one rank: func@file:line for every Python frame
     code: str = ""  # source line of the user frame, when the caller gave a way to read it
+    gpu: str = ""  # the GPU library its native frames come from (kind "gpu-wait"), or ""
+    native: str = ""  # that frame: "cudaStreamSynchronize (libcudart.so.12)"
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "text": self.text,
                 "user": self.user.to_dict() if self.user else None,
                 "innermost": self.innermost.to_dict() if self.innermost else None,
                 "call": self.call, "state": self.state, "thread": self.thread,
-                "signature": list(self.signature), "code": self.code}
-
-
-@dataclass(frozen=True)
-class Group:
-    """Ranks sharing a status and (for frozen/busy ranks) a stack."""
-
-    ranks: tuple[int, ...]
-    status: str  # "frozen", "busy" (same stack, on CPU), "moving", "unknown"
-    kind: str
-    description: str
-
-    def to_dict(self) -> dict:
-        return {"ranks": list(self.ranks), "status": self.status, "kind": self.kind, "description": self.description}
-
-
-@dataclass(frozen=True)
-class Verdict:
-    hung: bool | None  # None: cannot tell (no usable samples)
-    culprits: tuple[int, ...]
-    groups: tuple[Group, ...]  # largest first
-    where: dict[int, dict]  # per culprit rank: function, file, line, call, innermost, kind, status, text
-    summary: str
-    status: dict[int, str] = field(default_factory=dict)  # per rank: frozen / busy / moving / unknown
-    io: tuple[int, ...] = ()  # ranks seen in I/O (a checkpoint write) in every sample: work, unless it lasts
-
-    def to_dict(self) -> dict:
-        return {"hung": self.hung, "culprits": list(self.culprits), "groups": [g.to_dict() for g in self.groups],
-                "where": {str(r): dict(w) for r, w in self.where.items()}, "summary": self.summary,
-                "status": {str(r): s for r, s in self.status.items()}, "io": list(self.io)}
+                "signature": list(self.signature), "code": self.code, "gpu": self.gpu, "native": self.native}
 
 
 # --------------------------------------------------------------------------- parsing
@@ -219,7 +206,7 @@ _IO_STDLIB = frozenset({"shutil", "io", "_pyio", "pathlib", "tempfile", "pickle"
 
 # ddptop's own files (its injected hook wraps torch.save and the optimizer's step) are
 # a library, wherever ddptop is installed (an editable checkout is outside site-packages)
-_OWN_DIR = __file__.replace("\\", "/").rsplit("/", 2)[0] + "/"
+_OWN_DIR = __file__.replace("\\", "/").rsplit("/", 3)[0] + "/"
 
 
 def _norm(path: str) -> str:
@@ -256,8 +243,24 @@ def _short(path: str) -> str:
     return rel if origin != "user" else _norm(path).rsplit("/", 1)[-1]
 
 
+# native libraries whose frames on the main thread mean "waits on the GPU": the CUDA runtime
+# (libcudart), the driver (libcuda: its frames often have no symbol name), NCCL (libnccl)
+_GPU_LIB = re.compile(r"^(libcudart|libcuda|libnccl)(?:[._-]|$)")
+
+
+def gpu_library(frame: Frame) -> str:
+    """"libcudart", "libcuda" or "libnccl" for a native frame from one of
+    them (by its library file), else ""."""
+    if not frame.native:
+        return ""
+    m = _GPU_LIB.match(frame.base)
+    return m.group(1) if m else ""
+
+
 def classify_frame(frame: Frame) -> str:
     """One of CATEGORIES, from the file the frame comes from."""
+    if frame.native:
+        return "native"
     origin, rel = _where_from(frame.file)
     if origin == "stdlib":
         return "stdlib"
@@ -330,10 +333,17 @@ def rank_state(threads: Iterable[Thread], source_line: SourceLine | None = None)
     (``time.sleep``), which py-spy cannot show for C functions.
     """
     t = _main_thread(threads)
-    if t is None or not t.frames:
+    frames = tuple(f for f in t.frames if not f.native) if t is not None else ()
+    if t is None or not frames:
         return RankStack("unknown", "no Python stack", None, None, "", t.state if t else "",
                          t.name if t else "", (), ())
-    frames = t.frames
+    # the native frames inside the innermost Python one: where that call is, in C
+    inner_native = []
+    for f in t.frames:
+        if not f.native:
+            break
+        inner_native.append(f)
+    gpu_i = next((i for i, f in enumerate(inner_native) if gpu_library(f)), None)
     cats = [classify_frame(f) for f in frames]
     user_i = next((i for i, c in enumerate(cats) if c == "user"), None)
     user = frames[user_i] if user_i is not None else None
@@ -351,6 +361,18 @@ def rank_state(threads: Iterable[Thread], source_line: SourceLine | None = None)
     loc = f" at {_at(user)}" if user else ""
     ufn = f"`{user.function}`" if user else ""
 
+    if gpu_i is not None:
+        # spinning (or blocked) at a CUDA synchronisation point: the outermost GPU-library frame is the
+        # call the Python code made (cudaStreamSynchronize), the driver's frames inside it may be nameless
+        outer = max(i for i, f in enumerate(inner_native) if gpu_library(f))
+        g = inner_native[outer]
+        lib = gpu_library(g)
+        named = next((f for f in reversed(inner_native[:outer + 1]) if gpu_library(f) and not f.function.startswith("0x")), g)
+        native = f"{named.function} ({named.base})"
+        where = f" called from {ufn}{loc}" if user else f" in `{frames[0].function}` ({_short(frames[0].file)})"
+        text = f"waits on the GPU (`{named.function}`, {lib}){where}"
+        return RankStack("gpu-wait", text, user, frames[0], call or named.function, t.state, t.name, signature, exact,
+                         code, lib, native)
     io_i = next((i for i, c in enumerate(cats) if c == "io"), None)
     if lib_i is not None and cats[lib_i] not in ("collective", "autograd") and io_i is not None:
         # inside checkpoint or serialization code (torch.save, safetensors, a CheckpointIO),
@@ -420,8 +442,9 @@ def main_frames(text: str) -> tuple[list[str], list[int]]:
 
 
 def _main_block(text: str) -> str:
-    """The main thread's part of a dump, frames and (with --locals) their
-    variables, without the thread's header (whose state flickers)."""
+    """The main thread's part of a dump, its Python frames and (with --locals)
+    their variables, without the thread's header (whose state flickers) and
+    without native frames (a native sample is compared with a Python-only one)."""
     t = _main_thread(parse_dump(text))
     if t is None:
         return ""
@@ -436,43 +459,31 @@ def _main_block(text: str) -> str:
             inside = bool(m) and (int(tid, 16) if tid.lower().startswith("0x") else int(tid)) == t.id
             continue
         if inside:
+            f = _FRAME.match(line)
+            if f and Frame(f.group(1), f.group(2), int(f.group(3) or 0)).native:
+                continue
             out.append(line.rstrip())
     return "\n".join(out)
 
 
 def moved(before: str, now: str) -> bool | None:
     """Did a rank's main thread move between two dumps (taken some seconds
-    apart)?  A changed stack, the same stack with changed local variables
+    apart)?  A changed stack, or the same stack with changed local variables
     (dumps taken with ``--locals``: a loop's counter, new tensors, on the line
-    where a healthy loop spends its time), or the same stack running on the CPU
-    outside any collective (a loop) is movement; None when either dump has no
-    stack."""
+    where a healthy loop spends its time) is movement.  The same stack and
+    variables on the CPU is not, by itself: a rank spinning at a CUDA
+    synchronisation behind a hung NCCL collective looks exactly so (the full
+    samples then judge it, with native frames and GPU use).  None when either
+    dump has no stack."""
     a, b = rank_state(parse_dump(before)), rank_state(parse_dump(now))
     if not a.exact or not b.exact:
         return None
-    if a.exact != b.exact or _main_block(before) != _main_block(now):
-        return True
-    return a.state == b.state == "active" and b.kind not in WAITING_KINDS
+    return a.exact != b.exact or _main_block(before) != _main_block(now)
 
 
 # --------------------------------------------------------------------------- verdict
 
-
-def _ranks(rs: Iterable[int]) -> str:
-    rs = sorted(rs)
-    if not rs:
-        return ""
-    if len(rs) == 1:
-        return f"rank {rs[0]}"
-    runs, start, prev = [], rs[0], rs[0]
-    for r in rs[1:] + [None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        runs.append(f"{start}" if start == prev else f"{start}-{prev}" if prev > start + 1 else f"{start},{prev}")
-        if r is not None:
-            start = prev = r
-    return "ranks " + ",".join(runs)
+_ranks = ranks_text
 
 
 def _describe(st: RankStack, status: str) -> str:
@@ -480,6 +491,8 @@ def _describe(st: RankStack, status: str) -> str:
         return "waits in backward (DDP all-reduce)" + (f" at {_at(st.user)}" if st.user else "")
     if status == "frozen" and st.kind == "collective":
         return st.text.replace(" called from ", " from ", 1)
+    if st.kind == "gpu-wait":
+        return st.text.replace(" called from ", " at ", 1)
     if status == "frozen":
         return st.text if st.text.startswith("waits ") else "is " + st.text
     if status == "busy":
@@ -489,39 +502,65 @@ def _describe(st: RankStack, status: str) -> str:
     return "has no usable stack"
 
 
-def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None) -> Verdict:
+def _spinning_on_gpu(st: RankStack) -> RankStack:
+    """A rank on one unchanged line on the CPU while its GPU is busy and no step
+    comes: how a CUDA synchronisation point looks without native frames."""
+    loc = f" at {_at(st.user)}" if st.user else f" in `{st.innermost.function}`" if st.innermost else ""
+    what = f" (`{st.call}`)" if st.call else ""
+    return RankStack("gpu-wait", f"waits on the GPU{loc}{what} (spins on one line, its GPU busy)", st.user,
+                     st.innermost, st.call, st.state, st.thread, st.signature, st.exact, st.code, "util", "")
+
+
+def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None,
+            gpu_busy: Iterable[int] = ()) -> StackEvidence:
     """Hang verdict from >= 2 py-spy dumps per rank, oldest first, taken >= 1 s apart.
 
     Per rank: *frozen* (same main-thread stack in every sample, or the same
-    stack while idle), *busy* (same stack but on CPU in every sample: a tight
-    loop, counted as moving), *moving* (stack changes) or *unknown*.
-    Rules: every rank frozen => hung; ranks frozen waiting in a collective or
-    in backward while others move => hung and the movers are the culprits
-    (unless a mover itself passed through a collective/backward between
-    samples: then the job progresses); a frozen rank outside the collective
-    the others wait in is a culprit; all moving => no hang.  Among frozen ranks
-    with different stacks, the minority groups are the odd ones out.
+    stack while idle, or at a GPU sync), *busy* (same stack on the CPU in
+    every sample, not at a GPU sync: a tight loop, counted as moving),
+    *moving* (stack changes) or *unknown*.  A rank waits (``waiting``) when
+    it is frozen in a collective, in backward or at a GPU sync (its native
+    frames, or busy on one line while in ``gpu_busy``).
+
+    Rules: every rank frozen => hung; ranks waiting while others move =>
+    hung and the movers are the culprits (unless a mover itself passed
+    through a wait between samples: then the job progresses); a frozen rank
+    outside the wait the others are in is a culprit; ranks waiting at
+    different places (collectives, sync lines) are a mismatch whose minority
+    is the culprit when there is a majority; all moving => no hang.
     """
+    busy_gpu = set(gpu_busy)
     states: dict[int, list[RankStack]] = {}
     status: dict[int, str] = {}
+    lasts: dict[int, str] = {}
     for rank, dumps in sorted(samples.items()):
         pairs = [(d, rank_state(parse_dump(d), source_line)) for d in dumps or ()]
         pairs = [(d, s) for d, s in pairs if s.kind != "unknown" or s.exact]
         sts = [s for _d, s in pairs]
-        states[rank] = sts
+        if pairs:
+            lasts[rank] = pairs[-1][0]
         if len(sts) < 2:
             status[rank] = "unknown"
         elif len({s.exact for s in sts}) > 1 or len({_main_block(d) for d, _s in pairs}) > 1:
             # (the same frames with other local variables, in dumps taken with --locals: a loop's counter moved)
             status[rank] = "moving"
-        elif all(s.state == "active" for s in sts) and sts[-1].kind not in WAITING_KINDS:
-            status[rank] = "busy"
         else:
-            status[rank] = "frozen"
+            gpu = next((s for s in reversed(sts) if s.kind == "gpu-wait"), None)
+            if gpu is not None:
+                sts[-1] = gpu  # (a Python-only sample and a native one of the same line)
+            elif rank in busy_gpu and all(s.state == "active" for s in sts) and sts[-1].kind not in WAITING_KINDS:
+                sts[-1] = _spinning_on_gpu(sts[-1])
+            if all(s.state == "active" for s in sts) and sts[-1].kind not in WAITING_KINDS:
+                status[rank] = "busy"
+            else:
+                status[rank] = "frozen"
+        states[rank] = sts
 
     known = [r for r, s in status.items() if s != "unknown"]
     if not known:
-        return Verdict(None, (), _groups(states, status), {}, "cannot tell: fewer than 2 usable py-spy samples per rank", status)
+        return StackEvidence(hung=None, where={r: Where(r) for r in status},
+                             groups=_groups(states, status, lasts),
+                             summary="cannot tell: fewer than 2 usable py-spy samples per rank")
 
     last = {r: states[r][-1] for r in known}
     # a rank in I/O in every sample (writing a checkpoint) works, even when its
@@ -531,16 +570,22 @@ def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None
     movers = [r for r in known if status[r] in ("moving", "busy") or r in io]
     waiting = [r for r in frozen if last[r].kind in WAITING_KINDS]
     outside = [r for r in frozen if r not in waiting]
-    groups = _groups(states, status)
     notes: list[str] = []
+    mismatch = False
 
     if not movers:
         hung = True
         if waiting and outside:
             culprits = outside
+        elif waiting:
+            # everyone waits: at one place (the same collective: no odd one out), or at several (a mismatch:
+            # the minority took another path, when there is a majority)
+            sigs = {r: last[r].signature for r in waiting}
+            mismatch = len(set(sigs.values())) > 1
+            culprits = _minority(sigs)
         else:
             culprits = _minority({r: last[r].signature for r in frozen})
-            if not culprits and len(frozen) == 1 and not waiting:
+            if not culprits and len(frozen) == 1:
                 culprits = list(frozen)  # a single rank stuck outside any collective
     elif waiting:
         passed = [r for r in movers if any(s.kind in WAITING_KINDS for s in states[r])]
@@ -561,22 +606,30 @@ def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None
     elif outside and all(status[r] == "busy" and r not in io for r in movers):
         # nobody's stack changes: some ranks frozen in their own code, the others
         # spinning on one line (polling for the frozen ones, as a collective's
-        # wait does): the frozen ones are the culprits
+        # wait does): the frozen ones are the culprits, the spinners wait
         hung = True
         culprits = outside
+        waiting = list(movers)
         notes.append(f"{_ranks(movers)} {'spins' if len(movers) == 1 else 'spin'} on one line (polling) while "
                      f"{_ranks(outside)} {'is' if len(outside) == 1 else 'are'} frozen")
     else:
         hung = False
         culprits = []
+        waiting = []
 
     culprits = sorted(set(culprits))
-    # (hung with no odd one out, a collective mismatch: where each rank is, for the alarm's `where`)
-    mismatch = bool(hung and not culprits and len({last[r].signature for r in frozen}) > 1)
-    shown = set(culprits) | set(io) | (set(frozen) if mismatch else set())
-    where = {r: _where(r, last[r], status[r]) for r in sorted(shown)}
-    summary = _summary(hung, culprits, groups, last, status, notes, states)
-    return Verdict(hung, tuple(culprits), groups, where, summary, status, tuple(io))
+    waiting = sorted(set(waiting) - set(culprits))
+    where = {r: _where(r, states[r][-1] if states[r] else None, status[r]) for r in sorted(status)}
+    workers: list[int] = []
+    if hung and culprits and waiting and all(where[r].working for r in culprits):
+        # the others wait for ranks that visibly work (rank 0 evaluating alone): not a hang, unless it lasts
+        hung, workers, culprits = False, culprits, []
+        notes.append(f"{_ranks(waiting)} {'waits' if len(waiting) == 1 else 'wait'} for {_ranks(workers)}, "
+                     f"which {'works' if len(workers) == 1 else 'work'}: not a hang unless it lasts")
+    groups = _groups(states, status, lasts, culprits)
+    summary = _summary(hung, culprits, groups, last, status, notes, mismatch)
+    return StackEvidence(hung=hung, culprits=tuple(culprits), waiting=tuple(waiting), mismatch=mismatch,
+                         where=where, io=tuple(io), summary=summary, groups=groups, workers=tuple(workers))
 
 
 def _minority(sigs: dict[int, tuple[str, ...]]) -> list[int]:
@@ -591,7 +644,9 @@ def _minority(sigs: dict[int, tuple[str, ...]]) -> list[int]:
     return [r for v in by.values() if len(v) < sizes[-1] for r in v]
 
 
-def _groups(states: dict[int, list[RankStack]], status: dict[int, str]) -> tuple[Group, ...]:
+def _groups(states: dict[int, list[RankStack]], status: dict[int, str], lasts: dict[int, str],
+            culprits: Iterable[int] = ()) -> tuple[StackGroup, ...]:
+    odd = set(culprits)
     by: dict[tuple, list[int]] = {}
     for r, st in status.items():
         key = (st, states[r][-1].signature) if st in ("frozen", "busy") else (st,)
@@ -603,7 +658,9 @@ def _groups(states: dict[int, list[RankStack]], status: dict[int, str]) -> tuple
         kind = last.kind if last and st in ("frozen", "busy") else ("unknown" if st == "unknown" else "moving")
         desc = _describe(last, st) if last and st in ("frozen", "busy") else (
             "stack changes between samples (working)" if st == "moving" else "no usable py-spy samples")
-        out.append(Group(tuple(sorted(rs)), st, kind, _plural(desc, len(rs))))
+        frames, user = main_frames(lasts[rs[0]]) if rs[0] in lasts else ([], [])
+        out.append(StackGroup(tuple(sorted(rs)), st, kind, _plural(desc, len(rs)), any(r in odd for r in rs),
+                              tuple(frames), tuple(user)))
     return tuple(sorted(out, key=lambda g: (-len(g.ranks), g.ranks)))
 
 
@@ -614,17 +671,18 @@ def _plural(desc: str, n: int) -> str:
     return {"waits": "wait", "is": "are"}.get(verb, verb) + " " + rest
 
 
-def _where(rank: int, st: RankStack, status: str) -> dict:
+def _where(rank: int, st: RankStack | None, status: str) -> Where:
+    if st is None:
+        return Where(rank, status)
     u = st.user
     inner = st.innermost
-    return {"rank": rank, "function": u.function if u else (inner.function if inner else ""),
-            "file": u.file if u else (inner.file if inner else ""), "line": u.line if u else (inner.line if inner else 0),
-            "call": st.call, "innermost": inner.function if inner else "",
-            "innermost_file": _short(inner.file) if inner else "", "kind": st.kind, "status": status,
-            "code": st.code, "text": st.text}
+    return Where(rank, status, st.kind, u.function if u else (inner.function if inner else ""),
+                 u.file if u else (inner.file if inner else ""), u.line if u else (inner.line if inner else 0),
+                 st.call, inner.function if inner else "", _short(inner.file) if inner else "", st.code, st.text,
+                 gpu=st.gpu, native=st.native)
 
 
-def _summary(hung, culprits, groups, last, status, notes, states) -> str:
+def _summary(hung, culprits, groups, last, status, notes, mismatch) -> str:
     parts = []
     for r in culprits:
         parts.append(f"rank {r} {_describe(last[r], status[r])}")
@@ -639,6 +697,8 @@ def _summary(hung, culprits, groups, last, status, notes, states) -> str:
         else:
             parts.append(f"{_ranks(rs)}: no usable samples")
     head = {True: "hung: ", False: "no hang: ", None: ""}[hung]
-    if hung and not culprits:
+    if hung and mismatch:
+        head = "hung, ranks wait in different places: " if culprits else "hung, no single culprit: "
+    elif hung and not culprits:
         head = "hung, no single culprit: "
     return head + "; ".join(parts + notes)

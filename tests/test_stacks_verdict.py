@@ -1,4 +1,4 @@
-"""ddptop.core.stack_verdict on real py-spy dumps (recorded by tests/data/stacks/record.py).
+"""ddptop.core.analysis.stacks on real py-spy dumps (recorded by tests/data/stacks/record.py).
 
 Each ``<scenario>.r<rank>.<n>.txt`` is the n-th ``py-spy dump`` (taken >= 1 s
 apart) of rank ``rank`` of a small real program; see record.py for the programs.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ddptop.core.stack_verdict import Frame, classify_frame, parse_dump, rank_state, verdict
+from ddptop.core.analysis.stacks import Frame, classify_frame, parse_dump, rank_state, verdict
 
 DATA = Path(__file__).resolve().parent / "data" / "stacks"
 
@@ -116,16 +116,16 @@ def test_queue_get_is_frozen_culprit():
     v = verdict(job("queue_get"))
     assert v.hung is True and v.culprits == (0,)
     w = v.where[0]
-    assert (w["function"], w["file"], w["line"]) == ("wait_for_batch", "train.py", 9)
-    assert w["call"] == "Queue.get" and w["innermost"] == "Condition.wait"
-    assert w["kind"] == "sleep/wait in user code"
+    assert (w.function, w.file, w.line) == ("wait_for_batch", "train.py", 9)
+    assert w.call == "Queue.get" and w.innermost == "Condition.wait"
+    assert w.kind == "sleep/wait in user code"
     assert "`wait_for_batch` at train.py:9 (`Queue.get`)" in v.summary
 
 
 def test_lock_acquire_uses_main_thread_not_holder():
     v = verdict(job("lock_acquire"))
     assert v.hung is True and v.culprits == (0,)
-    assert (v.where[0]["function"], v.where[0]["line"]) == ("update_shared_state", 13)
+    assert (v.where[0].function, v.where[0].line) == ("update_shared_state", 13)
     st = rank_state(parse_dump(dumps("lock_acquire")[0]))
     assert st.thread == "MainThread" and st.kind == "sleep/wait in user code"
 
@@ -149,10 +149,10 @@ def test_sleep_in_callback():
     v = verdict(job("sleep_callback"))
     assert v.hung is True and v.culprits == (0,)
     w = v.where[0]
-    assert (w["function"], w["file"], w["line"]) == ("HangAt.on_train_batch_start", "train.py", 16)
+    assert (w.function, w.file, w.line) == ("HangAt.on_train_batch_start", "train.py", 16)
     # py-spy cannot show time.sleep (a C function): the caller's source reader names it
     v = verdict(job("sleep_callback"), source_line=sources("sleep_callback"))
-    assert v.where[0]["call"] == "time.sleep" and v.where[0]["code"] == "time.sleep(3600)"
+    assert v.where[0].call == "time.sleep" and v.where[0].code == "time.sleep(3600)"
     assert v.summary == "hung: rank 0 is in `HangAt.on_train_batch_start` at train.py:16 (`time.sleep`)"
 
 
@@ -163,7 +163,7 @@ def test_gloo_all_reduce_waits_for_sleeping_rank():
     v = verdict(job("gloo_allreduce", 2), source_line=sources("gloo_allreduce"))
     assert v.hung is True and v.culprits == (1,)
     w = v.where[1]
-    assert (w["function"], w["file"], w["line"], w["call"]) == ("slow_step", "train.py", 11, "time.sleep")
+    assert (w.function, w.file, w.line, w.call) == ("slow_step", "train.py", 11, "time.sleep")
     assert v.summary.startswith("hung: rank 1 is in `slow_step` at train.py:11 (`time.sleep`); rank 0 waits in `all_reduce`")
     (g0,) = [g for g in v.groups if g.ranks == (0,)]
     assert g0.status == "frozen" and g0.kind == "collective"
@@ -173,23 +173,23 @@ def test_gloo_barrier_full_filenames():
     v = verdict(job("gloo_barrier", 2))
     assert v.hung is True and v.culprits == (1,)
     w = v.where[1]
-    assert w["function"] == "save_checkpoint_rank1" and w["line"] == 11
-    assert w["file"].startswith("/tmp/") and w["file"].endswith("/train.py")
+    assert w.function == "save_checkpoint_rank1" and w.line == 11
+    assert w.file.startswith("/tmp/") and w.file.endswith("/train.py")
     assert "rank 0 waits in `barrier` (torch.distributed) from `<module>` at train.py:15" in v.summary
 
 
 def test_recv_deadlock_all_frozen_in_same_collective_no_invented_culprit():
     v = verdict(job("gloo_recv_deadlock", 2))
-    assert v.hung is True and v.culprits == () and v.where == {}
+    assert v.hung is True and v.culprits == () and v.shown() == {} and v.waiting == (0, 1) and not v.mismatch
     (g,) = v.groups
-    assert g.ranks == (0, 1) and g.kind == "collective" and "`recv`" in g.description
+    assert g.ranks == (0, 1) and g.kind == "collective" and "`recv`" in g.text
     assert v.summary.startswith("hung, no single culprit: ranks 0,1 wait in `recv`")
 
 
 def test_ddp_rank_waits_in_backward():
     v = verdict(job("ddp_backward", 2))  # recorded with --nonblocking
     assert v.hung is True and v.culprits == (1,)
-    assert (v.where[1]["function"], v.where[1]["line"]) == ("on_step", 16)
+    assert (v.where[1].function, v.where[1].line) == ("on_step", 16)
     assert "rank 0 waits in backward (DDP all-reduce) at train.py:25" in v.summary
     st0 = rank_state(parse_dump(dumps("ddp_backward", 0)[-1]))
     assert st0.kind == "backward" and st0.user.function == "train" and st0.innermost.function == "_engine_run_backward"
@@ -206,7 +206,7 @@ def test_ddp_healthy_training_is_not_hung():
 def test_fsdp_all_gather_waits_for_data_loading_rank():
     v = verdict(job("fsdp_allgather", 2))
     assert v.hung is True and v.culprits == (1,)
-    assert (v.where[1]["function"], v.where[1]["line"]) == ("load_next_batch", 20)
+    assert (v.where[1].function, v.where[1].line) == ("load_next_batch", 20)
     st0 = rank_state(parse_dump(dumps("fsdp_allgather", 0)[-1]))
     assert st0.kind == "collective" and st0.call == "all_gather_single" and "FSDP" in st0.text
     assert (st0.user.function, st0.user.line) == ("train", 27)
@@ -215,12 +215,14 @@ def test_fsdp_all_gather_waits_for_data_loading_rank():
 # --------------------------------------------------------------------------- more ranks (real dumps, reassembled)
 
 
-def test_mover_is_culprit_while_others_wait_in_collective():
+def test_a_mover_the_others_wait_for_in_a_collective_is_named_but_is_no_hang_yet():
+    """(the detector gives a rank that visibly works its patience: rank 0 evaluating alone)"""
     samples = {r: dumps("gloo_allreduce", 0) for r in range(3)}
     samples[3] = dumps("busy_steps")
     v = verdict(samples)
-    assert v.hung is True and v.culprits == (3,)
-    assert v.status[3] == "moving" and v.where[3]["function"] in ("epoch_loop", "score")
+    assert v.hung is False and v.culprits == () and v.workers == (3,) and v.waiting == (0, 1, 2)
+    assert v.waits_on_work() == (3,) and 3 in v.shown()
+    assert v.status[3] == "moving" and v.where[3].function in ("epoch_loop", "score")
     assert "ranks 0-2 wait in `all_reduce`" in v.summary
 
 
@@ -237,7 +239,7 @@ def test_mismatched_collectives_minority_is_odd_one_out():
     samples = {r: dumps("gloo_recv_deadlock", 0) for r in range(3)}
     samples[3] = dumps("gloo_barrier", 0)
     v = verdict(samples)
-    assert v.hung is True and v.culprits == (3,) and v.where[3]["call"] == "barrier"
+    assert v.hung is True and v.culprits == (3,) and v.where[3].call == "barrier"
 
 
 def test_cannot_tell_without_two_samples():
@@ -246,11 +248,19 @@ def test_cannot_tell_without_two_samples():
     assert v.hung is None and v.culprits == () and v.status == {0: "unknown", 1: "unknown"}
 
 
-def test_to_dict_is_json():
+def test_evidence_travels_as_json_in_a_stacks_event_and_comes_back_typed():
+    from ddptop.core.analysis.evidence import StackEvidence
+    from ddptop.core.events import StacksEvent, from_json
+
     v = verdict(job("ddp_backward", 2))
-    d = json.loads(json.dumps(v.to_dict()))
-    assert d["hung"] is True and d["culprits"] == [1]
+    ev = StacksEvent(5.0, ranks=(0, 1), samples=2, **{**v.to_event_fields(), "node": "n1"})
+    d = json.loads(ev.to_json())
+    assert d["hung"] is True and d["culprits"] == [1] and d["waiting"] == [0]
     assert d["where"]["1"]["function"] == "on_step" and d["where"]["1"]["kind"] == "sleep/wait in user code"
+    back = StackEvidence.from_event(from_json(ev.to_json()))
+    assert back.culprits == (1,) and back.waiting == (0,) and back.where[1].line == v.where[1].line
+    assert back.where[1].node == "n1" and back.where[0].waiting and not back.where[1].waiting
+    assert [g.ranks for g in back.groups] == [g.ranks for g in v.groups]
     st = rank_state(parse_dump(dumps("ddp_backward")[0]))
     assert json.loads(json.dumps(st.to_dict()))["kind"] == "backward"
 
@@ -261,7 +271,7 @@ def test_a_rank_writing_a_checkpoint_is_work_while_the_others_wait_for_it():
     checkpoint being written, not a hang: no culprit, the I/O rank reported."""
     v = verdict(job("slow_checkpoint", 2))
     assert v.hung is False and v.culprits == () and v.io == (0,)
-    assert v.where[0]["kind"] == "io" and v.where[0]["function"] == "save_checkpoint"
+    assert v.where[0].kind == "io" and v.where[0].function == "save_checkpoint"
     assert "rank 0 is in I/O" in v.summary and "rank 1 waits" in v.summary
     st = rank_state(parse_dump(dumps("slow_checkpoint", 0)[0]))
     assert st.kind == "io" and st.call == "save"
@@ -275,7 +285,7 @@ def test_a_rank_in_io_beside_one_stuck_in_its_own_code_is_not_the_culprit():
 
 
 def test_main_frames_for_the_pane():
-    from ddptop.core.stack_verdict import main_frames
+    from ddptop.core.analysis.stacks import main_frames
 
     frames, user = main_frames(dumps("slow_checkpoint", 0)[0])
     assert frames[0].startswith("SlowDisk.write (") and "torch/serialization.py:" in frames[1]
@@ -296,7 +306,7 @@ def test_a_loop_seen_on_the_same_line_twice_moved_when_its_variables_changed():
     """The stack watch (attach --pid) compares one rank's samples some seconds
     apart: a healthy loop sits on its sleep (or GPU sync) line in both, but its
     step counter and tensors are new (py-spy --locals); a hung rank's are not."""
-    from ddptop.core.stack_verdict import moved
+    from ddptop.core.analysis.stacks import moved
 
     a, b = dumps("loop_locals")
     assert rank_state(parse_dump(a)).exact == rank_state(parse_dump(b)).exact  # the same line
@@ -305,3 +315,86 @@ def test_a_loop_seen_on_the_same_line_twice_moved_when_its_variables_changed():
     hung1, hung2 = dumps("gloo_barrier", 1)  # rank 1 sleeping in its own code, twice
     assert moved(hung1, hung2) is False
     assert moved(a, "Error: no such process") is None
+    # on the CPU on one line with the same variables: not movement by itself (a rank spinning at a CUDA sync)
+    busy = dumps("busy_loop")[0]
+    assert rank_state(parse_dump(busy)).state == "active" and moved(busy, busy) is False
+
+
+def test_every_rank_spinning_on_one_line_is_work_unless_their_gpus_are_busy():
+    """Without native frames, ranks spinning on one unchanged line are a loop (work) when nothing says
+    otherwise, and ranks waiting on the GPU (a CUDA sync behind an NCCL collective) when their GPUs are
+    busy with no step: then it is a hang with no single culprit, not a veto."""
+    job_ = {0: dumps("busy_loop"), 1: dumps("busy_loop")}
+    assert verdict(job_).hung is False
+    v = verdict(job_, gpu_busy={0, 1})
+    assert v.hung is True and v.culprits == () and v.waiting == (0, 1) and not v.mismatch and not v.confirmed
+    assert v.where[0].kind == "gpu-wait" and v.where[0].gpu == "util" and v.where[0].waiting
+
+
+# --------------------------------------------------------------------------- GPU waits (native frames)
+
+# py-spy dump --native --full-filenames, as it prints a rank spinning in the CUDA runtime (the layout seen on
+# a real process calling a libcudart.so.12 through ctypes: native frames innermost, without line numbers for
+# libraries without debug info, then the Python frames)
+NATIVE_SYNC = """\
+Process 4242: /venv/bin/python -u /w/train.py
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 4242 (active): "MainThread"
+    0x7f0a3c1b2f7a (/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15)
+    cudaStreamSynchronize (/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12)
+    ffi_call (/usr/lib/x86_64-linux-gnu/libffi.so.8.1.2)
+    _ctypes_callproc (/tmp/python-build/Python-3.11.7/Modules/_ctypes/callproc.c:1262)
+    train_step (/w/train.py:{line})
+    <module> (/w/train.py:200)
+    0x7f83fd84524a (/usr/lib/x86_64-linux-gnu/libc.so.6)
+"""
+PYTHON_SYNC = """\
+Process 4242: /venv/bin/python -u /w/train.py
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 4242 (active): "MainThread"
+    train_step (/w/train.py:{line})
+    <module> (/w/train.py:200)
+"""
+SLEEPING = """\
+Process 4243: /venv/bin/python -u /w/train.py
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 4243 (idle): "MainThread"
+    next_batch (/w/train.py:60)
+    train_step (/w/train.py:70)
+    <module> (/w/train.py:200)
+"""
+
+
+def test_native_frames_from_the_cuda_runtime_mean_a_rank_waits_on_the_gpu():
+    st = rank_state(parse_dump(NATIVE_SYNC.format(line=88)))
+    assert st.kind == "gpu-wait" and st.gpu == "libcudart" and st.user.line == 88
+    assert st.native == "cudaStreamSynchronize (libcudart.so.12)" and "waits on the GPU" in st.text
+    # native frames are not Python frames: the same line seen without them is the same stack
+    assert st.exact == rank_state(parse_dump(PYTHON_SYNC.format(line=88))).exact
+    # the driver's nameless frames alone say it too (classified by their library file)
+    only_driver = "\n".join(x for x in NATIVE_SYNC.format(line=88).splitlines() if "libcudart" not in x)
+    assert rank_state(parse_dump(only_driver)).gpu == "libcuda"
+
+
+def test_a_rank_stuck_in_python_while_the_others_spin_at_a_cuda_sync_is_the_culprit():
+    spin = [PYTHON_SYNC.format(line=88), NATIVE_SYNC.format(line=88)]  # a Python-only sample, then a native one
+    v = verdict({0: spin, 1: [SLEEPING, SLEEPING], 2: spin})
+    assert v.hung is True and v.culprits == (1,) and v.waiting == (0, 2) and v.confirmed, v.summary
+    assert v.where[1].call == "" and v.where[1].line == 60 and v.where[0].kind == "gpu-wait"
+    assert "ranks 0,2 wait on the GPU (`cudaStreamSynchronize`, libcudart) at `train_step` at train.py:88" in v.summary
+
+
+def test_ranks_spinning_at_different_cuda_syncs_are_a_mismatch_whose_minority_is_the_culprit():
+    at = lambda line: [PYTHON_SYNC.format(line=line), NATIVE_SYNC.format(line=line)]  # noqa: E731
+    v = verdict({0: at(88), 1: at(140), 2: at(88)})
+    assert v.hung is True and v.mismatch and v.culprits == (1,) and v.waiting == (0, 2) and v.confirmed
+    assert set(v.shown()) == {0, 1, 2} and v.where[1].line == 140
+    # two and two: a mismatch with no odd one out
+    v = verdict({0: at(88), 1: at(140), 2: at(88), 3: at(140)})
+    assert v.hung is True and v.mismatch and v.culprits == () and v.confirmed
+    # all at one: every rank waits in the same collective (the start-up hang, or a long GPU step)
+    v = verdict({0: at(88), 1: at(88)})
+    assert v.hung is True and not v.mismatch and v.culprits == () and not v.confirmed

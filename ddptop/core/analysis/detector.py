@@ -18,7 +18,11 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from ddptop.core.analysis.culprits import stall_culprits
+from ddptop.core.analysis.evidence import StackEvidence, combine, ranks_text
+from ddptop.core.analysis.wording import stall_message
 
 HOT_UTIL = 40.0  # % GPU utilisation that counts as "busy" (an NCCL spin reads ~100, idle ~0)
 IDLE_UTIL = 15.0
@@ -44,11 +48,14 @@ class RankState:
     batch_intervals: dict = field(default_factory=dict)  # phase -> deque of (t, batches)
     watched: int | None = None  # stack movements seen by the stack watch (jobs ddptop did not launch)
     util: float | None = None  # its GPU's utilisation
+    util_simulated: bool = False  # ... simulated (--gpu sim: the rank's CPU use, so it says nothing of a GPU wait)
     cpu: float | None = None
     children_cpu: float | None = None
     status: str = ""
+    source: str = ""  # where its steps come from: "hook", "log" ("" before the first)
     alive: bool = True
     exit_code: int | None = None
+    ended_at: float | None = None
 
     def expected(self) -> float | None:
         """Seconds per step, over the recent window (what the alarm says).
@@ -94,7 +101,7 @@ class RankState:
 
 @dataclass(frozen=True)
 class Stall:
-    kind: str  # mismatch | hot | collective | idle | cpu-bound | unknown
+    kind: str  # lost-peer | mismatch | hot | collective | idle | cpu-bound | unknown
     ranks: tuple[int, ...]
     culprits: tuple[int, ...]
     silent_for: float  # seconds since the job's last progress
@@ -102,67 +109,29 @@ class Stall:
     evidence: tuple[str, ...]
     message: str
     suggested_profiles: tuple[str, ...]
-    where: dict = field(default_factory=dict)  # culprit rank (str) -> where its stack is stuck
+    where: dict = field(default_factory=dict)  # rank (str) -> Where.to_dict(): where its stack is stuck
 
 
 @dataclass(frozen=True)
-class StackVerdict:
-    """What stack samples taken at ``t`` said (see ``StacksEvent``)."""
+class Decision:
+    """What the detector wants done now: take stack samples (and ask NCCL's
+    RAS), and/or raise this stall.  The pipeline only carries it out."""
 
-    t: float
-    hung: bool | None
-    culprits: tuple[int, ...] = ()
-    summary: str = ""
-    where: dict = field(default_factory=dict)
-    error: str = ""
-    io: tuple[int, ...] = ()  # ranks in I/O in every sample (hung False): work, for ``io_patience``
-    node: str = ""  # whose ranks were sampled (each node of a multi-node job samples its own)
-    # ranks frozen in a collective or backward in every sample, or spinning on one line while the
-    # culprits are frozen (polling for them): their CPU use is waiting, not work of their own
-    waiting: tuple[int, ...] = ()
-    # every rank frozen waiting in a collective, in two or more different ones (or call sites)
-    mismatch: bool = False
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    return f"rank {ranks[0]} waits" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))} wait"
-
-
-def _said(v: StackVerdict) -> str:
-    text = v.summary.split(": ", 1)[1] if v.summary.startswith("hung") and ": " in v.summary else v.summary
-    return f"{text} (on {v.node})" if v.node else text
-
-
-def combine(verdicts: list[StackVerdict]) -> StackVerdict | None:
-    """One verdict from the latest of each node: any node's ranks hung means the
-    job hangs (their culprits named); work only when every node says work."""
-    if not verdicts:
-        return None
-    if len(verdicts) == 1:
-        return verdicts[0]
-    t = max(v.t for v in verdicts)
-    hung = [v for v in verdicts if v.hung is True]
-    if hung:
-        where: dict = {}
-        for v in hung:
-            where.update(v.where)
-        return StackVerdict(t, True, tuple(sorted({r for v in hung for r in v.culprits})),
-                            "hung: " + "; ".join(_said(v) for v in hung if v.summary),
-                            where, "; ".join(v.error for v in verdicts if v.error),
-                            waiting=tuple(sorted({r for v in verdicts for r in v.waiting})),
-                            mismatch=any(v.mismatch for v in hung) and not any(v.culprits for v in hung))
-    unknown = [v for v in verdicts if v.hung is None]
-    if unknown and len(unknown) == len(verdicts):
-        return StackVerdict(t, None, (), "", {}, "; ".join(v.error for v in unknown if v.error))
-    work = [v for v in verdicts if v.hung is False]
-    return StackVerdict(t, False, (), "; ".join(v.summary for v in work if v.summary), {},
-                        "; ".join(v.error for v in verdicts if v.error), tuple(sorted({r for v in work for r in v.io})))
+    sample: bool = False
+    stall: Stall | None = None
 
 
 class StallDetector:
+    """Decides whether the job hangs, from progress, telemetry, stack samples and
+    NCCL RAS, on an injected clock.  ``decide(now)`` says what to do; the
+    detector owns its sampling state (when samples were asked for, whether
+    they are on their way)."""
+
     def __init__(self, clock, *, min_silence: float = 10.0, k: float = 3.0, slack: float = 12.0,
                  first_step_grace: float = 120.0, stall_after: float | None = None, start: float | None = None,
-                 io_patience: float = 600.0, watch_patience: float = 30.0, work_patience: float = 300.0):
+                 io_patience: float = 600.0, watch_patience: float = 30.0, work_patience: float = 300.0,
+                 can_sample: bool = False, resample_every: float = 20.0, stacks_wait: float = 10.0,
+                 suspect_floor: float = 2.0):
         self.clock = clock
         self.min_silence = min_silence
         self.k = k
@@ -172,13 +141,21 @@ class StallDetector:
         self.started = clock() if start is None else start
         self.ranks: dict[int, RankState] = {}
         self.active: Stall | None = None  # the stall being reported, until progress resumes
-        self.telemetry_real = False  # util values come from a real or asked-for source
-        self.verdict: StackVerdict | None = None  # the latest stack samples' verdict (every node's, combined)
-        self._verdicts: dict[str, StackVerdict] = {}  # node -> its latest
-        self.stacks_pending = False  # stack samples were asked for and have not arrived yet
+        self.verdict: StackEvidence | None = None  # the latest stack samples' verdict (every node's, combined)
+        self._verdicts: dict[str, StackEvidence] = {}  # node -> its latest
+        # sampling state: samples are asked for at a suspected stall (``decide`` says so), again every
+        # ``resample_every`` s while the silence lasts; a stall waits for samples on their way at most
+        # ``stacks_wait`` s
+        self.can_sample = can_sample
+        self.resample_every = resample_every
+        self.stacks_wait = stacks_wait
+        self.stacks_pending = False
+        self.sampled_at = -1e18
         # what NCCL's RAS port said last: (t, culprits, text); NCCL's own view of who is behind
         self.ras: tuple[float, tuple[int, ...], str] | None = None
-        self.suspect_at = 0.5  # of the threshold: when to ask for stack samples
+        self.suspect_at = 0.5  # of the threshold: when to ask for stack samples at the latest
+        # ... and at the earliest: this many seconds, or k usual intervals, into a silence
+        self.suspect_floor = suspect_floor
         self.io_patience = io_patience  # how long ranks seen in I/O (a checkpoint write) count as work
         # how long ranks that visibly work while the others wait for them (their stacks move, their
         # children use the CPU) count as work, not as the culprits of a hang
@@ -195,10 +172,12 @@ class StallDetector:
 
     # -- feeding --------------------------------------------------------------
 
-    def step(self, rank: int, step: int | None, t: float | None = None) -> None:
-        """A training step (``step`` None: progress without a number)."""
+    def step(self, rank: int, step: int | None, t: float | None = None, source: str = "log") -> None:
+        """A training step (``step`` None: progress without a number); ``source``:
+        "hook" (the step hook inside the rank) or "log" (a line of its output)."""
         t = self.clock() if t is None else t
         st = self.rank(rank)
+        st.source = source
         if step is not None and st.step is not None and step <= st.step and step != 0:
             # the same step printed again (several log lines per step): not progress
             if step == st.step:
@@ -244,10 +223,12 @@ class StallDetector:
     def output(self, rank: int, t: float | None = None) -> None:
         self.rank(rank).last_output = self.clock() if t is None else t
 
-    def telemetry(self, rank: int, *, util=None, cpu=None, children_cpu=None, status=None) -> None:
+    def telemetry(self, rank: int, *, util=None, cpu=None, children_cpu=None, status=None,
+                  simulated: bool = False) -> None:
         st = self.rank(rank)
         if util is not None:
             st.util = util
+            st.util_simulated = simulated
         if cpu is not None:
             st.cpu = cpu
         if children_cpu is not None:
@@ -255,21 +236,31 @@ class StallDetector:
         if status is not None:
             st.status = status
 
-    def stacks(self, verdict: StackVerdict) -> None:
+    def stacks(self, evidence: StackEvidence) -> None:
         """Stack samples of every rank and what they say (fed as an event, on the caller's clock)."""
-        self._verdicts[verdict.node] = verdict
+        self._verdicts[evidence.node] = evidence
         began = self.silence_began()
-        self.verdict = combine([v for v in self._verdicts.values() if v.t >= began] or [verdict])
+        self.verdict = combine([v for v in self._verdicts.values() if v.t >= began] or [evidence])
         self.stacks_pending = False
 
     def ras_said(self, t: float, culprits: tuple[int, ...], text: str) -> None:
         """What NCCL's RAS port said at ``t`` (see ``RasEvent``)."""
         self.ras = (t, tuple(culprits), text)
 
-    def rank_ended(self, rank: int, exit_code: int | None = None) -> None:
+    def rank_ended(self, rank: int, exit_code: int | None = None, t: float | None = None) -> None:
         st = self.rank(rank)
         st.alive = False
         st.exit_code = exit_code
+        st.ended_at = self.clock() if t is None else t
+
+    def gpu_busy(self) -> set[int]:
+        """The live ranks whose GPU is busy (an NCCL kernel spinning, or work):
+        a rank spinning on one unchanged line while its GPU is busy and no step
+        comes is read as waiting on the GPU by the stack verdict.  Simulated
+        GPUs are not counted: their utilisation is the rank's CPU use, which
+        any loop on one line makes high (native frames still tell)."""
+        return {r for r, st in self.ranks.items()
+                if st.alive and st.util is not None and st.util >= HOT_UTIL and not st.util_simulated}
 
     # -- judging --------------------------------------------------------------
 
@@ -295,6 +286,17 @@ class StallDetector:
             return max(self.min_silence, 3 * self.min_silence)  # learning: be patient
         return max(self.min_silence, min(self.k * e, e + self.slack))
 
+    def suspect_after(self, st: RankState) -> float:
+        """Seconds of silence after which ``st`` is worth a look at its stacks:
+        ``suspect_floor`` or k usual intervals (so samples of a job stepping
+        faster than once a second are taken a few seconds after the step that
+        should have come), never later than ``suspect_at`` of its threshold."""
+        late = self.suspect_at * self.threshold(st)
+        e = st.arrival_gap() if st.last_progress is not None and self.stall_after is None else None
+        if e is None:
+            return late
+        return min(late, max(self.suspect_floor, self.k * e))
+
     def _last_sign(self, st: RankState) -> float:
         last = max(x for x in (st.last_progress, st.last_other, self.started) if x is not None)
         if st.last_progress is None and st.last_output is not None and st.batches is None and st.watched is None:
@@ -314,13 +316,13 @@ class StallDetector:
         return with_progress or judged
 
     def suspect(self, now: float | None = None) -> bool:
-        """Every rank has been silent for more than ``suspect_at`` of its threshold
-        (and no stall is being reported): the time to sample stacks."""
+        """Every rank has been silent long enough to look at its stacks (and no
+        stall is being reported): the time to sample."""
         now = self.clock() if now is None else now
         pool = self._pool()
         if not pool or self.active is not None:
             return False
-        late = [self._silent(st, now) > self.suspect_at * self.threshold(st) for st in pool]
+        late = [self._silent(st, now) > self.suspect_after(st) for st in pool]
         # (ranks watched by their stacks: one going quiet while others move is worth a look)
         return all(late) or any(x and st.watched is not None for x, st in zip(late, pool))
 
@@ -331,77 +333,124 @@ class StallDetector:
             return self.started
         return max(self._last_sign(st) for st in pool)
 
-    def check(self, now: float | None = None) -> Stall | None:
+    def decide(self, now: float | None = None) -> Decision:
+        """What to do now: take stack samples (a suspected stall with none on
+        their way, once per ``resample_every`` within one silence, at once in a
+        new one) and/or raise a new stall (once per episode)."""
+        now = self.clock() if now is None else now
+        if self.stacks_pending and now - self.sampled_at > self.stacks_wait:
+            self.stacks_pending = False  # they did not come in time: judge without them
+        sample = False
+        if self.can_sample and not self.stacks_pending and self.suspect(now):
+            # (a new silence, after progress came back in between, is sampled at once: an evaluation right
+            # after another must not be judged without stacks)
+            if self.sampled_at < self.silence_began() or now - self.sampled_at >= self.resample_every:
+                sample = True
+                self.stacks_pending = True
+                self.sampled_at = now
+        return Decision(sample, self._check(now))
+
+    def samples_refused(self) -> None:
+        """The samples ``decide`` asked for could not be taken (a sampling
+        still under way): judge without them."""
+        self.stacks_pending = False
+
+    def _fresh(self) -> StackEvidence | None:
+        v = self.verdict
+        return v if v is not None and v.t >= self.silence_began() else None
+
+    def _children_busy(self) -> set[int]:
+        return {r for r, st in self.ranks.items() if (st.children_cpu or 0) >= CHILDREN_WORK_CPU}
+
+    def _check(self, now: float) -> Stall | None:
         """A new stall, once per episode; None otherwise (and while it lasts).
 
         Stacks confirm: samples taken during this silence in which every rank
-        moves mean work (no alarm, however long); samples still on their way
-        hold the alarm until they come (the caller bounds that wait)."""
-        now = self.clock() if now is None else now
+        moves mean work (no alarm, however long); samples in which frozen
+        culprits hold the others waiting (or ranks wait in different
+        collectives) raise the alarm as soon as they come, before the
+        threshold; samples still on their way hold the alarm until they come
+        (``stacks_wait`` bounds that)."""
         pool = self._pool()
         if not pool:
             return None
         stalled = [st for st in pool if self._silent(st, now) > self.threshold(st)]
-        v_now = self.verdict if self.verdict is not None and self.verdict.t >= self.silence_began() else None
-        if (len(stalled) < len(pool) and v_now is not None and v_now.hung and v_now.culprits and v_now.waiting
-                and all(st.last_progress is None and st.watched is None for st in pool)
-                and not self._working(v_now, pool)):
-            # no step known yet (starting up, or a log whose progress ddptop cannot read): the long grace
-            # is for a start that takes time; stacks that show ranks waiting in a collective for frozen
-            # ones, taken this far into the silence, are a hang now
-            stalled = list(pool)
+        v_now = self._fresh()
         if self.active is not None:
             if any(self._silent(self.ranks[r], now) < self.threshold(self.ranks[r]) for r in self.active.ranks
                    if r in self.ranks):
                 self.active = None  # progress resumed
             return None
+        confirmed = (v_now is not None and v_now.confirmed and not (set(v_now.culprits) & self._children_busy())
+                     and not self._working(v_now, pool))
+        lost = self._lost_peers(pool, now)
+        if lost and len(stalled) < len(pool):
+            # a rank of the job failed and the others, still there, went quiet: they wait for it (on other nodes
+            # nothing stops them until NCCL's watchdog, minutes later); said now
+            stalled = list(pool)
+        if len(stalled) < len(pool) and confirmed:
+            # complete evidence: the culprits frozen (not in I/O, not moving) while the others wait for them,
+            # or the ranks waiting in different collectives; said now, not at a fixed floor
+            stalled = list(pool)
         if len(stalled) < len(pool):
             partial = self._partial(pool, stalled, now)
             if partial is not None:
                 self.active = partial
             return partial
         v = v_now
-        if v is not None and v.hung is False:
+        note = ""
+        if v is not None and v.hung is False and v.workers:
+            # the others wait for ranks that visibly work (an evaluation, a save on rank 0): work, until the patience
+            silent = self._silent_pool(pool, now)
+            if silent <= max(self.work_patience, *(self.threshold(st) for st in pool)):
+                return None
+            v = replace(v, hung=True, culprits=v.workers)
+            note = (f"{ranks_text(v.workers)} still working after {silent:.0f} s while the others wait (a loop in "
+                    "its own code, or work longer than ddptop's patience)")
+        elif v is not None and v.hung is False:
             if not (v.io and self._silent_pool(pool, now) > max(self.io_patience, *(self.threshold(st) for st in pool))):
                 return None  # every rank's stack moves (or writes): work (a long evaluation, a save), not a hang
             # in I/O for too long: a file system that hangs (NFS) is a hang too; those ranks are the culprits
-            v = StackVerdict(v.t, True, v.io, f"{v.summary}; still in I/O after {self._silent_pool(pool, now):.0f} s",
-                             v.where, v.error, v.io)
-        if v is not None and v.hung:
+            v = replace(v, hung=True, culprits=v.io)
+            note = f"{ranks_text(v.io)} still in I/O after {self._silent_pool(pool, now):.0f} s"
+        elif v is not None and v.hung:
             working = self._working(v, pool)
             if working:
                 silent = self._silent_pool(pool, now)
                 if silent <= max(self.work_patience, *(self.threshold(st) for st in pool)):
                     return None  # the others wait for ranks that visibly work (an evaluation, a save on rank 0)
-                v = StackVerdict(v.t, True, v.culprits, f"{v.summary}; {working} still working after {silent:.0f} s "
-                                 "(a loop in its own code, or work longer than ddptop's patience)",
-                                 v.where, v.error, v.io, v.node, v.waiting)
+                note = (f"{working} still working after {silent:.0f} s (a loop in its own code, or work longer "
+                        "than ddptop's patience)")
         if v is None and self.stacks_pending:
             return None
-        self.active = self._describe(pool, now, v)
+        self.active = self._describe(pool, now, v, note)
         return self.active
 
-    def _working(self, v: StackVerdict, pool: list[RankState]) -> str:
+    def _lost_peers(self, pool: list[RankState], now: float) -> list[int]:
+        """Ranks that ended with a failure (a non-zero exit, a signal) while the
+        others, still alive, have made no progress since, for longer than a
+        look at their stacks would wait (``suspect_after``): the survivors of a
+        lost peer.  (A single torchrun stops the survivors itself, sooner.)"""
+        began = self.silence_began()
+        lost = [r for r, st in self.ranks.items() if not st.alive and st.exit_code not in (None, 0)
+                and st.ended_at is not None and st.ended_at >= began - 1.0]
+        if not lost or not pool:
+            return []
+        if all(self._silent(st, now) > self.suspect_after(st) for st in pool):
+            return sorted(lost)
+        return []
+
+    def _working(self, v: StackEvidence, pool: list[RankState]) -> str:
         """Who, in a hung verdict, is visibly working rather than stuck ("" if
-        nobody): culprits whose stacks move or spin outside any collective (rank
-        0 evaluating, archiving, uploading while the others wait in a barrier),
-        or frozen on a child process that works (``subprocess.run(["gzip",
-        ...])``); with no culprit, every rank waiting on children that work
-        (data-loader workers starting up)."""
-        def status(r: int) -> str:
-            w = v.where.get(r) or v.where.get(str(r)) or {}
-            return str(w.get("status", "")) if isinstance(w, dict) else ""
-
-        def children_busy(r: int) -> bool:
-            st = self.ranks.get(r)
-            return st is not None and (st.children_cpu or 0) >= CHILDREN_WORK_CPU
-
-        if v.culprits:
-            if all(status(r) in ("moving", "busy") or children_busy(r) for r in v.culprits):
-                rs = sorted(v.culprits)
-                return f"rank {rs[0]} is" if len(rs) == 1 else f"ranks {', '.join(map(str, rs))} are"
-            return ""
-        if pool and all(children_busy(st.rank) for st in pool):
+        nobody): culprits that work (``StackEvidence.working``: stacks that
+        move, a loop outside any wait, or a child process that works, as
+        ``subprocess.run(["gzip", ...])``); with no culprit, every rank
+        waiting on children that work (data-loader workers starting up)."""
+        busy_children = self._children_busy()
+        rs = v.waits_on_work(busy_children)
+        if rs:
+            return f"rank {rs[0]} is" if len(rs) == 1 else f"ranks {', '.join(map(str, rs))} are"
+        if not v.culprits and pool and all(st.rank in busy_children for st in pool):
             return "their child processes (data-loader workers?) are"
         return ""
 
@@ -418,74 +467,38 @@ class StallDetector:
             return None
         return self._describe(stalled, now, v)
 
-    def _describe(self, pool: list[RankState], now: float, v: StackVerdict | None = None) -> Stall:
+    def _describe(self, pool: list[RankState], now: float, v: StackEvidence | None = None, note: str = "") -> Stall:
         everyone = sorted(self.ranks.values(), key=lambda s: s.rank)
         silent = min(self._silent(st, now) for st in pool)
-        exp = [st.expected() for st in pool if st.expected() is not None]
+        exp = [e for e in (st.expected() for st in pool) if e is not None]
         expected = statistics.median(exp) if exp else None
-        evidence: list[str] = []
-        culprits: list[int] = []
-        # 1. a dead, zombie or disk-waiting rank
-        for st in everyone:
-            if not st.alive or st.status in ("zombie", "dead"):
-                culprits.append(st.rank)
-                evidence.append(f"rank {st.rank} is {'dead' if not st.alive else st.status}")
-            elif st.status == "disk-sleep":
-                culprits.append(st.rank)
-                evidence.append(f"rank {st.rank} is in disk wait (D state)")
-        # 2. a rank whose step count is behind the others
-        steps = {st.rank: st.step for st in everyone if st.step is not None}
-        if not culprits and len(steps) >= 2 and len(set(steps.values())) > 1:
-            top = max(steps.values())
-            behind = [r for r, s in steps.items() if s < top]
-            if len(behind) < len(steps) / 2 or len(behind) == 1:
-                culprits += behind
-                evidence += [f"rank {r} is at step {steps[r]}, the others at {top}" for r in behind]
-        # 3. a rank whose GPU is idle while the others are hot
+        ras = self.ras if self.ras is not None and self.ras[0] >= self.silence_began() and self.ras[2] else None
+        found = stall_culprits(everyone, v, ras[1] if ras is not None else None)
+        culprits, where = list(found.culprits), dict(found.where)
+        evidence = list(found.evidence)
         utils = {st.rank: st.util for st in everyone if st.util is not None and st.alive}
         hot = [r for r, u in utils.items() if u >= HOT_UTIL]
         idle = [r for r, u in utils.items() if u <= IDLE_UTIL]
-        if not culprits and hot and idle and len(idle) < len(utils):
-            culprits += idle
-            others = (f"rank {hot[0]} is" if len(hot) == 1 else f"ranks {', '.join(map(str, hot))} are")
-            evidence += [f"rank {r}'s GPU is idle ({utils[r]:.0f}%) while {others} busy "
-                         f"({min(utils[h] for h in hot):.0f}%)" for r in idle]
-        # 4. the stacks: the rank(s) outside the collective the others wait in, or moving while they are frozen
-        where: dict = {}
-        if v is not None and v.hung and v.culprits:
-            culprits = list(v.culprits)
-            where = dict(v.where)
-        elif v is not None and v.hung and v.mismatch:
-            where = dict(v.where)  # (where each rank waits, in its own collective)
-        if v is not None and v.summary and not v.hung:
-            # (a hung verdict is said in the message itself)
-            evidence.insert(0, f"stacks (unclear): {v.summary}")
-        elif v is not None and v.error:
-            evidence.append(f"no stacks: {v.error}")
-        # 5. NCCL's own view (RAS): who launched fewer collectives, who is missing or dead
-        ras = self.ras if self.ras is not None and self.ras[0] >= self.silence_began() and self.ras[2] else None
-        if ras is not None:
-            if ras[1]:
-                if set(ras[1]) != set(culprits):
-                    where = {r: w for r, w in where.items() if r in ras[1]}
-                culprits = list(ras[1])
-            # (what RAS said is in the message itself)
         # classification
-        # (a rank waiting in a collective may spin a core polling for its peers: that is not CPU-bound work)
+        # (a rank waiting in a collective or on the GPU may spin a core: that is not CPU-bound work)
         waiting = set(v.waiting) if v is not None and v.hung else set()
         cpu_bound = [st.rank for st in everyone if (st.cpu or 0) + (st.children_cpu or 0) >= BUSY_CPU
                      and (st.util is None or st.util <= IDLE_UTIL) and st.rank not in waiting]
         in_collective = bool(v is not None and v.hung and v.culprits and waiting - set(v.culprits))
-        if v is not None and v.hung and v.mismatch and not culprits:
+        lost = self._lost_peers(pool, now)
+        if lost:
+            kind = "lost-peer"
+            culprits = lost
+        elif v is not None and v.hung and v.mismatch:
             kind = "mismatch"
         elif utils and len(hot) >= max(1, len(utils) - len(culprits)) and hot:
             kind = "hot"
             evidence.append(f"GPU utilisation {', '.join(f'r{r} {utils[r]:.0f}%' for r in sorted(utils))} with no step progress")
         elif in_collective:
             kind = "collective"
-            who = sorted(set(culprits))
-            evidence.append(f"{_ranks_text(sorted(waiting - set(culprits)))} for "
-                            f"{'rank' if len(who) == 1 else 'ranks'} {', '.join(map(str, who))} (stacks)")
+            who, others = sorted(set(culprits)), sorted(waiting - set(culprits))
+            evidence.append(f"{'rank ' + str(others[0]) + ' waits' if len(others) == 1 else 'ranks ' + ', '.join(map(str, others)) + ' wait'}"
+                            f" for {'rank' if len(who) == 1 else 'ranks'} {', '.join(map(str, who))} (stacks)")
         elif utils and len(idle) == len(utils) and not cpu_bound:
             kind = "idle"
             evidence.append("GPUs and CPUs idle: a deadlock, a dead data loader, or waiting on I/O")
@@ -494,36 +507,17 @@ class StallDetector:
             evidence.append(f"ranks {', '.join(map(str, cpu_bound))} (or their workers) peg the CPU")
         else:
             kind = "unknown"
-        if all(st.last_progress is None for st in pool):
-            seen = any(st.last_output is not None for st in pool)
-            last = (f"{silent:.0f} s without new output (ddptop recognises no training step in this job's log)"
-                    if seen else f"{silent:.0f} s without a first training step")
-        else:
-            last = f"{silent:.0f} s without a training step"
-        if expected:
-            last += f" (steps came every {expected:.2g} s: {silent / expected:.0f}x the usual interval)"
-        what = {"mismatch": "Collective mismatch: the ranks wait in different collectives, so none can finish: "
-                            "one rank took another code path (a branch on the rank, its data or a condition), or "
-                            "the order of collectives differs between ranks",
-                "hot": "Hot stall: GPUs busy but no step progress, the signature of ranks spinning in a "
-                       "collective that one rank never joined (an NCCL hang)",
-                "collective": "Collective hang: the other ranks wait for the odd rank out in a collective it never joined",
-                "idle": "Idle stall: no progress and nothing busy",
-                "cpu-bound": "CPU-bound stall: no progress while the CPU is pegged (data loading?)",
-                "unknown": "Stall: no step progress"}[kind]
-        msg = f"{what}. {last}."
-        if culprits:
-            msg += f" Odd rank out: {', '.join(f'rank {r}' for r in sorted(set(culprits)))}."
-        if ras is not None:
-            msg += f" {ras[2][:1].upper()}{ras[2][1:]}."
-        if v is not None and v.hung and v.summary:
-            said = v.summary.split(": ", 1)[1] if v.summary.startswith("hung") and ": " in v.summary else v.summary
-            msg += f" {said[:1].upper()}{said[1:]}."
-        profiles = {"mismatch": ("flight-recorder", "nccl-debug"),
+        msg = stall_message(kind, pool, everyone, silent, expected, v, culprits, ras[2] if ras else "", note)
+        starting = all(st.last_progress is None for st in pool)
+        profiles = {"lost-peer": ("nccl-debug", "flight-recorder"),
+                    "mismatch": ("flight-recorder", "nccl-debug"),
                     "hot": ("p2p-off", "nccl-debug", "flight-recorder", "gloo"),
                     "collective": ("flight-recorder", "nccl-debug", "p2p-off"),
                     "idle": ("nccl-debug", "flight-recorder", "fewer-workers"),
                     "cpu-bound": ("fewer-workers",),
                     "unknown": ("p2p-off", "nccl-debug", "flight-recorder")}[kind]
+        if starting and kind in ("hot", "collective", "unknown") and not culprits:
+            # every rank stuck before the first step, none the odd one out: the broken peer-to-peer start-up
+            profiles = ("p2p-off", "nccl-debug", "flight-recorder", "gloo")
         return Stall(kind, tuple(st.rank for st in pool), tuple(sorted(set(culprits))), silent, expected,
-                     tuple(evidence), msg, profiles, where)
+                     tuple(evidence), msg, profiles, {str(r): w.to_dict() for r, w in sorted(where.items())})

@@ -1,0 +1,169 @@
+"""Who is the odd rank out: the one place that names a finding's culprits.
+
+Two questions, one module:
+
+* ``stall_culprits``: a job that stopped making progress (live, from the
+  stall detector's per-rank state and the stack evidence, with NCCL RAS).
+* ``failure_culprits``: a job that failed (from the failure findings of its
+  logs), used by ``ddptop diagnose`` and by the live alarm of a failure, so
+  both name the same ranks.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterable, Mapping
+
+from ddptop.core.analysis.evidence import StackEvidence, Where
+
+if TYPE_CHECKING:
+    from ddptop.core.analysis.detector import RankState
+    from ddptop.core.signatures import Finding
+
+HOT_UTIL = 40.0  # % GPU utilisation that counts as busy
+IDLE_UTIL = 15.0
+
+
+@dataclass(frozen=True)
+class Culprits:
+    culprits: tuple[int, ...] = ()
+    where: Mapping[int, Where] = field(default_factory=dict)  # the culprits' (in a mismatch: every waiting rank's)
+    evidence: tuple[str, ...] = ()  # each rule that named one, in words
+    why: str = ""  # one sentence, when no single rule did (failure_culprits)
+
+
+def stall_culprits(ranks: Iterable["RankState"], stacks: StackEvidence | None,
+                   ras: tuple[int, ...] | None = None) -> Culprits:
+    """The culprits of a stall, strongest evidence last (it wins):
+
+    1. a dead, zombie or disk-waiting rank;
+    2. a rank whose step count is behind the others';
+    3. a rank whose GPU is idle while the others' are busy;
+    4. the stacks: the rank(s) outside the wait the others are in, or
+       moving while they are frozen, or (a mismatch) the minority waiting
+       elsewhere;
+    5. NCCL's own view (RAS): who launched fewer collectives, who is missing
+       or dead."""
+    everyone = sorted(ranks, key=lambda s: s.rank)
+    evidence: list[str] = []
+    culprits: list[int] = []
+    for st in everyone:
+        if not st.alive or st.status in ("zombie", "dead"):
+            culprits.append(st.rank)
+            gone = "dead" if not st.alive else st.status
+            if not st.alive and st.exit_code is not None:
+                from ddptop.core.event_text import exit_words
+
+                gone = exit_words(st.exit_code)
+            evidence.append(f"rank {st.rank} {'is ' if not gone.startswith('exited') else ''}{gone}")
+        elif st.status == "disk-sleep":
+            culprits.append(st.rank)
+            evidence.append(f"rank {st.rank} is in disk wait (D state)")
+    steps = {st.rank: st.step for st in everyone if st.step is not None}
+    if not culprits and len(steps) >= 2 and len(set(steps.values())) > 1:
+        top = max(steps.values())
+        behind = [r for r, s in steps.items() if s < top]
+        if len(behind) < len(steps) / 2 or len(behind) == 1:
+            culprits += behind
+            evidence += [f"rank {r} is at step {steps[r]}, the others at {top}" for r in behind]
+    utils = {st.rank: st.util for st in everyone if st.util is not None and st.alive}
+    hot = [r for r, u in utils.items() if u >= HOT_UTIL]
+    idle = [r for r, u in utils.items() if u <= IDLE_UTIL]
+    if not culprits and hot and idle and len(idle) < len(utils):
+        culprits += idle
+        others = f"rank {hot[0]} is" if len(hot) == 1 else f"ranks {', '.join(map(str, hot))} are"
+        evidence += [f"rank {r}'s GPU is idle ({utils[r]:.0f}%) while {others} busy "
+                     f"({min(utils[h] for h in hot):.0f}%)" for r in idle]
+    where: dict[int, Where] = {}
+    v = stacks
+    if v is not None and v.hung and (v.culprits or v.mismatch):
+        if v.culprits:
+            culprits = list(v.culprits)
+        where = v.shown()
+        where = {r: w for r, w in where.items() if r in v.culprits or v.mismatch}
+    if v is not None and v.summary and not v.hung:
+        evidence.insert(0, f"stacks (unclear): {v.summary}")
+    elif v is not None and v.error:
+        evidence.append(f"no stacks: {v.error}")
+    if ras:
+        if set(ras) != set(culprits):
+            where = {r: w for r, w in where.items() if r in ras}
+        culprits = list(ras)
+    return Culprits(tuple(sorted(set(culprits))), where, tuple(evidence))
+
+
+# timeouts a rank reports while it waits in a collective for the others
+WAITED = ("nccl-watchdog-timeout", "nccl-heartbeat-timeout", "gloo-timeout")
+
+
+def failure_culprits(findings: list["Finding"], seen: set[int], last_steps: Mapping[int, int | None],
+                     ras: Iterable[Iterable[int]] = ()) -> Culprits:
+    """The culprits of a failure, from its findings (``seen``: every rank the
+    logs show; ``ras``: the culprits of each NCCL RAS answer kept):
+
+    * the root cause's rank when the root cause is a rank's own failure, unless
+      most ranks failed the same way (then nobody is the odd one out);
+    * a process id the root cause names that the launcher's report maps to a
+      rank (the kernel's Xid);
+    * the collective counters of PyTorch's watchdog lines (who is behind);
+    * NCCL's own view (RAS);
+    * the ranks that did not time out while the others did, else the ranks
+      whose last step is behind."""
+    from ddptop.core.signatures import (GENERIC, TIMEOUT, cascade_level, collective_counters, counter_verdict,
+                                        root_cause)
+
+    rc = root_cause(findings)
+    counters = collective_counters(findings)
+    culprits, _said = counter_verdict(counters)
+    why = ""
+    if rc is not None and rc.rank is None and rc.detail.get("pid"):
+        # a line that names a process, not a rank (the kernel's Xid): the launcher's report says whose pid it is
+        by_pid = {str(f.detail["pid"]): f.rank for f in findings if f.detail.get("pid") and f.rank is not None
+                  and f.signature in ("rank-signal", "rank-exit")}
+        if str(rc.detail["pid"]) in by_pid:
+            culprits = (by_pid[str(rc.detail["pid"])],)
+            why = f"pid {rc.detail['pid']} is rank {culprits[0]}'s (torchrun's failure report)"
+    if rc is not None and rc.rank is not None and rc.level <= GENERIC and not culprits:
+        # the same failure (not its consequences: the others' SIGTERM, their lost peer) on most ranks
+        kind = (rc.signature, rc.detail.get("signal"))
+        first = {f.rank for f in findings if f.detail.get("root")}
+        same = sorted({f.rank for f in findings if (f.signature, f.detail.get("signal")) == kind
+                       and f.rank is not None and cascade_level(f, findings) <= GENERIC})
+        if len(same) >= 2 and len(same) * 2 > len(seen) and not (first & set(same)):
+            why = f"{rc.signature} on ranks {', '.join(map(str, same))}: the same failure on most ranks, no odd one out"
+        else:
+            culprits = (rc.rank,)
+    for r in ras:
+        r = tuple(r)
+        if not culprits and r:
+            culprits = r  # NCCL's own view
+    if not culprits and not why and (rc is None or rc.level >= TIMEOUT):
+        culprits, why = _behind(findings, seen, last_steps)
+    return Culprits(tuple(culprits), {}, (), why)
+
+
+def _behind(findings: list["Finding"], seen: set[int],
+            last_steps: Mapping[int, int | None]) -> tuple[tuple[int, ...], str]:
+    """When nothing names a culprit: the ranks that did not time out while the
+    others did (they were not in the collective the others waited in), else the
+    ranks whose last training step is behind the others'."""
+    waited = {f.rank for f in findings if f.signature in WAITED and f.rank is not None}
+    others = sorted(seen - waited)
+    if len(waited) >= 2 and others and len(others) < len(waited):
+        return tuple(others), (f"{_r(sorted(waited))} timed out waiting in a collective; {_r(others)} did "
+                               f"not: {'it was' if len(others) == 1 else 'they were'} elsewhere (its last lines say "
+                               "where)")
+    steps = {r: s for r, s in last_steps.items() if s is not None}
+    if len(steps) >= 2 and len(set(steps.values())) > 1:
+        top = max(steps.values())
+        behind = sorted(r for r, s in steps.items() if s < top)
+        if len(behind) * 2 < len(steps):
+            return tuple(behind), "; ".join(f"rank {r}'s last training step was {steps[r]}" for r in behind) + (
+                f", the others reached {top}")
+    return (), ""
+
+
+def _r(rs: list[int]) -> str:
+    return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(map(str, rs))

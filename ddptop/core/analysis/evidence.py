@@ -1,0 +1,265 @@
+"""Typed evidence from stack samples: where each rank is, who waits, who is the odd one out.
+
+Stack samples are judged once (``analysis.stacks.verdict``) into a
+``StackEvidence``; the ``StacksEvent`` carries it over the journal and the
+wire as plain JSON (``to_event_fields`` / ``from_event``), and every reader
+(the detector, the cross-node view, the UI, ``diagnose``) takes it back as
+these types: ranks are ``int`` everywhere, and nothing reads a dict with
+``.get()`` across modules.
+
+The one rule for "this rank is working" lives here (``Where.working``): a
+rank whose stack moves between samples, or that runs on the CPU on one line
+*without* waiting on the GPU, works; a rank frozen in a collective, in
+``backward`` or at a CUDA synchronisation point (native CUDA/NCCL frames, or
+one unchanged line spinning while its GPU is busy) waits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Mapping
+
+# what a rank's main thread is doing (Where.kind)
+KINDS = ("collective", "backward", "gpu-wait", "data", "io", "sleep/wait in user code", "user code", "framework",
+         "unknown")
+# kinds in which a rank waits for its peers: inside a collective (gloo blocks there), in backward (DDP's
+# all-reduce), or at a CUDA synchronisation point behind an asynchronous NCCL collective
+WAITING_KINDS = ("collective", "backward", "gpu-wait")
+# per-rank status across samples
+STATUSES = ("frozen", "busy", "moving", "unknown")
+
+
+def ranks_text(rs: Iterable[int]) -> str:
+    """``rank 3`` / ``ranks 0-2,5``."""
+    rs = sorted(set(rs))
+    if not rs:
+        return ""
+    if len(rs) == 1:
+        return f"rank {rs[0]}"
+    runs, start, prev = [], rs[0], rs[0]
+    for r in rs[1:] + [None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        runs.append(f"{start}" if start == prev else f"{start}-{prev}" if prev > start + 1 else f"{start},{prev}")
+        if r is not None:
+            start = prev = r
+    return "ranks " + ",".join(runs)
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where one rank's main thread is, across the samples."""
+
+    rank: int
+    status: str = "unknown"  # one of STATUSES
+    kind: str = "unknown"  # one of KINDS
+    function: str = ""  # the innermost frame of the user's own code (else the innermost frame)
+    file: str = ""
+    line: int = 0
+    call: str = ""  # the call made from that frame ("all_reduce", "time.sleep")
+    innermost: str = ""
+    innermost_file: str = ""
+    code: str = ""  # the source line, when it could be read
+    text: str = ""  # short description
+    node: str = ""  # the node this rank runs on (multi-node jobs)
+    # how it waits on the GPU: the library of its innermost native frames ("libcudart", "libcuda",
+    # "libnccl"), "util" (no native frames: one unchanged line on the CPU while its GPU is busy), or ""
+    gpu: str = ""
+    native: str = ""  # the innermost native frame, "cudaStreamSynchronize (libcudart.so.12)"
+
+    @property
+    def waiting(self) -> bool:
+        """Waits for its peers (in a collective, backward, or at a GPU sync)."""
+        return self.status == "frozen" and self.kind in WAITING_KINDS
+
+    @property
+    def working(self) -> bool:
+        """Visibly working: its stack moves, or it runs on the CPU on one line
+        without waiting on the GPU (a long C call, a tight loop of its own)."""
+        return self.status in ("moving", "busy") and self.kind not in WAITING_KINDS
+
+    @property
+    def at(self) -> str:
+        base = self.file.replace("\\", "/").rsplit("/", 1)[-1]
+        return f"{base}:{self.line}" if self.line else base
+
+    def to_dict(self) -> dict:
+        return {"rank": self.rank, "function": self.function, "file": self.file, "line": self.line,
+                "call": self.call, "innermost": self.innermost, "innermost_file": self.innermost_file,
+                "kind": self.kind, "status": self.status, "code": self.code, "text": self.text, "node": self.node,
+                "gpu": self.gpu, "native": self.native}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], rank: int | None = None) -> "Where":
+        def s(k: str) -> str:
+            v = d.get(k)
+            return v if isinstance(v, str) else ""
+
+        line = d.get("line")
+        r = rank if rank is not None else d.get("rank")
+        return cls(rank=int(r) if isinstance(r, (int, str)) and str(r).lstrip("-").isdigit() else -1,
+                   status=s("status") or "unknown", kind=s("kind") or "unknown", function=s("function"),
+                   file=s("file"), line=line if isinstance(line, int) and not isinstance(line, bool) else 0,
+                   call=s("call"), innermost=s("innermost"), innermost_file=s("innermost_file"), code=s("code"),
+                   text=s("text"), node=s("node"), gpu=s("gpu"), native=s("native"))
+
+
+@dataclass(frozen=True)
+class StackGroup:
+    """Ranks sharing a status and (frozen or busy) one stack, described once."""
+
+    ranks: tuple[int, ...]
+    status: str
+    kind: str
+    text: str
+    culprit: bool = False
+    frames: tuple[str, ...] = ()  # the main thread's frames, innermost first, for the stacks pane
+    user: tuple[int, ...] = ()  # indices of the user's own frames among them
+
+    def to_dict(self) -> dict:
+        return {"ranks": list(self.ranks), "state": self.status, "kind": self.kind, "text": self.text,
+                "culprit": self.culprit, "frames": list(self.frames), "user": list(self.user)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "StackGroup":
+        def ints(v: Any) -> tuple[int, ...]:
+            return tuple(x for x in v if isinstance(x, int)) if isinstance(v, (list, tuple)) else ()
+
+        frames = d.get("frames")
+        return cls(ints(d.get("ranks")), str(d.get("state") or d.get("status") or "unknown"),
+                   str(d.get("kind") or "unknown"), str(d.get("text") or d.get("description") or ""),
+                   bool(d.get("culprit")),
+                   tuple(str(f) for f in frames) if isinstance(frames, (list, tuple)) else (), ints(d.get("user")))
+
+
+@dataclass(frozen=True)
+class StackEvidence:
+    """What stack samples of every rank (of one node, or combined across nodes) say.
+
+    ``hung``: True (frozen, or frozen waiting while others move), False
+    (work), None (cannot tell).  ``culprits``: the odd ranks out, computed
+    here once.  ``waiting``: the ranks that wait for their peers.
+    ``mismatch``: every rank that is frozen waits, but not all at the same
+    place (different collectives or call sites: one rank took another path).
+    ``io``: ranks in I/O in every sample (a checkpoint write): work, unless
+    it lasts.  ``workers``: the ranks the waiting ones wait for when those
+    visibly work (rank 0 evaluating alone while the others sit in a
+    barrier): no hang (``hung`` False) unless it lasts."""
+
+    t: float = 0.0
+    hung: bool | None = None
+    culprits: tuple[int, ...] = ()
+    waiting: tuple[int, ...] = ()
+    mismatch: bool = False
+    where: Mapping[int, Where] = field(default_factory=dict)  # every rank sampled
+    io: tuple[int, ...] = ()
+    summary: str = ""
+    error: str = ""
+    node: str = ""
+    groups: tuple[StackGroup, ...] = ()
+    workers: tuple[int, ...] = ()
+
+    @property
+    def status(self) -> dict[int, str]:
+        return {r: w.status for r, w in sorted(self.where.items())}
+
+    def shown(self) -> dict[int, Where]:
+        """The ranks worth naming: the culprits, those in I/O, and (in a
+        mismatch) every waiting rank."""
+        keep = set(self.culprits) | set(self.io) | set(self.workers) | (set(self.waiting) if self.mismatch else set())
+        return {r: w for r, w in sorted(self.where.items()) if r in keep}
+
+    def waits_on_work(self, also: Iterable[int] = ()) -> tuple[int, ...]:
+        """The ranks the others wait for, when they visibly work: the
+        ``workers``, or hung culprits that all work after all (listed in
+        ``also``: a rank frozen on a child process that uses the CPU).  ()
+        when the others wait for stuck ranks, or nobody waits."""
+        if self.hung is False and self.workers:
+            return self.workers
+        if not (self.hung and self.culprits):
+            return ()
+        extra = set(also)
+        w = self.where
+        if all((r in w and w[r].working) or r in extra for r in self.culprits):
+            return tuple(sorted(self.culprits))
+        return ()
+
+    @property
+    def confirmed(self) -> bool:
+        """Complete evidence of a hang: the culprits are frozen (not moving,
+        not busy, not in I/O) while the others wait for them; or the ranks
+        wait in different collectives (a mismatch)."""
+        if not self.hung:
+            return False
+        if self.mismatch:
+            return True
+        if not self.culprits or not (set(self.waiting) - set(self.culprits)):
+            return False
+        return all(r in self.where and self.where[r].status == "frozen" and r not in self.io
+                   for r in self.culprits)
+
+    # -- over the wire (StacksEvent) -------------------------------------------------------------
+
+    def to_event_fields(self) -> dict:
+        """The ``StacksEvent`` fields this evidence fills."""
+        return {"hung": self.hung, "culprits": tuple(self.culprits), "waiting": tuple(self.waiting),
+                "mismatch": self.mismatch, "workers": tuple(self.workers), "summary": self.summary,
+                "where": {str(r): w.to_dict() for r, w in sorted(self.where.items())},
+                "groups": tuple(g.to_dict() for g in self.groups), "io": tuple(self.io), "error": self.error,
+                "node": self.node}
+
+    @classmethod
+    def from_event(cls, ev: Any) -> "StackEvidence":
+        """From a ``StacksEvent`` (its JSON fields; keys may be str or int)."""
+        def wheres(d: Any) -> dict[int, Where]:
+            out: dict[int, Where] = {}
+            if isinstance(d, dict):
+                for k, v in d.items():
+                    if isinstance(v, dict) and str(k).lstrip("-").isdigit():
+                        w = Where.from_dict(v, int(k))
+                        out[w.rank] = replace(w, node=w.node or ev.node)
+            return out
+
+        where = wheres(ev.where)
+        groups = tuple(StackGroup.from_dict(g) for g in ev.groups if isinstance(g, dict))
+        waiting = tuple(getattr(ev, "waiting", ()) or ())
+        return cls(ev.t, ev.hung, tuple(ev.culprits), waiting, bool(getattr(ev, "mismatch", False)), where,
+                   tuple(ev.io), ev.summary, ev.error, ev.node, groups, tuple(getattr(ev, "workers", ()) or ()))
+
+
+def _said(v: StackEvidence) -> str:
+    text = v.summary.split(": ", 1)[1] if v.summary.startswith("hung") and ": " in v.summary else v.summary
+    return f"{text} (on {v.node})" if v.node else text
+
+
+def combine(evidence: list[StackEvidence]) -> StackEvidence | None:
+    """One verdict from the latest of each node.  Any node's ranks hung means
+    the job hangs, with every node's waiting ranks counted; the culprits are
+    the hung nodes' culprits, each ``Where`` keeping its node; work only when
+    every node says work."""
+    if not evidence:
+        return None
+    if len(evidence) == 1:
+        return evidence[0]
+    t = max(v.t for v in evidence)
+    where: dict[int, Where] = {}
+    for v in evidence:
+        for r, w in v.where.items():
+            where[r] = w if w.node else replace(w, node=v.node)
+    error = "; ".join(v.error for v in evidence if v.error)
+    hung = [v for v in evidence if v.hung is True]
+    if hung:
+        culprits = tuple(sorted({r for v in hung for r in v.culprits}))
+        return StackEvidence(t, True, culprits, tuple(sorted({r for v in evidence for r in v.waiting})),
+                             any(v.mismatch for v in hung) and not culprits, where,
+                             tuple(sorted({r for v in evidence for r in v.io})),
+                             "hung: " + "; ".join(_said(v) for v in hung if v.summary), error, "",
+                             tuple(g for v in evidence for g in v.groups))
+    if all(v.hung is None for v in evidence):
+        return StackEvidence(t, None, (), (), False, where, (), "", error, "")
+    work = [v for v in evidence if v.hung is False]
+    return StackEvidence(t, False, (), tuple(sorted({r for v in work for r in v.waiting})), False, where,
+                         tuple(sorted({r for v in work for r in v.io})),
+                         "; ".join(v.summary for v in work if v.summary), error, "",
+                         tuple(g for v in evidence for g in v.groups), tuple(sorted({r for v in work for r in v.workers})))

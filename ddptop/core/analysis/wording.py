@@ -1,0 +1,161 @@
+"""One sentence builder for a stall: says what the evidence shows, nothing more.
+
+It knows the phase (start-up, training, evaluation, saving), where progress
+came from (the step hook, the ranks' logs, their stacks only), and says per
+rank where it is in the user's terms: who waits on the GPU and at which line,
+who is elsewhere, where, and its GPU state.  Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+from ddptop.core.analysis.evidence import StackEvidence, Where, ranks_text
+
+if TYPE_CHECKING:
+    from ddptop.core.analysis.detector import RankState
+
+HEADLINES = {
+    "lost-peer": "Lost peer: a rank ended while the others wait for it in a collective, where they stay until "
+                 "NCCL's watchdog ends them (10 minutes by default): its last lines say why it ended",
+    "mismatch": "Collective mismatch: the ranks wait in different collectives, so none can finish: one rank took "
+                "another code path (a branch on the rank, its data or a condition), or the order of collectives "
+                "differs between ranks",
+    "hot": "Hot stall: GPUs busy but no step progress, the signature of ranks spinning in a collective that one "
+           "rank never joined (an NCCL hang)",
+    "collective": "Collective hang: the other ranks wait for the odd rank out in a collective it never joined",
+    "idle": "Idle stall: no progress and nothing busy",
+    "cpu-bound": "CPU-bound stall: no progress while the CPU is pegged (data loading?)",
+    "unknown": "Stall: no step progress",
+}
+
+
+def phase_of(pool: Iterable["RankState"]) -> str:
+    """"start-up" (no step yet), "eval" or "save" (the hook says the model is
+    evaluating or saving since the last step), else "train"."""
+    pool = list(pool)
+    if all(st.last_progress is None for st in pool):
+        return "start-up"
+    phases = {st.phase for st in pool if st.phase in ("eval", "save") and st.last_batch is not None
+              and (st.last_progress is None or st.last_batch >= st.last_progress)}
+    if phases:
+        return "save" if phases == {"save"} else "eval"
+    return "train"
+
+
+def silence_words(pool: list["RankState"], silent: float, expected: float | None) -> str:
+    """How long, without what: in the job's phase, from its source of progress."""
+    phase = phase_of(pool)
+    if phase == "start-up":
+        if all(st.watched is not None for st in pool):
+            return (f"{silent:.0f} s without a change in any rank's stack (ddptop did not launch this job and reads "
+                    "no step from it: its stacks are its sign of life)")
+        if any(st.last_output is not None for st in pool) and all(st.batches is None for st in pool):
+            return f"{silent:.0f} s without new output (ddptop recognises no training step in this job's log)"
+        return f"{silent:.0f} s since start-up without a first training step"
+    notes = []
+    if phase == "eval":
+        text = f"{silent:.0f} s without progress in evaluation (no evaluation batch drawn)"
+    elif phase == "save":
+        text = f"{silent:.0f} s without progress while saving"
+    else:
+        text = f"{silent:.0f} s without a training step"
+        sources = {st.source for st in pool if st.source}
+        if sources == {"log"}:
+            text += " in the ranks' logs"
+        elif sources == {"hook"}:
+            notes.append("counted inside the ranks")
+    if expected and phase == "train":
+        notes.append(f"steps came every {expected:.2g} s: {silent / expected:.0f}x the usual interval")
+    if notes:
+        text += f" ({'; '.join(notes)})"
+    return text
+
+
+def gpu_words(st: "RankState | None") -> str:
+    if st is None or st.util is None:
+        return ""
+    u = st.util
+    state = "busy" if u >= 40 else "idle" if u <= 15 else "partly busy"
+    return f"its GPU {state} ({u:.0f}%)"
+
+
+def where_words(w: Where) -> str:
+    """Where one rank is, in the user's terms."""
+    at = w.at
+    src = w.code.split("  #", 1)[0].strip()
+    code = f" `{src}`" if src and len(src) <= 80 else ""
+    if w.kind == "gpu-wait":
+        how = (f"`{w.native.split(' (')[0]}`, {w.gpu}" if w.native else
+               "spinning on one line while its GPU is busy")
+        return f"waits on the GPU at {at}{code} ({how})"
+    if w.kind == "collective":
+        return f"waits in `{w.call or w.innermost}` at {at}{code}"
+    if w.kind == "backward":
+        return f"waits in backward (DDP's all-reduce) at {at}{code}"
+    if w.kind == "io":
+        return f"is in I/O at {at}{code}"
+    if w.kind == "data":
+        return f"waits for data at {at}{code}"
+    call = f" (`{w.call}`)" if w.call else ""
+    fn = f"`{w.function}` " if w.function and w.function != "<module>" else ""
+    moving = {"moving": ", moving", "busy": ", on the CPU"}.get(w.status, "")
+    return f"is in {fn}at {at}{call}{code}{moving}"
+
+
+def _groups_of(ws: list[Where]) -> list[tuple[list[int], Where]]:
+    """Ranks at the same place, said once."""
+    out: dict[tuple, tuple[list[int], Where]] = {}
+    for w in ws:
+        key = (w.kind, w.file, w.line, w.call, w.gpu)
+        out.setdefault(key, ([], w))[0].append(w.rank)
+    return list(out.values())
+
+
+def stall_message(kind: str, pool: list["RankState"], everyone: list["RankState"], silent: float,
+                  expected: float | None, v: StackEvidence | None, culprits: list[int], ras_text: str = "",
+                  note: str = "") -> str:
+    by_rank = {st.rank: st for st in everyone}
+    odd = sorted(set(culprits))
+    head = HEADLINES[kind]
+    if kind in ("hot", "collective", "unknown") and not odd and v is not None and v.hung and v.waiting:
+        # every rank waits at one place: nobody is the odd one out
+        head = (("Hot stall: GPUs busy but no step progress" if kind == "hot" else "Stall: no step progress")
+                + ": every rank waits in the same collective, none is the odd one out"
+                + (" (before the first step: the broken peer-to-peer start-up hang, or peers that never connect)"
+                   if phase_of(pool) == "start-up" else ""))
+    parts = [head + ".", silence_words(pool, silent, expected) + "."]
+    several_nodes = v is not None and (not v.node or len({w.node for w in v.where.values()}) > 1)
+    if odd:
+        said = []
+        for r in odd:
+            w = v.where.get(r) if v is not None else None
+            gpu = gpu_words(by_rank.get(r))
+            st = by_rank.get(r)
+            who = f"rank {r}" + (f" on {w.node}" if w is not None and w.node and several_nodes else "")
+            if st is not None and not st.alive:
+                from ddptop.core.event_text import exit_words
+
+                said.append(f"{who} " + (exit_words(st.exit_code) if st.exit_code is not None else "ended"))
+            elif w is not None and w.status != "unknown" and v is not None and v.hung:
+                said.append(f"{who} {where_words(w)}" + (f", {gpu}" if gpu else ""))
+            else:
+                said.append(who + (f" ({gpu})" if gpu else ""))
+        parts.append("Odd rank out: " + "; ".join(said) + ".")
+    if v is not None and v.hung:
+        waiting = [v.where[r] for r in v.waiting if r in v.where and r not in odd]
+        for rs, w in _groups_of(waiting):
+            utils = [u for u in (by_rank[r].util for r in rs if r in by_rank) if u is not None]
+            gpu = (f", {'its GPU' if len(rs) == 1 else 'GPUs'} at {min(utils):.0f}%" +
+                   (f"-{max(utils):.0f}%" if max(utils) - min(utils) >= 1 else "")) if utils else ""
+            text = where_words(w)
+            verb = text.split(" ", 1)
+            if len(rs) > 1 and verb[0] in ("waits", "is"):
+                text = {"waits": "wait", "is": "are"}[verb[0]] + " " + verb[1]
+            who = ranks_text(rs)
+            parts.append(f"{who[:1].upper()}{who[1:]} {text}{gpu}.")
+    if note:
+        parts.append(note[:1].upper() + note[1:] + ".")
+    if ras_text:
+        parts.append(f"{ras_text[:1].upper()}{ras_text[1:]}.")
+    return " ".join(parts)

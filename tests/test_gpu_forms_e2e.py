@@ -1,0 +1,131 @@
+"""The NCCL hang forms on GPUs, reproduced at the CUDA boundary: real torchrun, real ranks.
+
+NCCL collectives are asynchronous: a rank whose peers never come does not
+block inside the collective but spins at the next CUDA synchronisation point.
+``examples/train_ddp.py --sim-cuda on`` runs its collectives (gloo, async) on a
+simulated CUDA stream of ``examples/cuda_stub`` (a ``libcudart.so.12`` with the
+runtime's own entry points, built here with gcc), and synchronises where real
+training code does, through that library.  ddptop sees only what it would see
+on a GPU: py-spy's frames (the CUDA runtime's among the native ones) and the
+(simulated) GPU readings, which here are each rank's CPU use, as an NCCL
+kernel's spin reads on a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLE, json_events, run_ddptop
+from helpers import free_port
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None,
+                                reason="the CUDA runtime stand-in is built with a C compiler")
+
+SOURCE = Path(EXAMPLE).read_text().splitlines()
+
+
+def line_of(text: str) -> int:
+    return 1 + next(i for i, line in enumerate(SOURCE) if text in line)
+
+
+SYNC = line_of("cudart.cudaStreamSynchronize(stream.handle)")  # loss.item() on a GPU
+METRICS_SYNC = line_of("cudart.cudaEventSynchronize(metrics_done)")
+STUCK = line_of("time.sleep(86400)")  # the hung rank, in its data loading
+
+
+@pytest.fixture
+def cuda_cache(tmp_path_factory, monkeypatch):
+    """One build of the stand-in for the whole module (the example builds it on first use)."""
+    d = Path(os.environ.get("DDPTOP_TEST_CUDA_CACHE") or tmp_path_factory.getbasetemp() / "cuda-cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(d))
+    return d
+
+
+def launch(*args, nproc=2, ddptop=("--on-stall", "kill"), timeout=240):
+    r = run_ddptop("--json", "--gpu", "sim", *ddptop, "torchrun", "--nproc-per-node", str(nproc),
+                   "--master-port", str(free_port()), EXAMPLE, "--sim-cuda", "on", *args, timeout=timeout)
+    return r, json_events(r.stdout)
+
+
+def stalls(events):
+    return [e for e in events if e["kind"] == "alarm" and e["type"] == "stall"]
+
+
+def last_step_t(events) -> float:
+    return max(e["t"] for e in events if e["kind"] == "log" and e["text"].startswith("step "))
+
+
+def test_a_rank_stuck_in_python_while_the_others_spin_at_their_cuda_sync_is_named_with_its_line(runs_dir, cuda_cache):
+    r, events = launch("--steps", "100000", "--step-time", "0.05", "--fault", "hang", "--fault-rank", "1",
+                       "--fault-step", "30")
+    assert r.returncode == 124, r.stderr[-2000:]
+    (a,) = stalls(events)
+    assert a["culprits"] == [1] and a["where"]["1"]["line"] == STUCK, a
+    msg = a["message"]
+    assert f"rank 1 is in `next_batch` at train_ddp.py:{STUCK} (`time.sleep`)" in msg, msg
+    assert f"Rank 0 waits on the GPU at train_ddp.py:{SYNC}" in msg and "(`cudaStreamSynchronize`, libcudart)" in msg, msg
+    assert "its GPU idle" in msg
+    # the stack samples read native frames, and say rank 0 waits on the GPU, not that it works
+    (s,) = [e for e in events if e["kind"] == "stacks"]
+    assert s["native"] and s["waiting"] == [0] and s["where"]["0"]["kind"] == "gpu-wait"
+    assert s["where"]["0"]["gpu"] == "libcudart" and s["where"]["0"]["line"] == SYNC
+
+
+def test_a_rank_in_another_collective_is_a_collective_mismatch_naming_it_and_both_places(runs_dir, cuda_cache):
+    """3 ranks: ranks 0, 2 spin at the sync of their gradient all-reduce; rank 1 issued another
+    collective and spins at the sync of that one (a metric's .item())."""
+    r, events = launch("--steps", "100000", "--step-time", "0.05", "--fault", "other-collective",
+                       "--fault-rank", "1", "--fault-step", "30", nproc=3)
+    assert r.returncode == 124, r.stderr[-2000:]
+    (a,) = stalls(events)
+    assert a["id"] == "stall-mismatch" and a["culprits"] == [1], a
+    assert a["where"]["1"]["line"] == METRICS_SYNC and a["where"]["0"]["line"] == SYNC
+    assert "Collective mismatch" in a["message"]
+    assert f"rank 1 waits on the GPU at train_ddp.py:{METRICS_SYNC}" in a["message"], a["message"]
+    assert f"Ranks 0,2 wait on the GPU at train_ddp.py:{SYNC}" in a["message"], a["message"]
+
+
+def test_every_rank_in_the_first_collective_alarms_when_the_grace_runs_out_with_p2p_off_first(runs_dir, cuda_cache):
+    """The broken-P2P start-up hang: every rank spins in the very first collective, the log empty but
+    for the start-up lines.  No rank is the odd one out; the alarm comes when the first-step grace
+    (120 s) runs out, and suggests p2p-off first."""
+    r, events = launch("--steps", "100000", "--fault", "p2p-hang", "--fault-step", "1", timeout=400)
+    assert r.returncode == 124, r.stderr[-2000:]
+    (a,) = stalls(events)
+    assert a["culprits"] == [] and a["suggested_profiles"][0] == "p2p-off", a
+    started = min(e["t"] for e in events if e["kind"] == "rank" and e["alive"])
+    assert a["t"] - started >= 120
+    assert "since start-up without a first training step" in a["message"]
+    assert f"Ranks 0,1 wait on the GPU at train_ddp.py:{SYNC}" in a["message"], a["message"]
+    assert not any(e["kind"] == "log" and e["text"].startswith("step ") for e in events)
+
+
+def test_with_p2p_off_the_same_start_trains(runs_dir, cuda_cache, monkeypatch):
+    """...and a healthy first step shorter than the grace stays silent (a slow start: 20 s)."""
+    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
+    r, events = launch("--steps", "40", "--step-time", "0.05", "--first-step-time", "20", "--fault", "p2p-hang",
+                       "--fault-step", "1", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert stalls(events) == []
+    assert any(e["kind"] == "log" and e["text"].startswith("step 40 ") for e in events)
+
+
+def test_steps_that_sit_at_the_cuda_sync_for_seconds_are_no_hang(runs_dir, cuda_cache):
+    """Every step's GPU work takes 2 to 12 s (varying), all of it spent by every rank spinning at the
+    sync line: no alarm."""
+    r, events = launch("--steps", "14", "--step-time", "0", "--gpu-step-time", "2:12", ddptop=(), timeout=400)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert stalls(events) == [], stalls(events)
+    assert any(e["kind"] == "log" and e["text"].startswith("step 14 ") for e in events)
+
+
+def test_a_straggler_five_times_slower_is_never_a_hang(runs_dir, cuda_cache):
+    r, events = launch("--steps", "120", "--step-time", "0.1", "--fault", "straggler", "--fault-rank", "1",
+                       "--fault-step", "20", ddptop=(), timeout=400)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert stalls(events) == [], stalls(events)
+    assert any(e["kind"] == "log" and e["text"].startswith("step 120 ") for e in events)
