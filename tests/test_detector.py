@@ -662,3 +662,21 @@ def test_ranks_that_torchrun_stops_after_a_peer_died_raise_no_stall():
     d.rank_ended(0, -15, c.t + 0.5)  # torchrun's SIGTERM to the survivor
     c.t += 30
     assert d.decide().stall is None
+
+
+def test_a_stall_raised_early_is_raised_once_until_progress_resumes():
+    """(Raised on complete stack evidence before the threshold: the silence is still under the
+    threshold at the next checks, which is no sign of progress.)"""
+    c = Clock()
+    d = StallDetector(c, can_sample=True)
+    run_steps(d, c, [0, 1], 50, 0.1)
+    c.t += 2.5
+    d.stacks(StackVerdict(c.t - 0.5, True, (1,), "hung: ...", {0: gpu_wait(0, 88), 1: stuck(1, 60)}, waiting=(0,)))
+    assert d.decide().stall is not None
+    for _ in range(240):
+        c.t += 0.5
+        assert d.decide().stall is None
+    run_steps(d, c, [0, 1], 5, 0.1)  # it moves again: a new hang is a new stall
+    c.t += 2.5
+    d.stacks(StackVerdict(c.t - 0.5, True, (1,), "hung: ...", {0: gpu_wait(0, 88), 1: stuck(1, 60)}, waiting=(0,)))
+    assert d.decide().stall is not None

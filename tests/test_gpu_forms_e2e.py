@@ -13,6 +13,7 @@ kernel's spin reads on a GPU.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -129,3 +130,59 @@ def test_a_straggler_five_times_slower_is_never_a_hang(runs_dir, cuda_cache):
     assert r.returncode == 0, r.stderr[-2000:]
     assert stalls(events) == [], stalls(events)
     assert any(e["kind"] == "log" and e["text"].startswith("step 120 ") for e in events)
+
+
+def test_a_peer_that_died_on_another_node_is_said_at_once_in_the_merged_view(tmp_path, sshd, cuda_cache):
+    """Two torchrun nodes on this machine (a single torchrun would stop the survivor itself), one rank
+    each, one ddptop per node, attached together over a real sshd.  Rank 1 (node-b) exits; rank 0
+    (node-a) goes on spinning at its CUDA sync, as it would until NCCL's watchdog.  The merged view
+    says so within seconds of the exit, naming rank 1 and its node."""
+    import subprocess
+
+    from conftest import ROOT, TIMEOUT, alive, ddptop_cmd, journal_events, wait_for
+    from ddptop.core.session import Session
+    from sshd import remote_ddptop
+    from test_attach_ssh import finish, launch as launch_node
+
+    port = free_port()
+    jobs = []
+    for node_rank, name in enumerate(("a", "b")):
+        jobs.append(launch_node(tmp_path / f"runs-{name}", "--nnodes", "2", "--node-rank", str(node_rank),
+                                "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                                EXAMPLE, "--sim-cuda", "on", "--steps", "100000", "--step-time", "0.05",
+                                "--fault", "die", "--fault-rank", "1", "--fault-step", "30"))
+    w = None
+    seen: list[dict] = []
+    try:
+        w = subprocess.Popen(ddptop_cmd("--json", "attach", f"node-a:{jobs[0][1]}", f"node-b:{jobs[1][1]}",
+                                        "--ssh", " ".join(sshd.ssh), "--remote-ddptop", remote_ddptop(tmp_path)),
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+        def merged_stall():
+            line = w.stdout.readline()
+            if not line:
+                return True
+            seen.append(json.loads(line))
+            e = seen[-1]
+            return e["kind"] == "alarm" and e["type"] == "stall" and e["node"] == "all nodes"
+
+        wait_for(merged_stall, timeout=TIMEOUT, interval=0, what="the merged stall alarm")
+        alarm = seen[-1]
+        assert alarm["kind"] == "alarm", seen[-5:]
+        assert alarm["id"] == "stall-lost-peer" and alarm["culprits"] == [1], alarm
+        assert "rank 1 exited with code 1" in alarm["message"], alarm["message"]
+        died = next(e for e in seen if e["kind"] == "rank" and e["rank"] == 1 and not e["alive"])
+        assert died["node"] == "node-b" and alarm["t"] - died["t"] < 15, (died, alarm)
+        # rank 0 is still there, spinning: nothing but ddptop's alarm has said anything yet
+        assert any(e["kind"] == "rank" and e["rank"] == 0 and e["alive"] for e in seen)
+        os.killpg(w.pid, 2)  # SIGINT: stop the job through the attachment
+        finish(w)
+    finally:
+        if w is not None and w.poll() is None:
+            os.killpg(w.pid, 9)
+        for p, run in jobs:
+            if p.poll() is None:
+                Session.open(run).stop()
+    for p, run in jobs:
+        finish(p)
+        assert not any(alive(e["pid"]) for e in journal_events(run) if e["kind"] == "rank")

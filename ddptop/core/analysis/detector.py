@@ -141,6 +141,7 @@ class StallDetector:
         self.started = clock() if start is None else start
         self.ranks: dict[int, RankState] = {}
         self.active: Stall | None = None  # the stall being reported, until progress resumes
+        self._active_began = 0.0  # when the silence of the stall being reported began
         self.verdict: StackEvidence | None = None  # the latest stack samples' verdict (every node's, combined)
         self._verdicts: dict[str, StackEvidence] = {}  # node -> its latest
         # sampling state: samples are asked for at a suspected stall (``decide`` says so), again every
@@ -377,9 +378,8 @@ class StallDetector:
         stalled = [st for st in pool if self._silent(st, now) > self.threshold(st)]
         v_now = self._fresh()
         if self.active is not None:
-            if any(self._silent(self.ranks[r], now) < self.threshold(self.ranks[r]) for r in self.active.ranks
-                   if r in self.ranks):
-                self.active = None  # progress resumed
+            if any(self._last_sign(self.ranks[r]) > self._active_began for r in self.active.ranks if r in self.ranks):
+                self.active = None  # progress resumed: a sign of life of its ranks since the stall was raised
             return None
         confirmed = (v_now is not None and v_now.confirmed and not (set(v_now.culprits) & self._children_busy())
                      and not self._working(v_now, pool))
@@ -395,7 +395,7 @@ class StallDetector:
         if len(stalled) < len(pool):
             partial = self._partial(pool, stalled, now)
             if partial is not None:
-                self.active = partial
+                self.active, self._active_began = partial, max(self._last_sign(st) for st in stalled)
             return partial
         v = v_now
         note = ""
@@ -423,7 +423,7 @@ class StallDetector:
                         "than ddptop's patience)")
         if v is None and self.stacks_pending:
             return None
-        self.active = self._describe(pool, now, v, note)
+        self.active, self._active_began = self._describe(pool, now, v, note), self.silence_began()
         return self.active
 
     def _lost_peers(self, pool: list[RankState], now: float) -> list[int]:
