@@ -454,3 +454,13 @@ def test_without_monitor_before_2_29_it_is_said_once(server):
     probe._monitor.join(5)
     assert not probe._monitor.is_alive()
     assert len(got) == 1 and isinstance(got[0], NoteEvent) and "NCCL before 2.29" in got[0].message
+
+
+def test_one_version_parser_reads_nccls_package_versions():
+    """NCCL's package versions carry a build part (2.29.1-1): the guard for the versions whose RAS must not
+    be asked often (2.26 to 2.29.1) must see 2.29.1, not 2.29.11."""
+    from ddptop.core.versions import version_tuple
+
+    assert version_tuple("2.29.1-1") == (2, 29, 1) and version_tuple("2.29.2+cuda12.8") == (2, 29, 2)
+    assert (2, 26) <= version_tuple("2.29.1-1") < (2, 29, 2)
+    assert version_tuple("2.4.0+cu121") == (2, 4, 0) and version_tuple("") == () and version_tuple(None) == ()

@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 
 from ddptop.core.events import AlarmEvent, Event, LaunchEvent, NoteEvent
 from ddptop.core.jobs import CommandResult
+from ddptop.core.versions import version_tuple
 
 CHECK_EVERY = 0.5  # seconds between stall checks
 CRASH_SIGNATURES = frozenset({"child-failed", "rank-exit", "rank-signal"})
@@ -459,7 +460,7 @@ class Pipeline:
         version behind a RAS address the user set)."""
         always = self.ras_always() if callable(self.ras_always) else self.ras_always
         v = self.analyzer.nccl_version
-        return bool(always) if not v else _vtuple(v) >= (2, 29)
+        return bool(always) if not v else version_tuple(v) >= (2, 29)
 
     def ask_ras(self) -> bool:
         """Ask NCCL's RAS port now (a suspected stall, a stall, a stack capture),
@@ -470,13 +471,13 @@ class Pipeline:
         if not (always or self.analyzer.nccl_version):
             return False
         v = self.analyzer.nccl_version
-        if v and not always and _vtuple(v) < (2, 24):
+        if v and not always and version_tuple(v) < (2, 24):
             if not self._ras_unknown_said:
                 self._ras_unknown_said = True
                 self.ras.emit([NoteEvent(self.clock(), "info", f"NCCL {v} has no RAS port (it came in 2.24): the "
                                          "culprit comes from stacks and telemetry only", node=self.node)])
             return False
-        if v and (2, 26) <= _vtuple(v) < (2, 29, 2) and time.monotonic() - self.ras.last_asked < FRAGILE_RAS_GAP:
+        if v and (2, 26) <= version_tuple(v) < (2, 29, 2) and time.monotonic() - self.ras.last_asked < FRAGILE_RAS_GAP:
             return False  # (queries have crashed these versions' RAS: NVIDIA/nccl#1669, #1718)
         return self.ras.request()
 
@@ -664,14 +665,6 @@ class RasProbe:
             self.emit([RasEvent(t0, addr=addr, error=f"RAS query failed: {e!r}", node=self.node)])
         finally:
             self._busy.release()
-
-
-def _vtuple(v: str) -> tuple[int, ...]:
-    out = []
-    for x in v.split(".")[:3]:
-        digits = "".join(c for c in x if c.isdigit())
-        out.append(int(digits) if digits else 0)
-    return tuple(out)
 
 
 def _local_addresses() -> set[str]:

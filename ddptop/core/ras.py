@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ddptop.core.versions import version_tuple
+
 DEFAULT_ADDR = "localhost:28028"
 PROTOCOL = 2
 KINDS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
@@ -226,10 +228,6 @@ def parse(raw: str, fmt: str) -> RasStatus:
     return st
 
 
-def version_tuple(v: str) -> tuple[int, ...]:
-    """``2.29.2+cuda12.8`` -> (2, 29, 2); () when there is none."""
-    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", v or "")
-    return tuple(int(x) for x in m.groups() if x is not None) if m else ()
 
 
 # -- JSON (2.28.7+) ---------------------------------------------------------------

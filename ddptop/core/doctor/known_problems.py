@@ -87,7 +87,7 @@ def load_known_problems(path: Path = KNOWN_PROBLEMS) -> list[KnownProblem]:
 def _in_range(v: str | None, lo: str | None, hi: str | None) -> bool | None:
     """None when the version is unknown."""
     t = version_tuple(v)
-    if t is None:
+    if not t:
         return None
     if lo and version_cmp(t, version_tuple(lo) or ()) < 0:
         return False

@@ -17,21 +17,9 @@ from typing import Callable
 
 from ddptop.core.doctor.report import FAIL, OK, SKIPPED, WARN, Row
 from ddptop.core.gpu.nvml import Topology
+from ddptop.core.versions import version_cmp, version_tuple
 
-
-def version_tuple(v: str | None) -> tuple[int, ...] | None:
-    """(2, 4, 0) from "2.4.0+cu121" (the local part ignored); None without a number."""
-    if not v:
-        return None
-    parts = re.findall(r"\d+", v.split("+")[0])
-    return tuple(int(p) for p in parts) if parts else None
-
-
-def version_cmp(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    """-1, 0 or 1, as a < b, a == b, a > b; missing trailing parts count as 0."""
-    n = max(len(a), len(b))
-    a, b = a + (0,) * (n - len(a)), b + (0,) * (n - len(b))
-    return (a > b) - (a < b)
+__all__ = ["version_cmp", "version_tuple"]
 
 
 @dataclass
