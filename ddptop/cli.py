@@ -146,7 +146,7 @@ def _fix_after_ui(session, args) -> int:
     if meta is None:
         return _err("this job's command is not known: nothing to run again")
     from ddptop.core import journal
-    from ddptop.core.jobs import LocalRun
+    from ddptop.core.sessions.protocol import LocalRun
     from ddptop.core.profiles import mask_argv
 
     loc = session.location
@@ -220,7 +220,7 @@ a job ddptop did not launch (--pid PID, or found as above):
 
 
 def cmd_attach(rest: list[str], args) -> int:
-    from ddptop.core.jobs import AttachRequest, OpenError, WatchOptions, open_target
+    from ddptop.core.factory import AttachRequest, OpenError, WatchOptions, open_target
 
     ap = argparse.ArgumentParser(prog="ddptop attach", formatter_class=argparse.RawDescriptionHelpFormatter,
                                  allow_abbrev=False,
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if cmd[1:2] != ["p2p"]:
             return _err("usage: ddptop bench p2p [--json] [--timeout S] [--sizes B,B,...] [--ranks N] [--copy-mb M]")
-        from ddptop.gpu_bench import main as bench_p2p  # torch only in the worker processes it starts
+        from ddptop.core.gpu_bench import main as bench_p2p  # torch only in the worker processes it starts
 
         return bench_p2p(cmd[2:] + (["--json"] if args.json and "--json" not in cmd else []))
     if cmd[0] == "fix":

@@ -13,7 +13,7 @@ pytest.importorskip("textual")
 from textual.widgets import DataTable, RichLog, TabbedContent  # noqa: E402
 
 from ddptop.core.events import AlarmEvent, ProgressEvent, RankEvent, StateEvent  # noqa: E402
-from ddptop.core.jobs import CommandResult  # noqa: E402
+from ddptop.core.sessions.protocol import CommandResult# noqa: E402
 from ddptop.core.session import Session  # noqa: E402
 from ddptop.ui import logview  # noqa: E402
 from ddptop.ui.app import make_app  # noqa: E402

@@ -9,7 +9,7 @@ pytest.importorskip("textual")
 from textual.widgets import DataTable, Static  # noqa: E402
 
 import fake_nvml  # noqa: E402
-from ddptop.gpu_bench import Row  # noqa: E402
+from ddptop.core.gpu_bench import Row  # noqa: E402
 from ddptop.core.session import Session  # noqa: E402
 from ddptop.ui.app import make_app  # noqa: E402
 from ddptop.ui.tool_screens import matrix_text  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import ROOT, ddptop_cmd
 import fake_nvml
-from ddptop.gpu_bench import _nvml_index, algbw, busbw, link_rates, memory_rate, nvlink_link_rate, pcie_rate, percent
+from ddptop.core.gpu_bench import _nvml_index, algbw, busbw, link_rates, memory_rate, nvlink_link_rate, pcie_rate, percent
 from ddptop.core.gpu.nvml import NvmlBackend
 
 
@@ -141,7 +141,7 @@ def test_timing_repeats_a_fast_copy_until_launch_and_sync_are_a_small_part():
     takes 0.1 ms at H100 memory bandwidth) and few of a slow one."""
     import torch
 
-    from ddptop.gpu_bench import _timed
+    from ddptop._inject.bench_worker import _timed
 
     a = torch.zeros(1)
     b = torch.empty_like(a)

@@ -15,8 +15,8 @@ from helpers import per_line
 from conftest import (EXAMPLE, ROOT, TIMEOUT, alive, ddptop_cmd, json_events, rank_pids, rank_started, wait_for,
                       write_run)
 from ddptop.core import journal
-from ddptop.core.jobs import (AttachRequest, AttachedPid, LocalRun, Nodes, OpenError, RemoteRun, open_local,
-                              open_target)
+from ddptop.core.sessions.protocol import AttachedPid, LocalRun, Nodes, RemoteRun
+from ddptop.core.factory import AttachRequest, OpenError, open_local, open_target
 from ddptop.core.session import Session
 
 
@@ -97,7 +97,7 @@ def test_a_running_run_is_running_by_its_supervisor_not_by_a_missing_exit_json(r
                        timeout=60, what="the supervisor").parent
         assert journal.run_state(run).state == "running"
         # a plain `ddptop attach` picks the running run (not a job ddptop did not launch)
-        opened = open_local(options=__import__("ddptop.core.jobs", fromlist=["WatchOptions"]).WatchOptions())
+        opened = open_local(options=__import__("ddptop.core.factory", fromlist=["WatchOptions"]).WatchOptions())
         assert opened.session.location == LocalRun(run)
         c = opened.session.control()
         assert c.stop and c.relaunch and c.stacks and c.fix and not c.refused

@@ -305,7 +305,7 @@ def test_bench_link_rates_through_the_real_pynvml(libs, tmp_path):
     conf.write_text("\n".join(lines) + "\n")
     r = python("""
         import json
-        from ddptop.gpu_bench import link_rates
+        from ddptop.core.gpu_bench import link_rates
         from ddptop.core.gpu.nvml import NvmlBackend
         r = link_rates(NvmlBackend().links())
         print(json.dumps({"pair": {f"{i}-{j}": v for (i, j), v in r.pair.items()}, "pcie": r.pcie,

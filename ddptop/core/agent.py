@@ -2,7 +2,7 @@
 
 Runs on the node (usually started by ``ddptop attach HOST`` through the
 person's own ssh); core only, no UI import.  It opens the job with the same
-factory as the CLI (``jobs.open_local``) and speaks the protocol described in
+factory as the CLI (``factory.open_local``) and speaks the protocol described in
 ``ddptop.core.wire``.  End of stdin (the client went away) ends the agent;
 the job is never touched by that.
 """
@@ -82,7 +82,8 @@ def main(argv: list[str]) -> int:
         write(wire.dumps(obj) + "\n")
         out.flush()
 
-    from ddptop.core.jobs import AttachedPid, LocalRun, OpenError, WatchOptions, open_local
+    from ddptop.core.sessions.protocol import AttachedPid, LocalRun
+    from ddptop.core.factory import OpenError, WatchOptions, open_local
 
     hello = wire.hello(host=journal.hostname(), ddptop=__version__, pid=os.getpid(), t=time.time(),
                        versions=software_versions())

@@ -41,7 +41,7 @@ from ddptop import __version__
 from ddptop.core import journal, procs
 from ddptop.core.events import (ENDED, RUNNING, AlarmEvent, Event, GpuEvent, LogBatch, NoteEvent, ProcEvent,
                                 RankEvent, StateEvent)
-from ddptop.core.jobs import EXIT_CRASH_SEEN, EXIT_UNKNOWN, AttachedPid, CommandResult, Control, ExitStatus
+from ddptop.core.sessions.protocol import EXIT_CRASH_SEEN, EXIT_UNKNOWN, AttachedPid, CommandResult, Control, ExitStatus
 from ddptop.core.pipeline import Pipeline, RankMap, StackCapture, StackSampler, StackWatch, TelemetryLoop
 from ddptop.core.tailer import Tailer, read_share
 

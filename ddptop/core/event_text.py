@@ -11,9 +11,9 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass
 
+from ddptop.core.analysis.wording import exit_words
 from ddptop.core.events import (AlarmEvent, Event, GpuStatusEvent, LaunchEvent, LinkEvent, NoteEvent, RankEvent,
                                 RasEvent, StacksEvent, StateEvent)
 
@@ -35,17 +35,6 @@ class Said:
     def line(self) -> str:
         """The UI's merged-log text."""
         return f"{self.label}: {self.text}" if self.label else self.text
-
-
-def exit_words(code: int) -> str:
-    """``exited with code -11 (SIGSEGV)``."""
-    what = f"exited with code {code}"
-    if code < 0:
-        try:
-            what += f" ({signal.Signals(-code).name})"
-        except ValueError:
-            pass
-    return what
 
 
 def describe(ev: Event, *, nodes: bool = False) -> Said | None:

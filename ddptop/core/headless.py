@@ -8,7 +8,7 @@ from typing import TextIO
 
 from ddptop.core.event_text import describe
 from ddptop.core.events import Event, LogBatch
-from ddptop.core.jobs import JobSession
+from ddptop.core.sessions.protocol import JobSession
 
 
 def format_text(ev: Event) -> str | None:

@@ -8,9 +8,7 @@ the link drops it reconnects with backoff and resumes from the last cursor, so
 every line arrives exactly once.  ``MultiSession`` merges several nodes into
 one stream and runs a stall detector across all of them.
 
-``ddptop doctor --host HOST`` goes over the same ssh: :func:`doctor_on_hosts`
-runs ``ddptop doctor --json`` on each node (:func:`doctor_rows`) and shows the
-rows per node.
+``ddptop doctor --host HOST`` goes over the same ssh (``doctor.hosts``).
 """
 
 from __future__ import annotations
@@ -25,17 +23,13 @@ import signal
 import subprocess
 import threading
 import time
-from typing import TYPE_CHECKING
 
 from ddptop import __version__
 from ddptop.core import journal, wire
 from ddptop.core.events import (FINAL_STATES, LOST, AlarmEvent, BadEvent, Event, LaunchEvent, LinkEvent, LogBatch, LogEvent, NoteEvent,
                                 RankEvent, StateEvent, UnknownKind, from_dict)
-from ddptop.core.jobs import CommandResult, Control, ExitStatus, Nodes, RemoteRun
+from ddptop.core.sessions.protocol import CommandResult, Control, ExitStatus, Nodes, RemoteRun
 from ddptop.core.wire import encode_cursor
-
-if TYPE_CHECKING:
-    from ddptop.core.doctor.report import Row
 
 BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0)  # seconds before reconnect n (then the last, forever)
 SILENCE = 15.0  # seconds without any line (the agent sends one every 2 s) = dead link
@@ -678,56 +672,3 @@ class MultiSession:
     def close(self) -> None:
         for s in self.sessions:
             s.close()
-
-
-# -- ddptop doctor --host: the checks run on other nodes, by their own ddptop --------
-# ddptop.core.doctor is imported inside these functions, not at the top: the
-# doctor imports this module (for --host), and attaching over ssh needs none of it.
-
-
-def doctor_rows(host: str, ssh: list[str], remote_cmd: str, args: list[str], timeout: float = 120) -> list[Row]:
-    """The doctor's rows on HOST, run there by its own ddptop over ssh; a host
-    that cannot be reached, or has no ddptop, is one failed row saying so."""
-    from ddptop.core.doctor.report import FAIL, Row
-
-    try:
-        check_host(host)
-    except ValueError as e:
-        return [Row("ssh", FAIL, str(e), [], "fix the host name (in --host, or the hosts file)")]
-    argv = [*ssh, *SSH_OPTIONS, "--", host, remote_command([*shlex.split(remote_cmd), "doctor", "--json", *args])]
-    try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return [Row("ssh", FAIL, f"{host}: no answer in {timeout:g} s", [" ".join(argv)])]
-    except OSError as e:
-        return [Row("ssh", FAIL, f"could not run ssh: {e}", [" ".join(argv)])]
-    try:
-        d = json.loads(r.stdout)
-        return [Row(**{k: v for k, v in row.items() if k in Row.__dataclass_fields__}) for row in d["rows"]]
-    except (ValueError, KeyError, TypeError):
-        err = (r.stderr or r.stdout).strip().splitlines()
-        last = err[-1] if err else f"exit {r.returncode}"
-        if r.returncode == 127 or "command not found" in r.stderr or "No module named ddptop" in r.stderr:
-            return [Row("ddptop", FAIL, f"ddptop is not installed on {host}", [last],
-                        f"install it there: {install_hint()} (or point --remote-ddptop at it)")]
-        return [Row("ssh", FAIL, f"{host}: {last}", [" ".join(argv)],
-                    "check that `ssh HOST` works without a password prompt (keys or agent)")]
-
-
-def doctor_on_hosts(hosts: list[str], *, ssh: str | None, remote_ddptop: str | None, workers: int | None,
-                    master_port: int, as_json: bool) -> int:
-    """``ddptop doctor --host H...``: each host's rows, printed per host (a
-    table each, or one JSON document); the exit code is the worst host's.
-    ``ssh`` and ``remote_ddptop`` default to $DDPTOP_SSH and $DDPTOP_REMOTE."""
-    from ddptop.core.doctor.report import exit_code, format_rows, summary
-
-    ssh_argv = shlex.split(ssh or os.environ.get("DDPTOP_SSH", "ssh"))
-    remote_cmd = remote_ddptop or os.environ.get("DDPTOP_REMOTE", "ddptop")
-    args = (["--workers", str(workers)] if workers is not None else []) + ["--master-port", str(master_port)]
-    per_host = {h: doctor_rows(h, ssh_argv, remote_cmd, args) for h in hosts}
-    if as_json:
-        print(json.dumps({"hosts": {h: {"rows": [r.to_dict() for r in rows], "summary": summary(rows)}
-                                    for h, rows in per_host.items()}}, indent=2))
-    else:
-        print("\n\n".join(f"== {h} ==\n{format_rows(rows)}" for h, rows in per_host.items()))
-    return max(exit_code(rows) for rows in per_host.values())

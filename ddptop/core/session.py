@@ -37,7 +37,7 @@ from ddptop.core.events import (
     UnknownKind,
     from_json,
 )
-from ddptop.core.jobs import CommandResult, Control, ExitStatus, LocalRun
+from ddptop.core.sessions.protocol import CommandResult, Control, ExitStatus, LocalRun
 from ddptop.core.pipeline import RankMap
 from ddptop.core.tailer import Tailer, read_share
 from ddptop.core.wake import FileWaker

@@ -40,7 +40,7 @@ from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, Tab
 from ddptop.core.event_text import describe
 from ddptop.core.events import (FINAL_STATES, AlarmEvent, GpuEvent, GpuStatusEvent, LaunchEvent, LinkEvent, LogBatch,
                                 NoteEvent, ProcEvent, ProgressEvent, RankEvent, StateEvent)
-from ddptop.core.jobs import JobSession, Nodes, RemoteRun
+from ddptop.core.sessions.protocol import JobSession, Nodes, RemoteRun
 from ddptop.core.job_state import JobState
 from ddptop.ui.alarm_box import AlarmBox, is_recent
 from ddptop.ui.dialogs import DEFAULT_CHOICE, FixScreen, HelpScreen, ProfilePicker, QuitScreen, picker_choices

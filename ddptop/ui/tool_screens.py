@@ -199,7 +199,7 @@ class BenchScreen(ModalScreen[None]):
 
     @work(thread=True, exclusive=True, group="bench", exit_on_error=False)
     def _run(self) -> None:
-        from ddptop.gpu_bench import run
+        from ddptop.core.gpu_bench import run
 
         try:
             rep = run(self.sizes, self.timeout, progress=lambda row: self.app.call_from_thread(self._add, row))
@@ -208,13 +208,13 @@ class BenchScreen(ModalScreen[None]):
             self.app.call_from_thread(self._done, "", f"{type(e).__name__}: {e}")
 
     def _add(self, r) -> None:
-        from ddptop.gpu_bench import _size
+        from ddptop.core.gpu_bench import size_text
 
         self.rows.append(r)
         note = r.message if r.status != "ok" else (f"algbw {r.algbw:.3g} GB/s" if r.algbw is not None else "")
         status = "" if r.status == "ok" else f"{r.status.upper()}: "
         self.query_one("#rows", DataTable).add_row(
-            r.test, r.where, _size(r.size), f"{r.gbs:.3g}" if r.gbs is not None else "",
+            r.test, r.where, size_text(r.size), f"{r.gbs:.3g}" if r.gbs is not None else "",
             f"{r.pct:.0f}%" if r.pct is not None else "",
             f"{r.latency_us:.1f} us" if r.latency_us is not None else "",
             Text(status + note, style=STATUS_STYLE.get(r.status, "") if r.status != "ok" else "dim"))

@@ -79,7 +79,7 @@ def test_sampling_cost_on_real_gpus():
 
 
 def test_link_facts_and_health_of_every_gpu():
-    from ddptop.gpu_bench import link_rates
+    from ddptop.core.gpu_bench import link_rates
 
     facts = backend.links()
     health = backend.health()

@@ -54,7 +54,7 @@ def stall_culprits(ranks: Iterable["RankState"], stacks: StackEvidence | None,
             culprits.append(st.rank)
             gone = "dead" if not st.alive else st.status
             if not st.alive and st.exit_code is not None:
-                from ddptop.core.event_text import exit_words
+                from ddptop.core.analysis.wording import exit_words
 
                 gone = exit_words(st.exit_code)
             evidence.append(f"rank {st.rank} {'is ' if not gone.startswith('exited') else ''}{gone}")

@@ -8,6 +8,7 @@ who is elsewhere, where, and its GPU state.  Pure: no I/O.
 
 from __future__ import annotations
 
+import signal
 from typing import TYPE_CHECKING, Iterable
 
 from ddptop.core.analysis.evidence import StackEvidence, Where, ranks_text
@@ -28,6 +29,17 @@ HEADLINES = {
     "cpu-bound": "CPU-bound stall: no progress while the CPU is pegged (data loading?)",
     "unknown": "Stall: no step progress",
 }
+
+
+def exit_words(code: int) -> str:
+    """``exited with code -11 (SIGSEGV)``."""
+    what = f"exited with code {code}"
+    if code < 0:
+        try:
+            what += f" ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return what
 
 
 def phase_of(pool: Iterable["RankState"]) -> str:
@@ -134,8 +146,6 @@ def stall_message(kind: str, pool: list["RankState"], everyone: list["RankState"
             st = by_rank.get(r)
             who = f"rank {r}" + (f" on {w.node}" if w is not None and w.node and several_nodes else "")
             if st is not None and not st.alive:
-                from ddptop.core.event_text import exit_words
-
                 said.append(f"{who} " + (exit_words(st.exit_code) if st.exit_code is not None else "ended"))
             elif w is not None and w.status != "unknown" and v is not None and v.hung:
                 said.append(f"{who} {where_words(w)}" + (f", {gpu}" if gpu else ""))

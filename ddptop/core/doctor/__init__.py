@@ -120,7 +120,7 @@ def main(argv: list[str]) -> int:
     if a.host:
         # imported here, not at the top: the ssh client is needed only for --host (and it imports
         # ddptop.core.doctor.report itself, inside its functions)
-        from ddptop.core.remote import doctor_on_hosts
+        from ddptop.core.doctor.hosts import doctor_on_hosts
 
         return doctor_on_hosts(a.host, ssh=a.ssh, remote_ddptop=a.remote_ddptop, workers=a.workers,
                                master_port=a.master_port, as_json=a.json)

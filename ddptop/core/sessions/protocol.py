@@ -18,15 +18,14 @@ only what is declared here; none of them asks which kind it holds.
   attached pid, or several nodes.
 * ``cursor()`` resumes reading exactly after what ``poll()`` returned.
 
-``open_local`` turns what a person (or a remote client, through the agent)
-names on this machine into a session; ``open_target`` adds the remote
-forms.  The CLI and the agent both use them.
+The factory that turns what a person names into a session is
+``ddptop.core.factory`` (``open_local``, ``open_target``); the implementations
+import this module, never the factory.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Union
 
@@ -236,154 +235,3 @@ class JobSession(Protocol):
 
     def close(self) -> None:
         """Stop watching (the job itself is never touched by this)."""
-
-
-# -- opening one ---------------------------------------------------------------
-
-
-class OpenError(Exception):
-    """What the person named cannot be watched; the message says why (and what to do)."""
-
-
-@dataclass(frozen=True)
-class WatchOptions:
-    """Settings for watching a job that ddptop did not launch (it has no journal to say them)."""
-
-    gpu: str = "auto"
-    stall_after: float | None = None
-    sample_interval: float = 1.0
-
-
-@dataclass(frozen=True)
-class Opened:
-    session: JobSession
-    notes: tuple[str, ...] = ()  # what the person should be told on stderr (what was picked, and why)
-
-
-def _local_pid(pid: int, options: WatchOptions, resume: dict[str, int] | None) -> Opened:
-    from ddptop.core.attach_pid import ForeignError, ForeignSession, launched_by_ddptop, resolve_pid
-    from ddptop.core.session import Session
-
-    try:
-        target = resolve_pid(pid)
-        if target.torchrun is not None:
-            run_dir = launched_by_ddptop(target.torchrun)
-            if run_dir is not None:
-                return Opened(Session.open(run_dir, resume=resume),
-                              (f"torchrun pid {target.pid} was launched by ddptop: attaching to its run {run_dir}",))
-        return Opened(ForeignSession(target, gpu=options.gpu, stall_after=options.stall_after,
-                                     sample_interval=options.sample_interval, resume=resume))
-    except ForeignError as e:
-        raise OpenError(f"--pid {pid}: {e}") from None
-
-
-def parse_pid_ref(ref: str) -> int | None:
-    """``pid:N`` (or ``pid-N``) -> N; anything else -> None."""
-    for prefix in ("pid:", "pid-"):
-        if ref.startswith(prefix) and ref[len(prefix):].isdigit():
-            return int(ref[len(prefix):])
-    return None
-
-
-def open_local(ref: str = "", *, pid: int | None = None, options: WatchOptions = WatchOptions(),
-               resume: dict[str, int] | None = None) -> Opened:
-    """A job on this machine: a run id, a run directory, ``latest``, ``pid:N``,
-    or (``pid``) any process of a torchrun job.  An empty ``ref`` and no pid:
-    the newest ddptop run while it runs, else the one torchrun job ddptop did
-    not launch, else the newest run (finished), to read it again."""
-    from ddptop.core import journal
-    from ddptop.core.session import Session
-
-    if pid is None and ref:
-        pid = parse_pid_ref(ref)
-    if pid is not None:
-        return _local_pid(pid, options, resume)
-    if ref:
-        try:
-            return Opened(Session.open(journal.resolve_run(ref), resume=resume))
-        except journal.JournalError as e:
-            raise OpenError(str(e)) from None
-    try:
-        newest: Path | None = journal.resolve_run("latest")
-    except journal.JournalError:
-        newest = None
-    if newest is None or journal.run_state(newest).final:
-        from ddptop.core.attach_pid import describe, find_torchruns
-
-        found = find_torchruns()
-        if len(found) == 1:
-            p = found[0]
-            opened = _local_pid(p.pid, options, resume)
-            return Opened(opened.session, (f"attaching to torchrun pid {p.pid} (not launched by ddptop)",))
-        if len(found) > 1:
-            rows = "\n".join(describe(p) for p in found)
-            raise OpenError(f"{len(found)} torchrun jobs that ddptop did not launch are running:\n"
-                            f"{'PID':>8}  {'STARTED':19}  COMMAND\n{rows}\n"
-                            f"pick one with `ddptop attach --pid PID`")
-    if newest is None:
-        raise OpenError(f"no runs under {journal.runs_home()} and no torchrun job running here")
-    try:
-        return Opened(Session.open(newest, resume=resume))
-    except journal.JournalError as e:
-        raise OpenError(str(e)) from None
-
-
-@dataclass(frozen=True)
-class AttachRequest:
-    """What a person asked ``ddptop attach`` for."""
-
-    targets: tuple[str, ...] = ()  # RUN, or HOST[:RUN] (several hosts: one job on several nodes)
-    pid: int | None = None
-    run: str | None = None  # run id on every host
-    hosts: tuple[str, ...] = ()  # from --hosts-file / --slurm: always remote
-    ssh: tuple[str, ...] | None = None
-    remote_cmd: str | None = None
-    options: WatchOptions = field(default_factory=WatchOptions)
-
-
-def open_target(req: AttachRequest) -> Opened:
-    """A local run, a local job by pid, or the runs on one or more remote nodes."""
-    from ddptop.core import journal
-
-    if req.pid is not None and (req.targets or req.run or req.hosts):
-        if len(req.targets) != 1 or req.run or req.hosts:
-            raise OpenError("--pid takes one HOST at most (the job's node), and no RUN, --run, --hosts-file "
-                            "or --slurm")
-        try:
-            journal.resolve_run(req.targets[0])
-        except journal.JournalError:
-            return _remote([f"{req.targets[0]}:pid:{req.pid}"], req)
-        raise OpenError(f"--pid cannot be combined with a RUN ({req.targets[0]} is a ddptop run here)")
-    if req.pid is not None:
-        return open_local(pid=req.pid, options=req.options)
-    if not req.targets and not req.hosts:
-        return open_local(req.run or "", options=req.options)
-    if len(req.targets) == 1 and not req.hosts:
-        ref = req.targets[0]
-        try:
-            return open_local(ref, options=req.options)
-        except OpenError:
-            if os.sep in ref or ref in ("latest", "last") or parse_pid_ref(ref) is not None:
-                raise
-    return _remote([*req.targets, *req.hosts], req)
-
-
-def _remote(targets: list[str], req: AttachRequest) -> Opened:
-    from ddptop.core.remote import MultiSession, RemoteSession, check_host, parse_target
-
-    sessions = []
-    for t in targets:
-        try:
-            host, run = parse_target(t)
-            check_host(host)
-        except ValueError as e:
-            raise OpenError(str(e)) from None
-        if req.run and run == "latest":
-            run = req.run
-        sessions.append((host, run))
-    opened = [RemoteSession(host, run, ssh=list(req.ssh) if req.ssh else None, remote_cmd=req.remote_cmd,
-                            gpu=req.options.gpu) for host, run in sessions]
-    hosts = ", ".join(h for h, _ in sessions)
-    if len(opened) == 1:
-        return Opened(opened[0], (f"attaching to {hosts} over ssh",))
-    return Opened(MultiSession(opened, stall_after=req.options.stall_after), (f"attaching to {hosts} over ssh",))
