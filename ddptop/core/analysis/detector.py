@@ -516,6 +516,11 @@ class StallDetector:
                     "idle": ("nccl-debug", "flight-recorder", "fewer-workers"),
                     "cpu-bound": ("fewer-workers",),
                     "unknown": ("p2p-off", "nccl-debug", "flight-recorder")}[kind]
+        if kind == "collective" and v is not None and any(
+                r in v.where and (v.where[r].kind == "gpu-wait" or v.where[r].status == "busy") for r in waiting):
+            # the others spin while they wait (at a GPU sync, or polling): the NCCL hang's signature, whatever
+            # the GPU readings have caught up with yet
+            profiles = ("p2p-off", "nccl-debug", "flight-recorder", "gloo")
         if starting and kind in ("hot", "collective", "unknown") and not culprits:
             # every rank stuck before the first step, none the odd one out: the broken peer-to-peer start-up
             profiles = ("p2p-off", "nccl-debug", "flight-recorder", "gloo")
