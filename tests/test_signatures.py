@@ -436,3 +436,21 @@ def test_deepspeeds_launcher_names_the_first_rank_that_failed():
 def test_torchrun_tee_and_torch_prefixes_together_give_the_global_rank():
     (f,) = SignatureMatcher().feed("[default1]:[rank5]: ValueError: bad shard", None)
     assert f.rank == 5
+
+
+def test_the_live_alarm_and_diagnose_name_the_same_culprit_of_a_rank_killed_by_sigkill():
+    """A rank killed with SIGKILL (the OOM killer), nothing in its own log: torchrun's report names it.
+    The live alarm (the analyzer, as the supervisor runs it) and ``ddptop diagnose`` (its report) name
+    it alike: one culprit function serves both."""
+    from ddptop.core.analysis.analyzer import Analyzer
+    from ddptop.core.diagnose import report
+    from helpers import logs
+
+    summary = TORCHRUN_SUMMARY.replace("exitcode  : -11", "exitcode  : -9").replace(
+        "Signal 11 (SIGSEGV)", "Signal 9 (SIGKILL)")
+    an = Analyzer(lambda: 10.0)
+    alarms = an.feed([logs(1.0, 0, "step 1 loss 0.5"), logs(1.0, 5, "step 1 loss 0.5"),
+                      logs(9.0, None, *summary.splitlines(), path="torchrun.log")])
+    crash = [a for a in alarms if a.type == "crash"]
+    assert crash and crash[-1].culprits == (5,), [(a.id, a.culprits) for a in alarms]
+    assert report(an)["culprits"] == [5]
