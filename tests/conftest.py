@@ -36,6 +36,11 @@ def no_cuda_outside_tests_gpu(request, monkeypatch):
 def runs_dir(tmp_path, monkeypatch):
     d = tmp_path / "runs"
     monkeypatch.setenv("DDPTOP_RUNS_DIR", str(d))
+    # each test's torchrun gets a rendezvous port of its own (torchrun reads --master-port from
+    # PET_MASTER_PORT), so jobs of tests running side by side never meet on 29500
+    from helpers import free_port
+
+    monkeypatch.setenv("PET_MASTER_PORT", str(free_port()))
     yield d
     # a test that failed midway must not leave its job running: stop it through
     # its supervisor, and check that no rank survives
@@ -134,3 +139,27 @@ def sshd(tmp_path_factory):
     s = start_sshd(tmp_path_factory.mktemp("sshd"))
     yield s
     stop_sshd(s)
+
+
+# -- tiers ---------------------------------------------------------------------------------------------
+# unit: pure, in-process; integration: real torchrun, sshd, frameworks or other processes; ui: Textual's
+# Pilot; gpu: tests/gpu (skipped without a GPU).  `pytest -m unit` is the fast loop.
+_INTEGRATION_HINTS = ("run_ddptop", "torchrun", "sshd", "subprocess", "Popen")
+_tier_of: dict[Path, str] = {}
+
+
+def _tier(path: Path) -> str:
+    if path not in _tier_of:
+        if ROOT / "tests" / "gpu" in path.parents:
+            _tier_of[path] = "gpu"
+        elif path.name.startswith("test_app"):
+            _tier_of[path] = "ui"
+        else:
+            text = path.read_text(errors="replace")
+            _tier_of[path] = "integration" if any(h in text for h in _INTEGRATION_HINTS) else "unit"
+    return _tier_of[path]
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(getattr(pytest.mark, _tier(Path(item.path))))
