@@ -13,7 +13,7 @@ pytest.importorskip("textual")
 from textual.widgets import DataTable, RichLog, TabbedContent  # noqa: E402
 
 from ddptop.core.events import AlarmEvent, ProgressEvent, RankEvent, StateEvent  # noqa: E402
-from ddptop.core.sessions.protocol import CommandResult# noqa: E402
+from ddptop.core.sessions.protocol import CommandResult  # noqa: E402
 from ddptop.core.session import Session  # noqa: E402
 from ddptop.ui import logview  # noqa: E402
 from ddptop.ui.app import make_app  # noqa: E402
@@ -378,3 +378,12 @@ def test_a_row_that_cannot_be_drawn_says_so_once_and_the_others_go_on(tmp_path, 
             assert merged.count("could not draw rank 1's row: ValueError: a cell for rank 1") == 1
 
     run_async(go())
+
+
+def test_a_broken_theme_file_is_skipped_and_named_with_its_line(tmp_path):
+    good = load_themes()
+    (tmp_path / "broken.toml").write_text('name = "mine"\nprimary = \n')
+    errors: list[str] = []
+    assert load_themes([tmp_path], errors=errors) == []
+    assert len(errors) == 1 and "broken.toml" in errors[0] and "line 2" in errors[0], errors
+    assert good  # (the shipped ones still load)

@@ -247,14 +247,14 @@ STARTUP_GRACE = 30.0  # seconds after launch in which a run without supervisor.j
 
 def pid_matches(pid: int, create_time: float | None) -> bool:
     """``pid`` is still the process that was started at ``create_time`` (and not a zombie)."""
-    try:
-        import psutil
+    import psutil
 
+    try:
         p = psutil.Process(pid)
         if create_time is not None and abs(p.create_time() - create_time) > 0.01:
             return False
         return p.status() != psutil.STATUS_ZOMBIE
-    except Exception:
+    except psutil.Error:  # gone, or not ours to look at: not the process that was started
         return False
 
 

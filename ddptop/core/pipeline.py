@@ -616,10 +616,7 @@ class RasProbe:
         return False
 
     def _local_ranks(self) -> dict[int, int]:
-        try:
-            return {pid: rank for rank, pid in self.rank_pids().items()}
-        except Exception:
-            return {}
+        return {pid: rank for rank, pid in self.rank_pids().items()}
 
     def _run(self, addr: str) -> None:
         from ddptop.core import ras

@@ -29,9 +29,10 @@ import time
 from typing import ClassVar
 
 from textual import on, work
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, ScreenStackError
 from textual.binding import Binding
 from textual.content import Content
+from textual.css.query import NoMatches
 from textual.markup import escape
 from textual.message import Message
 from textual.timer import Timer
@@ -198,11 +199,9 @@ class DdptopApp(App[str]):
         super().exit(*args, **kwargs)
 
     def _setup_themes(self) -> None:
-        try:
-            for th in load_themes():
-                self.register_theme(th)
-        except Exception:
-            pass
+        broken: list[str] = []
+        for th in load_themes(errors=broken):
+            self.register_theme(th)
         wanted = self._requested_theme or DEFAULT_THEME
         if wanted in self.available_themes:
             self.theme = wanted
@@ -211,6 +210,9 @@ class DdptopApp(App[str]):
             self._theme_warning = f"unknown theme {self._requested_theme!r}; using {FALLBACK_THEME}"
         else:
             self.theme = FALLBACK_THEME if DEFAULT_THEME not in self.available_themes else DEFAULT_THEME
+        if broken:
+            said = "; ".join(broken[:3]) + (f" (and {len(broken) - 3} more)" if len(broken) > 3 else "")
+            self._theme_warning = "; ".join(x for x in (self._theme_warning, f"theme files skipped: {said}") if x)
         self._update_palette()
 
     def watch_theme(self, theme: str) -> None:
@@ -448,7 +450,7 @@ class DdptopApp(App[str]):
     def _refresh_table(self) -> None:
         try:
             table = self.query_one("#ranks", RankTable)
-        except Exception:
+        except (NoMatches, ScreenStackError):  # (not mounted yet, no screen yet, or gone while quitting)
             return
         self._last_table = time.monotonic()
         self._table_rows = len(self.model.ranks)

@@ -11,7 +11,8 @@ is shown.  The app decides *when* to write (``flush``: at most every
 from __future__ import annotations
 
 from rich.text import Text
-from textual.app import App
+from textual.app import App, ScreenStackError
+from textual.css.query import NoMatches
 from textual.containers import Vertical
 from textual.widget import Widget
 from textual.widgets import Input, RichLog, Static, TabbedContent, TabPane
@@ -85,13 +86,13 @@ class LogPanes:
         try:
             self.app.query_one(f"#pane-{key}", TabPane)
             return True
-        except Exception:
+        except (NoMatches, ScreenStackError):
             return False
 
     def active_key(self) -> str:
         try:
             active = self.app.query_one("#panes", TabbedContent).active or "pane-merged"
-        except Exception:
+        except (NoMatches, ScreenStackError):
             return "merged"
         return active.removeprefix("pane-")
 

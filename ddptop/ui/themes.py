@@ -47,8 +47,10 @@ def theme_from_dict(d: dict) -> Theme:
     return Theme(**kw)
 
 
-def load_themes(dirs: list[Path] | None = None) -> list[Theme]:
-    """Every readable theme file; later folders override earlier ones by name."""
+def load_themes(dirs: list[Path] | None = None, errors: list[str] | None = None) -> list[Theme]:
+    """Every readable theme file; later folders override earlier ones by name.
+    A broken file is skipped, and said in ``errors`` (its path, and the line
+    for bad TOML)."""
     themes: dict[str, Theme] = {}
     for d in theme_dirs() if dirs is None else dirs:
         try:
@@ -59,7 +61,9 @@ def load_themes(dirs: list[Path] | None = None) -> list[Theme]:
             try:
                 with open(f, "rb") as fh:
                     theme = theme_from_dict(tomllib.load(fh))
-            except Exception:  # a broken theme file must never stop the monitor
+            except (OSError, ValueError, TypeError, KeyError) as e:  # a broken theme file never stops the monitor
+                if errors is not None:
+                    errors.append(f"{f}: {e}")
                 continue
             themes[theme.name] = theme
     return list(themes.values())
