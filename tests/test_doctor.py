@@ -593,7 +593,7 @@ def test_real_doctor_on_this_machine(runs_dir):
     rows = {row["name"]: row for row in doc["rows"]}
     assert list(rows) == ["GPUs", "GPU health", "Driver / CUDA / NCCL", "Known problems", "GPU P2P", "NVLink", "NVSwitch fabric",
                           "PCIe ACS", "IOMMU",
-                          "/dev/shm", "ulimit -l", "Run directory disk", "CPU budget", "InfiniBand", "NCCL network",
+                          "/dev/shm", "ulimit -l", "Run directory disk", "Stack sampling (ptrace)", "CPU budget", "InfiniBand", "NCCL network",
                           "Master port", "Environment"]
     statuses = {row["status"] for row in doc["rows"]}
     assert statuses <= {"ok", "warn", "fail", "skipped"}

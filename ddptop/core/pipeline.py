@@ -168,6 +168,7 @@ class StackSampler:
         self.clock = clock
         self.native = native
         self._gpu_busy: set[int] = set()
+        self._ptrace_said = False
         self._busy = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -217,7 +218,7 @@ class StackSampler:
                     native = {r for r, text in raw.items() if _main_active(parse_dump(text))}
             span = self.clock() - t0
             got = {r: d for r, d in dumps.items() if d}
-            error = "; ".join(dict.fromkeys(errors))
+            error = self._ptrace_once("; ".join(dict.fromkeys(errors)))
             if not got:
                 self.emit([StacksEvent(t0, ranks=tuple(sorted(pids)), error=error or "no stack could be read",
                                        node=self.node)])
@@ -235,6 +236,26 @@ class StackSampler:
             self.emit([StacksEvent(self.clock(), error=f"stack sampling failed: {e!r}", node=self.node)])
         finally:
             self._busy.release()
+
+    def _ptrace_once(self, error: str) -> str:
+        """A refused ptrace (a missing capability) is said once per run, with
+        the fix, in a note; the samples' own error then only names the ranks."""
+        import re
+
+        from ddptop.core.analysis.evidence import ranks_text
+        from ddptop.core.stacks import PTRACE_FIX, PTRACE_REFUSED
+
+        mark = re.compile(r"rank (\d+): " + re.escape(PTRACE_REFUSED))
+        refused = sorted({int(m.group(1)) for m in mark.finditer(error)})
+        if not refused:
+            return error
+        if not self._ptrace_said:
+            self._ptrace_said = True
+            self.emit([NoteEvent(self.clock(), "warning", f"no stack samples: {PTRACE_REFUSED} ({PTRACE_FIX}); "
+                                 "without them the hang detector works from progress and telemetry alone",
+                                 node=self.node)])
+        rest = [p for p in error.split("; ") if p and not mark.fullmatch(p)]
+        return "; ".join([f"{PTRACE_REFUSED} for {ranks_text(refused)} (see the note)", *rest])
 
     def _save(self, dumps: dict[int, list[str]]) -> Path:
         from ddptop.core.journal import make_private_dir

@@ -109,11 +109,10 @@ def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0, with_locals: b
             if not _alive(pid):
                 errors[rank] = f"rank {rank}: ended before its stack was read"
                 return
-            lines = (r.stderr or r.stdout).strip().splitlines()
-            msg = lines[-1] if lines else f"exit {r.returncode}"
-            if "ptrace" in msg.lower() or "permission" in msg.lower() or "Operation not permitted" in msg:
-                msg += " (ptrace denied: run as the job's user with CAP_SYS_PTRACE, or set kernel.yama.ptrace_scope=0)"
-            errors[rank] = f"rank {rank}: {msg}"
+            if ptrace_refused(pid):
+                errors[rank] = f"rank {rank}: {PTRACE_REFUSED}"
+                return
+            errors[rank] = f"rank {rank}: {_last_line(r)}"
             return
         raw[rank] = r.stdout
 
@@ -145,6 +144,26 @@ def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0, with_locals: b
         groups.setdefault(normalise(dump), []).append(rank)
     out = sorted((StackGroup(tuple(rs), s) for s, rs in groups.items()), key=lambda g: (-len(g.ranks), g.ranks))
     return raw, out, "; ".join(errors[r] for r in sorted(errors)) or None
+
+
+# what to say when the kernel refuses to let ddptop read a rank's memory, and the fix
+PTRACE_REFUSED = "ptrace is refused"
+PTRACE_FIX = ("ddptop may not read the ranks' memory: run it as the job's user with CAP_SYS_PTRACE (in a "
+              "container: --cap-add SYS_PTRACE), or set kernel.yama.ptrace_scope=0")
+
+
+def ptrace_refused(pid: int) -> bool:
+    """The kernel refuses this process read access to ``pid``'s memory (the
+    access py-spy needs), as the failure itself says: opening
+    ``/proc/PID/mem`` needs the same ptrace permission and fails with EPERM
+    or EACCES when it is refused (another user, no CAP_SYS_PTRACE, Yama)."""
+    try:
+        with open(f"/proc/{pid}/mem", "rb"):
+            return False
+    except PermissionError:
+        return True
+    except OSError:  # gone, or no /proc: not a refusal
+        return False
 
 
 def _last_line(r: subprocess.CompletedProcess) -> str:

@@ -34,7 +34,7 @@ from pathlib import Path
 from ddptop.core.attach_pid import running_job_workers
 from ddptop.core.doctor.environment import check_env
 from ddptop.core.doctor.gpu import check_fabric, check_gpu_health, check_gpus, check_nvlink, check_p2p
-from ddptop.core.doctor.host import check_cpu, check_disk, check_memlock, check_shm
+from ddptop.core.doctor.host import check_cpu, check_disk, check_memlock, check_ptrace, check_shm
 from ddptop.core.doctor.known_problems import (KNOWN_PROBLEMS, KnownProblem, KnownProblemsError, check_known_problems,
                                                load_known_problems, match_problem)
 from ddptop.core.doctor.network import (check_infiniband, check_master_port, check_nccl_net, infiniband_devices,
@@ -47,7 +47,7 @@ __all__ = [
     "FAIL", "KNOWN_PROBLEMS", "OK", "SKIPPED", "WARN", "KnownProblem", "KnownProblemsError", "Packages", "Row",
     "acs_control", "check_acs", "check_cpu", "check_disk", "check_env", "check_fabric", "check_gpu_health",
     "check_gpus", "check_infiniband", "check_iommu", "check_known_problems", "check_master_port", "check_memlock",
-    "check_nccl_net", "check_nvlink", "check_p2p", "check_shm", "check_versions", "exit_code", "format_rows",
+    "check_nccl_net", "check_nvlink", "check_p2p", "check_ptrace", "check_shm", "check_versions", "exit_code", "format_rows",
     "infiniband_devices", "load_known_problems", "main", "match_problem", "nccl_list_match", "port_owner",
     "probe_torch", "read_packages", "run_checks", "summary", "to_json", "try_bind",
 ]
@@ -82,7 +82,7 @@ def run_checks(*, workers: int | None = None, master_port: int = 29500, root: Pa
              check_acs(root, n_gpus), check_iommu(root, n_gpus)]
     from ddptop.core.journal import runs_home
 
-    rows += [check_shm(str(root / "dev/shm")), check_memlock(list(ib)), check_disk(runs_home())]
+    rows += [check_shm(str(root / "dev/shm")), check_memlock(list(ib)), check_disk(runs_home()), check_ptrace(root)]
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:

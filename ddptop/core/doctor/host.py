@@ -105,3 +105,37 @@ def check_cpu(cores: int, n_gpus: int, workers: int | None, job: JobWorkers | No
                    f"rule of thumb: workers x GPUs <= cores; starved ranks fall behind until the NCCL watchdog kills "
                    f"the job. Use num_workers <= {fit} (ddptop --profile fewer-workers halves them)", data)
     return Row("CPU budget", OK, f"{need} workers for {cores} cores", ev, "", data)
+
+
+CAP_SYS_PTRACE = 19
+
+
+def check_ptrace(root: Path = Path("/")) -> Row:
+    """Can ddptop read the ranks' stacks (py-spy needs ptrace access to them)?
+    CAP_SYS_PTRACE in this process's effective set, and the Yama scope."""
+    name = "Stack sampling (ptrace)"
+    cap = None
+    try:
+        for line in (root / "proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                cap = bool(int(line.split()[1], 16) >> CAP_SYS_PTRACE & 1)
+    except (OSError, ValueError, IndexError):
+        cap = None
+    try:
+        scope: int | None = int((root / "proc/sys/kernel/yama/ptrace_scope").read_text().strip())
+    except (OSError, ValueError):
+        scope = None  # no Yama: the classic rule (same user, or CAP_SYS_PTRACE)
+    ev = [f"CAP_SYS_PTRACE: {'yes' if cap else 'no' if cap is False else 'unknown'}",
+          f"kernel.yama.ptrace_scope: {scope if scope is not None else 'not present'}"]
+    data = {"cap_sys_ptrace": cap, "yama_ptrace_scope": scope}
+    fix = ("run ddptop as the job's user with CAP_SYS_PTRACE (in a container: --cap-add SYS_PTRACE), or set "
+           "kernel.yama.ptrace_scope=0: without it a hang alarm has no stacks, so no culprit line")
+    if scope == 3:
+        return Row(name, FAIL, "ptrace is disabled on this kernel (Yama scope 3)", ev,
+                   "no stack samples are possible here until reboot with a lower kernel.yama.ptrace_scope", data)
+    if cap:
+        return Row(name, OK, "CAP_SYS_PTRACE: every rank's stack can be read", ev, "", data)
+    if scope in (1, 2):
+        return Row(name, WARN, f"Yama ptrace_scope={scope} without CAP_SYS_PTRACE: stack samples of the ranks "
+                   "will be refused", ev, fix, data)
+    return Row(name, OK, "ranks of the same user can be read (no Yama restriction)", ev, "", data)
