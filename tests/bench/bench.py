@@ -287,6 +287,28 @@ def bench_alarm_latency(repeat: int = 2) -> None:
               f"max {lat[-1]:.1f} s after the step that should have come (target: median <= 5 s)")
 
 
+def bench_nvml_tick(ticks: int = 50) -> None:
+    """The CPU one telemetry tick costs over this machine's real GPUs (NVML), at 1 Hz."""
+    from ddptop.core.gpu.nvml import NvmlBackend
+    from ddptop.core.telemetry import Telemetry
+
+    backend = NvmlBackend()
+    if not backend.init():
+        print(f"real NVML tick: no NVML here ({backend.error})")
+        return
+    try:
+        tel = Telemetry(backend)
+        tel.tick([])
+        c0 = time.process_time()
+        for _ in range(ticks):
+            tel.tick([])
+        per = (time.process_time() - c0) / ticks
+        print(f"real NVML tick over {len(backend.devices)} GPU(s): {per * 1000:.2f} ms CPU = {per * 100:.2f}% of a "
+              "core at 1 Hz")
+    finally:
+        backend.shutdown()
+
+
 def bench_native_pause(dumps: int = 20) -> None:
     """What a native stack sample (``py-spy dump --native``, which stops the
     process while it unwinds) costs a rank: a child process spins a thread
@@ -881,7 +903,7 @@ def bench_analysis(lines: int = 50_000) -> None:
 
 
 BENCHES = {"help": bench_help, "ingest": bench_ingest, "frame": bench_first_frame, "supervise": bench_supervise,
-           "telemetry": bench_telemetry, "hook": bench_hook, "alarm": bench_alarm_latency, "native-pause": bench_native_pause, "watch": bench_stack_watch, "attach": bench_attach, "relaunch": bench_relaunch,
+           "telemetry": bench_telemetry, "hook": bench_hook, "alarm": bench_alarm_latency, "native-pause": bench_native_pause, "nvml-tick": bench_nvml_tick, "watch": bench_stack_watch, "attach": bench_attach, "relaunch": bench_relaunch,
            "busy-node": bench_busy_node, "signatures": bench_signatures, "ras": bench_ras,
            "replay": bench_replay, "latency": bench_latency, "frame-tmux": bench_frame_tmux, "idle": bench_idle, "ui64": bench_ui64,
            "analysis": bench_analysis}

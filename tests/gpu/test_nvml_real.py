@@ -68,16 +68,6 @@ def test_matmul_child_is_mapped_to_its_gpu_and_utilisation_rises():
         p.wait(30)
 
 
-def test_sampling_cost_on_real_gpus():
-    tel = Telemetry(backend)
-    tel.tick([])
-    c0 = time.process_time()
-    for _ in range(50):
-        tel.tick([])
-    per = (time.process_time() - c0) / 50
-    print(f"real NVML tick over {len(backend.devices)} GPU(s): {per * 1000:.2f} ms CPU = {per * 100:.2f}% of a core at 1 Hz")
-
-
 def test_link_facts_and_health_of_every_gpu():
     from ddptop.core.gpu_bench import link_rates
 
