@@ -118,13 +118,6 @@ class StackCapture:
             self._busy.release()
 
 
-def _main_active(threads) -> bool:
-    from ddptop.core.analysis.stacks import _main_thread
-
-    t = _main_thread(threads)
-    return t is not None and t.state == "active"
-
-
 def source_line(file: str, line: int, *, limit: int = 4 << 20) -> str | None:
     """One line of a rank's source file, for naming the C call a frame is
     blocked in (``time.sleep``); None for anything that is not a readable
@@ -191,7 +184,7 @@ class StackSampler:
     def _run(self, pids: dict[int, int]) -> None:
         from dataclasses import replace
 
-        from ddptop.core.analysis.stacks import parse_dump, verdict
+        from ddptop.core.analysis.stacks import main_active, verdict
         from ddptop.core.events import StacksEvent
         from ddptop.core.stacks import dump_stacks
 
@@ -215,7 +208,7 @@ class StackSampler:
                         break  # py-spy missing or denied everywhere: no use trying again
                 if i == 0 and self.native:
                     # the next samples read native frames of the ranks on the CPU (spinning at a sync?)
-                    native = {r for r, text in raw.items() if _main_active(parse_dump(text))}
+                    native = {r for r, text in raw.items() if main_active(text)}
             span = self.clock() - t0
             got = {r: d for r, d in dumps.items() if d}
             error = self._ptrace_once("; ".join(dict.fromkeys(errors)))

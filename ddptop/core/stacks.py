@@ -83,48 +83,38 @@ def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0, with_locals: b
     raw: dict[int, str] = {}
     errors: dict[int, str] = {}
 
-    def one(rank: int, pid: int) -> None:
+    def one(rank: int, pid: int, use_native: bool) -> None:
         # --full-filenames: the verdict tells the user's files from the libraries' by
-        # their path, and reads the line a frame is blocked on
-        how = ["--native"] if rank in native else ["--nonblocking"]
+        # their path, and reads the line a frame is blocked on.  (An error already said for this
+        # rank, by a native attempt, is kept: the Python-only retry's own failure says less.)
+        say = errors.setdefault
         t0 = time.monotonic()
         try:
-            r = subprocess.run([exe, "dump", *how, "--full-filenames", *(["--locals"] if with_locals else []),
-                                "--pid", str(pid)],
+            r = subprocess.run([exe, "dump", "--native" if use_native else "--nonblocking", "--full-filenames",
+                                *(["--locals"] if with_locals else []), "--pid", str(pid)],
                                capture_output=True, text=True, errors="replace", timeout=timeout)
-            if rank in native and took is not None:
+            if use_native and took is not None:
                 took[rank] = time.monotonic() - t0
         except subprocess.TimeoutExpired:
-            errors[rank] = f"rank {rank}: py-spy timed out"
+            say(rank, f"rank {rank}: py-spy timed out")
             return
         except OSError as e:
-            errors[rank] = f"rank {rank}: py-spy could not run: {e}"
+            say(rank, f"rank {rank}: py-spy could not run: {e}")
             return
-        if r.returncode != 0 and rank in native and _alive(pid):
+        if r.returncode != 0 and use_native and _alive(pid):
             # native frames could not be read (an unwinder that fails on this build): the Python stack still can
-            errors[rank] = f"rank {rank}: no native frames ({_last_line(r)})"
-            one_python(rank, pid)
+            say(rank, f"rank {rank}: no native frames ({_last_line(r)})")
+            one(rank, pid, False)
             return
         if r.returncode != 0:
             if not _alive(pid):
-                errors[rank] = f"rank {rank}: ended before its stack was read"
-                return
-            if ptrace_refused(pid):
-                errors[rank] = f"rank {rank}: {PTRACE_REFUSED}"
-                return
-            errors[rank] = f"rank {rank}: {_last_line(r)}"
+                say(rank, f"rank {rank}: ended before its stack was read")
+            elif ptrace_refused(pid):
+                say(rank, f"rank {rank}: {PTRACE_REFUSED}")
+            else:
+                say(rank, f"rank {rank}: {_last_line(r)}")
             return
         raw[rank] = r.stdout
-
-    def one_python(rank: int, pid: int) -> None:
-        try:
-            r = subprocess.run([exe, "dump", "--nonblocking", "--full-filenames",
-                                *(["--locals"] if with_locals else []), "--pid", str(pid)],
-                               capture_output=True, text=True, errors="replace", timeout=timeout)
-        except (OSError, subprocess.SubprocessError):
-            return
-        if r.returncode == 0:
-            raw[rank] = r.stdout
 
     # every rank at once (at most 8 py-spy at a time), so that one sample of
     # all ranks is one moment, not a walk across them
@@ -132,7 +122,7 @@ def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0, with_locals: b
     items = sorted(rank_pids.items())
     for i in range(0, len(items), 8):
         for rank, pid in items[i:i + 8]:
-            t = threading.Thread(target=one, args=(rank, pid), daemon=True)
+            t = threading.Thread(target=one, args=(rank, pid, rank in native), daemon=True)
             t.start()
             threads.append(t)
         for t in threads:

@@ -16,14 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Mapping
 
-from ddptop.core.analysis.evidence import StackEvidence, Where
+from ddptop.core.analysis.evidence import HOT_UTIL, IDLE_UTIL, StackEvidence, Where
 
 if TYPE_CHECKING:
     from ddptop.core.analysis.detector import RankState
     from ddptop.core.signatures import Finding
-
-HOT_UTIL = 40.0  # % GPU utilisation that counts as busy
-IDLE_UTIL = 15.0
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,9 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from ddptop.core.analysis.culprits import stall_culprits
-from ddptop.core.analysis.evidence import StackEvidence, combine, ranks_text
+from ddptop.core.analysis.evidence import HOT_UTIL, IDLE_UTIL, StackEvidence, combine, ranks_text
 from ddptop.core.analysis.wording import stall_message
 
-HOT_UTIL = 40.0  # % GPU utilisation that counts as "busy" (an NCCL spin reads ~100, idle ~0)
-IDLE_UTIL = 15.0
 BUSY_CPU = 85.0
 CHILDREN_WORK_CPU = 20.0  # % CPU a rank's child processes use that counts as work (gzip, data-loader workers)
 
@@ -497,8 +495,9 @@ class StallDetector:
         elif in_collective:
             kind = "collective"
             who, others = sorted(set(culprits)), sorted(waiting - set(culprits))
-            evidence.append(f"{'rank ' + str(others[0]) + ' waits' if len(others) == 1 else 'ranks ' + ', '.join(map(str, others)) + ' wait'}"
-                            f" for {'rank' if len(who) == 1 else 'ranks'} {', '.join(map(str, who))} (stacks)")
+            subject = (f"rank {others[0]} waits" if len(others) == 1 else
+                       f"ranks {', '.join(map(str, others))} wait")
+            evidence.append(f"{subject} for {'rank' if len(who) == 1 else 'ranks'} {', '.join(map(str, who))} (stacks)")
         elif utils and len(idle) == len(utils) and not cpu_bound:
             kind = "idle"
             evidence.append("GPUs and CPUs idle: a deadlock, a dead data loader, or waiting on I/O")

@@ -27,6 +27,9 @@ KINDS = ("collective", "backward", "gpu-wait", "data", "io", "sleep/wait in user
 WAITING_KINDS = ("collective", "backward", "gpu-wait")
 # per-rank status across samples
 STATUSES = ("frozen", "busy", "moving", "unknown")
+# % GPU utilisation that counts as busy (an NCCL spin reads ~100) and as idle (~0)
+HOT_UTIL = 40.0
+IDLE_UTIL = 15.0
 
 
 def ranks_text(rs: Iterable[int]) -> str:

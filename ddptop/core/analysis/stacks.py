@@ -38,7 +38,7 @@ from ddptop.core.analysis.evidence import KINDS, WAITING_KINDS, StackEvidence, S
 
 __all__ = [
     "Frame", "Thread", "RankStack",
-    "parse_dump", "classify_frame", "gpu_library", "rank_state", "verdict", "main_frames", "moved",
+    "parse_dump", "classify_frame", "gpu_library", "rank_state", "verdict", "main_active", "main_frames", "moved",
     "CATEGORIES", "KINDS", "WAITING_KINDS",
 ]
 
@@ -429,6 +429,12 @@ def rank_state(threads: Iterable[Thread], source_line: SourceLine | None = None)
     return RankStack(kind, text, user, frames[0], call, t.state, t.name, signature, exact, code)
 
 
+def main_active(text: str) -> bool:
+    """The main thread of one dump is on the CPU (py-spy says "active")."""
+    t = _main_thread(parse_dump(text))
+    return t is not None and t.state == "active"
+
+
 def main_frames(text: str) -> tuple[list[str], list[int]]:
     """The main thread's frames of one dump, innermost first, as
     ``function (file:line)`` lines, and the indices of the user's own frames
@@ -482,9 +488,6 @@ def moved(before: str, now: str) -> bool | None:
 
 
 # --------------------------------------------------------------------------- verdict
-
-_ranks = ranks_text
-
 
 def _describe(st: RankStack, status: str) -> str:
     if status == "frozen" and st.kind == "backward":
@@ -592,14 +595,14 @@ def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None
         if passed:
             hung = False
             culprits = []
-            notes.append(f"{_ranks(passed)} went through a collective/backward between samples, so "
-                         f"{_ranks(waiting)}, seen waiting there in every sample, most likely just waits"
+            notes.append(f"{ranks_text(passed)} went through a collective/backward between samples, so "
+                         f"{ranks_text(waiting)}, seen waiting there in every sample, most likely just waits"
                          f" for the others at each step")
         elif io and not outside and all(r in io for r in movers):
             hung = False
             culprits = []
-            notes.append(f"{_ranks(io)} {'is' if len(io) == 1 else 'are'} in I/O (a checkpoint write?) and "
-                         f"{_ranks(waiting)} {'waits' if len(waiting) == 1 else 'wait'} for it: work, unless it lasts")
+            notes.append(f"{ranks_text(io)} {'is' if len(io) == 1 else 'are'} in I/O (a checkpoint write?) and "
+                         f"{ranks_text(waiting)} {'waits' if len(waiting) == 1 else 'wait'} for it: work, unless it lasts")
         else:
             hung = True
             culprits = [r for r in movers if r not in io] + outside or list(io)
@@ -610,8 +613,8 @@ def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None
         hung = True
         culprits = outside
         waiting = list(movers)
-        notes.append(f"{_ranks(movers)} {'spins' if len(movers) == 1 else 'spin'} on one line (polling) while "
-                     f"{_ranks(outside)} {'is' if len(outside) == 1 else 'are'} frozen")
+        notes.append(f"{ranks_text(movers)} {'spins' if len(movers) == 1 else 'spin'} on one line (polling) while "
+                     f"{ranks_text(outside)} {'is' if len(outside) == 1 else 'are'} frozen")
     else:
         hung = False
         culprits = []
@@ -624,7 +627,7 @@ def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None
     if hung and culprits and waiting and all(where[r].working for r in culprits):
         # the others wait for ranks that visibly work (rank 0 evaluating alone): not a hang, unless it lasts
         hung, workers, culprits = False, culprits, []
-        notes.append(f"{_ranks(waiting)} {'waits' if len(waiting) == 1 else 'wait'} for {_ranks(workers)}, "
+        notes.append(f"{ranks_text(waiting)} {'waits' if len(waiting) == 1 else 'wait'} for {ranks_text(workers)}, "
                      f"which {'works' if len(workers) == 1 else 'work'}: not a hang unless it lasts")
     groups = _groups(states, status, lasts, culprits)
     summary = _summary(hung, culprits, groups, last, status, notes, mismatch)
@@ -691,11 +694,11 @@ def _summary(hung, culprits, groups, last, status, notes, mismatch) -> str:
         if not rs:
             continue
         if g.status in ("frozen", "busy"):
-            parts.append(f"{_ranks(rs)} {_plural(_describe(last[rs[0]], g.status), len(rs))}")
+            parts.append(f"{ranks_text(rs)} {_plural(_describe(last[rs[0]], g.status), len(rs))}")
         elif g.status == "moving":
-            parts.append(f"{_ranks(rs)} {'is' if len(rs) == 1 else 'are'} moving")
+            parts.append(f"{ranks_text(rs)} {'is' if len(rs) == 1 else 'are'} moving")
         else:
-            parts.append(f"{_ranks(rs)}: no usable samples")
+            parts.append(f"{ranks_text(rs)}: no usable samples")
     head = {True: "hung: ", False: "no hang: ", None: ""}[hung]
     if hung and mismatch:
         head = "hung, ranks wait in different places: " if culprits else "hung, no single culprit: "

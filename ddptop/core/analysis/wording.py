@@ -11,7 +11,7 @@ from __future__ import annotations
 import signal
 from typing import TYPE_CHECKING, Iterable
 
-from ddptop.core.analysis.evidence import StackEvidence, Where, ranks_text
+from ddptop.core.analysis.evidence import HOT_UTIL, IDLE_UTIL, StackEvidence, Where, ranks_text
 
 if TYPE_CHECKING:
     from ddptop.core.analysis.detector import RankState
@@ -88,7 +88,7 @@ def gpu_words(st: "RankState | None") -> str:
     if st is None or st.util is None:
         return ""
     u = st.util
-    state = "busy" if u >= 40 else "idle" if u <= 15 else "partly busy"
+    state = "busy" if u >= HOT_UTIL else "idle" if u <= IDLE_UTIL else "partly busy"
     return f"its GPU {state} ({u:.0f}%)"
 
 
