@@ -24,6 +24,9 @@ REAL = {
 # more real lines (from the users' logs quoted in the public issues named, or
 # from this machine's torch), each with the signature it must raise
 REAL_MORE = [
+    # TORCH_DISTRIBUTED_DEBUG=DETAIL's check, printed by this machine's torch (2.13, gloo, 3 ranks, rank 2 broadcast
+    # where the others all-reduced)
+    ("collective-mismatch", 'RuntimeError: Detected mismatch between collectives on ranks. Rank 2 is running collective: CollectiveFingerPrint(SequenceNumber=1, OpType=BROADCAST, TensorShape=[4], TensorDtypes=Float, TensorDeviceTypes=TensorOptions(dtype=float (default), device=cpu, layout=Strided (default), requires_grad=false (default), pinned_memory=false (default), memory_format=(nullopt))), but Rank 0 is running collective: CollectiveFingerPrint(SequenceNumber=1, OpType=ALLREDUCE, TensorShape=[4], TensorDtypes=Float, TensorDeviceTypes=TensorOptions(dtype=float (default), device=cpu, layout=Strided (default), requires_grad=false (default), pinned_memory=false (default), memory_format=(nullopt))).Collectives differ in the following aspects:   Op type: BROADCASTvs ALLREDUCE'),
     # slurmstepd, as in desihub/desitarget#628 and IGNF/myria3d#123 (with and without the reason)
     ("scheduler-stopped", "slurmstepd: error: *** STEP 32233190.0 ON nid01934 CANCELLED AT 2020-07-03T02:59:56 DUE TO "
                           "TIME LIMIT ***"),

@@ -10,15 +10,13 @@ import json
 import re
 from pathlib import Path
 
-from ddptop.core import journal
+from ddptop.core import journal, paste
 from ddptop.core.analysis.analyzer import Analyzer
 from ddptop.core.analysis.culprits import WAITED
 from ddptop.core.events import LogBatch
+from ddptop.core.prefixes import PrefixReader
 from ddptop.core.tailer import Tailer
 
-# "[rank3]:", "[default3]:" (torchrun --tee: the local rank), "[default1]:[rank5]:" (the global one wins)
-_PREFIX_RANK = re.compile(r"^\s*(?:\[default\d+\]:\s?)?\[(?:default|rank)(\d+)\]:")
-_GLOBAL_PREFIX = re.compile(r"^\s*(?:\[default\d+\]:\s?)?\[rank(\d+)\]:")
 _NAME_RANK = re.compile(r"(?:rank|worker|proc|task)[_-]?(\d+)", re.IGNORECASE)
 _LAST_NUMBER = re.compile(r"\d+(?=\D*$)")
 # plain log files a directory may hold (SLURM's %j-%t.out, tee'd .txt, .err)
@@ -26,53 +24,57 @@ LOG_SUFFIXES = (".log", ".out", ".err", ".txt", ".stdout", ".stderr")
 
 
 def _file_events(path: Path, rank: int | None, stream: str, rel: str, named: int | None = None):
-    """The batches of one file.  ``rank``: the local rank its directory says
-    (a torchrun --log-dir), else None; ``named``: the rank its name says
-    (rank_3.log, or the number that tells it from the other files given)."""
+    """(the physical line number of its first line, batch) for the lines of
+    one file, as a paste is read (:mod:`ddptop.core.paste`: flattened lines
+    split, wrapped ones joined), each line with the rank its launcher's prefix
+    says (:mod:`ddptop.core.prefixes`, taken off the text).  ``rank``: the
+    local rank its directory says (a torchrun --log-dir), else None;
+    ``named``: the rank its name says (rank_3.log, or the number that tells it
+    from the other files given)."""
     t = Tailer(path)
-    out = []
+    raw = []
     while True:
         before = t.pos
-        out += t.read()
+        raw += t.read()
         if t.pos == before or t.at_eof():  # (a read with no line may be the rest of an over-long one)
             break
-    out += t.flush()
+    raw += t.flush()
+    cut = {i for i, ln in enumerate(raw) if ln.partial}
+    numbered = paste.lines([ln.text for ln in raw], range(1, len(raw) + 1))
+    reader = PrefixReader()
+    for _n, text in numbered[:5000]:
+        reader.learn(text)  # (which ambiguous prefixes the file uses, which Ray worker is which rank)
+    lines = [(n, reader.split(text)) for n, text in numbered]
     if rank is not None:
         # one rank's own file: torch's "[rankN]:" prefixes in it say its global rank (a --log-dir only
         # knows the local one, which repeats on every node)
-        said = {m.group(1) for ln in out[:5000] for m in [_GLOBAL_PREFIX.match(ln.text)] if m}
+        said = {p.rank for _n, p in lines[:5000] if p.rank is not None and "torch" in p.forms}
         if len(said) == 1:
-            rank = int(said.pop())
-    elif not any(_PREFIX_RANK.match(ln.text) for ln in out):
+            rank = said.pop()
+    elif not any(p.rank is not None for _n, p in lines):
         # no rank prefixes: its name may say which rank, else no rank is known (never a guess: a
-        # dmesg or launcher log is nobody's)
+        # dmesg, launcher log or single-file paste is nobody's)
         rank = named
-    # consecutive lines of one rank (and up to a progress bar's redraw) make one batch
-    run: list = []
+    last_transient = bool(raw) and raw[-1].transient
+    # consecutive lines of one rank make one batch (a batch's lines have consecutive line numbers)
+    run: list[tuple[int, str]] = []
     run_rank: int | None = None
 
-    def batch():
-        cut = tuple(i for i, ln in enumerate(run) if ln.partial)
-        return LogBatch(0.0, rank=run_rank, stream=stream, attempt=0, path=rel, node="",
-                        offsets=tuple(ln.offset for ln in run), texts=tuple(ln.text for ln in run),
-                        partial=cut, transient=run[-1].transient)
+    def batch(transient: bool = False):
+        return run[0][0], LogBatch(0.0, rank=run_rank, stream=stream, attempt=0, path=rel, node="",
+                                   offsets=tuple(0 for _ in run), texts=tuple(x for _n, x in run),
+                                   partial=tuple(i for i, (n, _x) in enumerate(run) if n - 1 in cut),
+                                   transient=transient)
 
-    for ln in out:
-        r = rank
-        if r is None:
-            m = _PREFIX_RANK.match(ln.text)
-            if m:
-                r = int(m.group(1))
-        if run and r != run_rank:
+    for i, (n, p) in enumerate(lines):
+        r = rank if rank is not None else p.rank
+        if run and (r != run_rank or n != run[-1][0] + 1):
             yield batch()
             run = []
         run_rank = r
-        run.append(ln)
-        if ln.transient:
-            yield batch()
-            run = []
+        run.append((n, p.text))
     if run:
-        yield batch()
+        yield batch(last_transient)
 
 
 def analyze_paths(paths: list[str]) -> Analyzer:
@@ -93,19 +95,26 @@ def analyze_paths(paths: list[str]) -> Analyzer:
             files = rank_files(p)
             if files:
                 for attempt, local_rank, stream, f in files:
-                    an.feed(list(_file_events(f, local_rank, stream, str(f))))
+                    _feed(an, _file_events(f, local_rank, stream, str(f)))
                 continue
             plain = sorted(f for f in p.rglob("*") if f.suffix.lower() in LOG_SUFFIXES and f.is_file())
             for f, named in zip(plain, ranks_by_name(plain)):
-                an.feed(list(_file_events(f, None, "stdout", str(f), named)))
+                _feed(an, _file_events(f, None, "stdout", str(f), named))
             continue
         if p.is_file():
             given.append(p)
             continue
         raise FileNotFoundError(f"{p}: no such file or directory")
     for f, named in zip(given, ranks_by_name(given)):
-        an.feed(list(_file_events(f, None, "stdout", str(f), named)))
+        _feed(an, _file_events(f, None, "stdout", str(f), named))
     return an
+
+
+def _feed(an: Analyzer, batches) -> None:
+    """Each batch at its own line number (a paste's lines, split or joined, keep the file's numbers)."""
+    for first, b in batches:
+        an.line_no[b.path] = first - 1
+        an.feed([b])
 
 
 def rank_files(d: Path) -> list[tuple[int, int, str, Path]]:
@@ -200,7 +209,7 @@ def ras_reports(paths: list[str]) -> list[dict]:
 
 
 def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[dict] | None = None) -> dict:
-    from ddptop.core.analysis.culprits import failure_culprits
+    from ddptop.core.analysis.culprits import failure_culprits, lost_peers
     from ddptop.core.signatures import collective_counters, counter_verdict
 
     rc = an.root_cause()
@@ -216,6 +225,10 @@ def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[di
                                      for r, (e, c) in sorted(counters.items())}, "verdict": said} if counters else None,
         "findings": [f.to_dict() for f in an.findings],
         "progress": {str(r): {"last_step": s} for r, s in sorted(an.last_steps.items())},
+        # progress no rank is known for (a single-file paste without rank prefixes): the job's, never rank 0's
+        "job_progress": {"last_step": an.job_step} if an.job_step is not None else None,
+        # with only consequences in the logs: who lost whom (the cause is there, or in the network)
+        "lost_peers": lost_peers(an.findings).to_dict() if rc is None and an.findings else None,
         "culprit_evidence": found.why,
         "flight_recorder": flights or [],
         "nccl_ras": ras_answers or [],
@@ -235,8 +248,12 @@ def format_report(rep: dict) -> str:
         out.append(f"Root cause: {rc['signature']} ({who})")
         out.append(f"  {rc['explanation']}")
         out.append(f"  evidence: {rc['source']}:{rc['line']}: {rc['text'][:200]}")
+        for w in (rc.get("detail") or {}).get("explained_by", ())[-2:]:
+            out.append(f"  because: {rc['source']}:{w['line']}: NCCL WARN {w['text'][:200]}")
         if rc["suggested_profiles"]:
             out.append(f"  try: {', '.join('--profile ' + p for p in rc['suggested_profiles'])}")
+    elif rep.get("lost_peers") and (rep["lost_peers"]["peers"] or rep["lost_peers"]["reported_by"]):
+        out += _lost_peer_words(rep["lost_peers"])
     elif rep["findings"]:
         out.append("Root cause: none found: only consequences (a lost peer, a stop from outside), so the process "
                    "that failed first left no error in these logs (killed: the OOM killer, the scheduler?)")
@@ -262,6 +279,9 @@ def format_report(rep: dict) -> str:
         out.append("")
         out.append("Last training step per rank: " + ", ".join(
             f"r{r}={v['last_step'] if v['last_step'] is not None else '?'}" for r, v in rep["progress"].items()))
+    if rep.get("job_progress"):
+        out.append("")
+        out.append(f"Last training step (the job's: no rank prefix says whose): {rep['job_progress']['last_step']}")
     for r in rep.get("nccl_ras", []):
         out.append("")
         if r.get("error"):
@@ -276,6 +296,19 @@ def format_report(rep: dict) -> str:
         out.append(f"Flight recorder ({fr['dir']}, ranks {', '.join(map(str, fr['ranks'])) or 'none'}):")
         out += [f"  {f}" for f in fr["findings"]] + [f"  unreadable: {p}" for p in fr["problems"]]
     return "\n".join(out)
+
+
+def _lost_peer_words(lp: dict) -> list[str]:
+    """Logs with only consequences: say where the cause is and what to collect next."""
+    who = (f"rank {lp['reported_by'][0]}" if len(lp["reported_by"]) == 1 else
+           f"ranks {', '.join(map(str, lp['reported_by']))}" if lp["reported_by"] else "a process")
+    whom = ", ".join([f"rank {r}" for r in lp["ranks"]] + lp["peers"]) or "a peer"
+    out = [f"Root cause: not in these logs: only consequences. {who[0].upper() + who[1:]} lost {whom} "
+           f"({', '.join(lp['signatures'])}).",
+           "  The failure is on the other side or in the network. Next: that process's own log (the rank at "
+           f"{whom}: its --log-dir file or node's output), the kernel log on its node (`dmesg -T`: the OOM killer, "
+           "an Xid, a NIC down), and, if every process lived, the network between the nodes (nccl-debug, `ibstat`)."]
+    return out
 
 
 def main(paths: list[str], json_mode: bool) -> int:

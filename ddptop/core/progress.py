@@ -15,8 +15,9 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+from ddptop.core.prefixes import split
+
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
-_PREFIX = re.compile(r"^(?:\s*\[(?:default|rank)\d+\]:\s?)+")
 
 TRAIN = "train"
 OTHER = "other"
@@ -36,10 +37,15 @@ def strip_ansi(text: str) -> str:
 
 
 def clean(text: str) -> str:
+    """``text`` without ANSI codes and without the launchers' rank prefixes
+    (the unambiguous ones: :func:`ddptop.core.prefixes.split`)."""
     text = strip_ansi(text)
-    if text.startswith("[") or text.startswith(" "):
-        text = _PREFIX.sub("", text)
+    if text[:1] in _PREFIX_STARTS:
+        text = split(text).text
     return text
+
+
+_PREFIX_STARTS = frozenset("[( ")
 
 
 _OTHER_WORDS = re.compile(r"\b(?:eval\w*|valid\w*|val|test\w*|predict\w*|inference|sanity)\b", re.I)
@@ -57,6 +63,9 @@ _FORMATS: list[tuple[str, re.Pattern]] = [
     ("wenet", re.compile(r"\b(?P<tag>TRAIN|CV) Batch (?P<epoch>\d+)/(?P<step>\d+)")),
     # icefall: "Epoch 0, batch 1, loss[...]"
     ("icefall", re.compile(r"\bEpoch (?P<epoch>\d+), batch (?P<step>\d+)\b")),
+    # "Epoch 2 Batch 300", "epoch: 3, iter: 120/500", "Epoch 1 | Step 40" (the other orders and separators)
+    ("epoch-batch", re.compile(r"\bEpoch[:=\s]*\[?\s*(?P<epoch>\d+)(?:\s*/\s*\d+)?\]?[\s,:|;-]*"
+                               r"(?:Batch|Iter(?:ation)?|Step)\b[:=#\s]*\[?\s*(?P<step>\d+)(?:\s*/\s*(?P<total>\d+))?", re.I)),
     # HF Trainer dict logs: "{'loss': 0.7, 'learning_rate': ..., 'epoch': 0.35}" (+ optional 'step')
     ("hf", re.compile(r"^\{.*'loss': [-\d.e]+.*'epoch': (?P<fepoch>[\d.]+)")),
     # tqdm: "10/1752 [00:29<1:22:01, 2.83s/it]" (with optional "desc: 1%|...| ")
@@ -65,7 +74,10 @@ _FORMATS: list[tuple[str, re.Pattern]] = [
     # (a step count is a whole number: "STEP 48213.0" is SLURM's job step id)
     ("step", re.compile(r"\b(?:global_step|step|iter|iteration|it)\b\s*[:=#]?\s*\[?\s*(?P<step>\d+)(?![\d.]*\.\d)(?!\d)"
                         r"(?:\s*/\s*(?P<total>\d+))?", re.I)),
+    # a bracketed fraction on a line about training: "Train: 3 [ 400/1000 ( 40%)]  Loss: 0.41", "[ 400/1000] loss"
+    ("fraction", re.compile(r"\[\s*(?P<step>\d+)\s*/\s*(?P<total>\d+)\s*(?:\]|\()")),
 ]
+_TRAINING_WORDS = re.compile(r"\b(?:loss|lr|train\w*|grad\w*|tokens?/s|samples?/s)\b|\bs/it\b|\bit/s\b", re.I)
 
 _HF_STEP = re.compile(r"'step': (\d+)")
 _DIGIT = re.compile(r"\d")
@@ -80,10 +92,12 @@ _GUARDS: dict[str, Callable[[str, str], bool]] = {
     "3dspeaker": lambda t, low: "Epoch:" in t,
     "wenet": lambda t, low: "Batch " in t,
     "icefall": lambda t, low: "Epoch " in t and ", batch " in t,
+    "epoch-batch": lambda t, low: "epoch" in low and ("batch" in low or "iter" in low or "step" in low),
     "hf": lambda t, low: t.startswith("{") and "'loss': " in t and "'epoch': " in t,
     # (its leading optional description backtracks over the whole line: find its core first)
     "tqdm": lambda t, low: " [" in t and _TQDM_CORE.search(t) is not None,
     "step": lambda t, low: "step" in low or "it" in low,
+    "fraction": lambda t, low: "/" in t and "[" in t and _TRAINING_WORDS.search(t) is not None,
 }
 
 
@@ -129,7 +143,7 @@ def _parse(text: str, guarded: bool = True) -> Progress | None:
                 kind = OTHER
         elif name == "lightning" and _OTHER_WORDS.search(t[: m.start()]):
             kind = OTHER
-        elif name == "step" and _OTHER_WORDS.search(t[: m.start()]):
+        elif name in ("step", "fraction", "epoch-batch") and _OTHER_WORDS.search(t[: m.start()]):
             kind = OTHER
         return Progress(step, total, kind, epoch, name)
     if _CKPT.search(t):

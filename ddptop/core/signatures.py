@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ddptop.core.prefixes import split
 from ddptop.core.progress import clean
 
 # how a finding ranks as a root cause: lower is more likely the cause.  A known cause first; then a
@@ -233,6 +234,14 @@ CATALOG: list[Signature] = [
        "PyTorch's per-rank collective counters at the timeout: the rank whose last enqueued collective is "
        "behind the others' never launched the collective they wait in; every rank at -1 means no collective "
        "was in flight (the processes were frozen, not waiting on the network).", (), INFO),
+    _s("collective-mismatch",
+       r"Detected mismatch between collectives on ranks\. Rank (?P<rank_a>\d+) is running collective: "
+       r"CollectiveFingerPrint\(SequenceNumber=(?P<seq_a>\d+), OpType=(?P<op_a>\w+)(?:, TensorShape=(?P<shape_a>\[[^\]]*\]))?"
+       r"(?:.*?but Rank (?P<rank_b>\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=(?P<seq_b>\d+), "
+       r"OpType=(?P<op_b>\w+)(?:, TensorShape=(?P<shape_b>\[[^\]]*\]))?)?",
+       "The ranks called different collectives at the same point (TORCH_DISTRIBUTED_DEBUG=DETAIL's check): a code "
+       "path that depends on the rank, its data or a condition that differs between ranks (an `if rank == 0` around a "
+       "collective, an uneven last batch, a metric gathered on some ranks only).", ("nccl-debug",), GENERIC),
     _s("child-failed", r"ChildFailedError|torch\.distributed\.elastic\.multiprocessing\.errors",
        "torchrun's summary that a rank failed (see the root cause it names).", (), CONSEQUENCE),
 ]
@@ -258,16 +267,23 @@ _TIMEOUT_EXC = re.compile(r"[Tt]ime[dD]?[ _-]?[Oo]ut|timed out|TimeoutError|Dist
 _STOPPED_EXC = re.compile(r"^(?:[\w.]*\.)?(?:KeyboardInterrupt|SignalException|BrokenPipeError)\b")
 _EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): (?P<msg>.*)$")
 _ROOT_BLOCK = re.compile(r"Root Cause \(first observed failure\)")
+# torch elastic's agent, on the first worker it saw fail (before its summary):
+# "failed (exitcode: -9) local_rank: 0 (pid: 4711) of binary: /usr/bin/python3"
+_AGENT_EXIT = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\)")
+# a stop from outside the job, as torch elastic's agent says it ("Received Signals.SIGHUP death signal, shutting
+# down workers"; "Received 15 death signal"), or as it raises it ("SignalException: Process 4711 got signal: 1")
+_OUTSIDE_STOP = re.compile(r"Received (?:Signals\.)?(?P<name>SIG[A-Z]+|\d+) death signal|"
+                           r"SignalException: Process (?P<pid>\d+) got signal: (?P<num>\d+)")
+# NCCL's own warnings (NCCL_DEBUG=WARN, the default, prints them): "host:pid:tid [gpu] ... NCCL WARN <what>"
+_NCCL_WARN = re.compile(r"NCCL WARN (?P<what>.+)")
+_WARN_WINDOW = 60  # lines: how far back an NCCL warning still explains an NCCL error on the same rank
 _FAILURES_BLOCK = re.compile(r"^\s*Failures:\s*$")
 _BLOCK_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+) \(local_rank: (?P<local>\d+)\)")
 _BLOCK_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+)(?: \(pid: (?P<pid>\d+)\))?")
-# "[rank3]:", "[default3]:", and torchrun --tee's local prefix before torch's global one:
-# "[default1]:[rank5]:" (the global rank wins)
-_RANK_PREFIX = re.compile(r"^\s*(?:\[default(?P<local>\d+)\]:\s?)?\[(?:default|rank)(?P<rank>\d+)\]:")
 # "[Rank 3] Watchdog caught ...", "[PG ID 0 PG GUID 0(default_pg) Rank 1] Timeout at NCCL work ..."
 _RANK_IN_MESSAGE = re.compile(r"\[(?:PG [^\]]*?)?\b[Rr]ank (?P<rank>\d+)\]")
-_SIGNAMES = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
-_CONSEQUENTIAL_SIGNALS = {"SIGTERM", "SIGKILL", "SIGINT"}
+_SIGNAMES = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
+_CONSEQUENTIAL_SIGNALS = {"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"}
 # exceptions raised by the collective machinery itself after a timeout: the timeout is the finding
 # (and NCCL's own result names, on the line after its error: "ncclSystemError: System call ... failed")
 _CASCADE_EXC = re.compile(r"^(?:torch\.distributed\.)?(?:DistBackendError|DistStoreError):|^nccl[A-Z]\w*Error:")
@@ -302,6 +318,8 @@ class SignatureMatcher:
         self._block: str | None = None  # "root" | "failures" | None
         self._block_rank: int | None = None
         self._in_traceback: dict[int | None, bool] = {}
+        self._warns: dict[int | None, list[tuple[int, int | None, str]]] = {}  # rank -> (seen at, line, text)
+        self._seen = 0  # lines fed
 
     def feed(self, text: str, rank: int | None, line: int | None = None, source: str = "",
              on_error: Callable[[Exception], None] | None = None) -> list[Finding]:
@@ -316,12 +334,22 @@ class SignatureMatcher:
             return []
 
     def _feed(self, text, rank, line, source):
+        self._seen += 1
         if rank is None:
-            m = _RANK_PREFIX.match(text) or _RANK_IN_MESSAGE.search(text)
-            if m:
-                rank = int(m.group("rank"))
+            said = split(text).rank
+            if said is not None:
+                rank = said
+            else:
+                m = _RANK_IN_MESSAGE.search(text)
+                if m:
+                    rank = int(m.group("rank"))
         t = clean(text)[:8192]
         out: list[Finding] = []
+        if "NCCL WARN" in t:
+            w = _NCCL_WARN.search(t)
+            if w:
+                self._warns.setdefault(rank, []).append((self._seen, line, w.group("what").strip()))
+                del self._warns[rank][:-8]
         # torchrun's failure summary: "Root Cause (first observed failure): rank : N ... exitcode : -11"
         if _ROOT_BLOCK.search(t):
             self._block, self._block_rank = "root", None
@@ -353,6 +381,22 @@ class SignatureMatcher:
                 return out
             if t.startswith("====="):
                 self._block = None
+        m = _AGENT_EXIT.search(t) if "(exitcode: " in t else None
+        if m and int(m.group("code")) != 0:
+            code, local, pid = int(m.group("code")), int(m.group("local")), int(m.group("pid"))
+            if code < 0:
+                out.append(_signal_finding(-code, local, line, t.strip(), source, True, who="torchrun's agent",
+                                           pid=pid, summary=False))
+            else:
+                out.append(Finding("rank-exit", local, line, t.strip(),
+                                   f"Local rank {local} exited with code {code} (the first failure torchrun's agent "
+                                   "saw); its own log says why.", (), GENERIC, source,
+                                   {"exit_code": code, "root": True, "pid": pid}))
+            return out
+        m = _OUTSIDE_STOP.search(t) if (" death signal" in t or "got signal: " in t) else None
+        if m:
+            out.append(_outside_stop(m, rank, line, t.strip(), source))
+            return out
         m = _SIGNAL.search(t)
         if m and not self._block:
             name = m.group("name")
@@ -383,10 +427,11 @@ class SignatureMatcher:
             m = sig.pattern.search(t)
             if m:
                 detail = {k: v for k, v in m.groupdict().items() if v is not None}
-                out.append(Finding(sig.id, rank, line, t.strip(), sig.explanation, sig.profiles, sig.level, source, detail))
+                f = Finding(sig.id, rank, line, t.strip(), sig.explanation, sig.profiles, sig.level, source, detail)
+                if sig.id in EXPLAINED_BY_WARNINGS:
+                    f = self._explained(f, t, m.start())
+                out.append(f)
         s = t.strip()
-        if s.startswith("[rank"):
-            s = _RANK_PREFIX.sub("", s).strip()
         m = _EXCEPTION.match(s)
         if m and not out and not _CASCADE_EXC.match(s):
             # (an exception whose message a signature already reads, a lost peer included, is that finding)
@@ -400,8 +445,90 @@ class SignatureMatcher:
         return out
 
 
+    def _explained(self, f: Finding, t: str, at: int) -> Finding:
+        """``f`` (an NCCL error) with the NCCL warnings that came just before it
+        on its rank (or on its own line, in a flattened paste; ``at``: where the
+        error's text starts in ``t``): they say why, and choose the profile to
+        try first."""
+        # its rank's own warnings, and those no rank is known for (NCCL's "host:pid:tid [gpu]" lines outside a
+        # rank's file): the ones just before it
+        mine = self._warns.get(f.rank, []) + (self._warns.get(None, []) if f.rank is not None else [])
+        own = _NCCL_WARN.search(t)
+        if own is not None and at >= own.start():
+            return f  # (the finding is an NCCL warning itself, such as an IB completion error: its own reason)
+        recent = [(n, txt) for seen, n, txt in sorted(mine) if self._seen - seen <= _WARN_WINDOW]
+        if own:
+            recent.append((f.line, own.group("what").strip()))  # (a flattened paste: the warning on its line)
+        if not recent:
+            return f
+        reason = next((r for _n, txt in reversed(recent) for r in NCCL_REASONS if r.pattern.search(txt)), None)
+        why = [{"line": n, "text": txt[:300]} for n, txt in recent[-3:]]
+        explanation = f.explanation
+        profiles = f.suggested_profiles
+        if reason is not None:
+            explanation = f"{reason.words} {explanation}"
+            profiles = (reason.profile,) + tuple(p for p in profiles if p != reason.profile)
+        return Finding(f.signature, f.rank, f.line, f.text, explanation, profiles, f.level, f.source,
+                       {**f.detail, "explained_by": why, **({"reason": reason.id} if reason else {})})
+
+
+@dataclass(frozen=True)
+class Reason:
+    """What an NCCL warning says went wrong, in words, and the profile to try first."""
+
+    id: str
+    pattern: re.Pattern
+    words: str
+    profile: str
+
+
+NCCL_REASONS: tuple[Reason, ...] = (
+    Reason("p2p", re.compile(r"peer access|cudaIpc|CUDA IPC|IPC handle|P2P|p2p|cudaErrorPeerAccess", re.I),
+           "NCCL's warning before it says GPU peer-to-peer failed (the GPUs cannot map each other's memory: "
+           "peer access refused, IOMMU/ACS, a driver or virtualisation limit).", "p2p-off"),
+    Reason("ib", re.compile(r"NET/IB|ibv_|IBV_WC|transport retry|mlx5|RoCE", re.I),
+           "NCCL's warning before it says the InfiniBand/RoCE network failed (status 12: retry exceeded, the NICs "
+           "cannot reach each other).", "ib-off"),
+    Reason("shm", re.compile(r"/dev/shm|\bshm\b|shared memory", re.I),
+           "NCCL's warning before it says shared memory (/dev/shm) failed: too small in a container.", "shm-off"),
+    Reason("memory", re.compile(r"out of memory|cudaErrorMemoryAllocation|Failed to CUDA calloc|cuMemCreate|"
+                                r"alloc(?:ation)? failed", re.I),
+           "NCCL's warning before it says a GPU ran out of memory inside NCCL (its buffers did not fit next to the "
+           "model: lower the batch size, or NCCL_BUFFSIZE / fewer channels).", "single-gpu"),
+    Reason("socket", re.compile(r"NET/Socket|socket|Connection refused|Connection timed out|No route|"
+                                r"Network is unreachable|bootstrap", re.I),
+           "NCCL's warning before it says a TCP connection between ranks failed (firewall, a wrong interface: "
+           "NCCL_SOCKET_IFNAME, or the peer is gone).", "nccl-debug"),
+)
+
+# the NCCL errors an NCCL warning just before them explains
+EXPLAINED_BY_WARNINGS = frozenset({"nccl-system-error", "nccl-internal-error", "nccl-cuda-error", "nccl-invalid-usage",
+                                   "nccl-remote-error", "nccl-ib-error"})
+
+
+def _outside_stop(m: re.Match, rank: int | None, line: int | None, text: str, source: str) -> Finding:
+    """torchrun's agent (or a process) stopped by a signal from outside the job."""
+    if m.group("name"):
+        n = m.group("name")
+        name = n if n.startswith("SIG") else _SIGNAMES.get(int(n), f"signal {n}")
+    else:
+        name = _SIGNAMES.get(int(m.group("num")), f"signal {m.group('num')}")
+    why = {
+        "SIGHUP": "the terminal or ssh session it ran in closed (a dropped connection, a closed laptop). Run the "
+                  "job under nohup, tmux or screen, or as a scheduler job, so that it outlives the session",
+        "SIGINT": "Ctrl-C (or a SIGINT from a script)",
+        "SIGTERM": "a scheduler (its time limit, preemption, scancel), Kubernetes (an evicted or deleted pod), a "
+                   "container runtime, or a person's kill; the scheduler's own log says which",
+    }.get(name, "a person or another program")
+    return Finding("outside-stop", rank, line, text,
+                   f"The job was stopped from outside: torchrun's agent received {name}, which means {why}. No rank "
+                   "failed on its own: the ranks' errors after this line are the stop's consequences.",
+                   (), CAUSE, source, {"signal": name})
+
+
 def _signal_finding(num: int, rank: int | None, line: int | None, text: str, source: str, root: bool, *,
-                    consequence: bool = False, who: str = "torchrun", pid: int | None = None) -> Finding:
+                    consequence: bool = False, who: str = "torchrun", pid: int | None = None,
+                    summary: bool = True) -> Finding:
     """A rank ended by signal ``num``, as its launcher reports it.  The first failure the launcher saw
     (``root``) is a cause, unless it is a stop from outside (SIGTERM, SIGINT); a SIGKILL there is most
     often the kernel's OOM killer.  Later failures are the launcher stopping the rest."""
@@ -414,11 +541,15 @@ def _signal_finding(num: int, rank: int | None, line: int | None, text: str, sou
         level = CAUSE
     said = f"Rank {rank} was killed by {name}" + (f" (the first failure {who} observed)" if root else "")
     if name == "SIGKILL" and level != CONSEQUENCE:
-        said += ("; with nothing in its own log, that is most often the kernel's OOM killer (host memory: "
-                 "`dmesg` says 'Out of memory: Killed process'), else the scheduler or a person")
+        said += ("; with nothing in its own log, that is most often the kernel's OOM killer (host memory, not GPU "
+                 "memory), else the scheduler or a person. To confirm: the kernel log on its node (`dmesg -T | grep -i "
+                 "'killed process'` or `journalctl -k`), the job's memory (`sacct -j JOB -o MaxRSS` on SLURM, a "
+                 "container's OOMKilled status); the usual fix is fewer data-loader workers or a smaller "
+                 "prefetch_factor")
     return Finding("rank-signal", rank, line, text, said + ".",
                    RANK_SIGNAL_PROFILES if level == CAUSE else ("fewer-workers",) if name == "SIGKILL" else (),
-                   level, source, {"signal": name, "signum": num, "root": root, **({"pid": pid} if pid else {})})
+                   level, source, {"signal": name, "signum": num, "root": root, **({"pid": pid} if pid else {}),
+                                   **({} if summary else {"summary": False})})
 
 
 def failure_summary(lines) -> dict[int, int]:
@@ -458,6 +589,8 @@ PEER_LOSS = frozenset({"peer-connection-reset", "nccl-remote-error", "nccl-ib-fl
 # communication errors that are causes on their own, and consequences when a peer went away first
 COMM_ERRORS = frozenset({"nccl-system-error", "nccl-internal-error", "nccl-ib-error", "nccl-cuda-error"})
 _ENDINGS = frozenset({"rank-signal", "rank-exit"})
+# NCCL errors after which PyTorch's watchdog aborts the process (a SIGABRT on every rank follows)
+ABORTING_ERRORS = COMM_ERRORS | {"nccl-remote-error", "nccl-invalid-usage"}
 
 
 def cascade_level(f: Finding, findings: list[Finding]) -> int:
@@ -472,8 +605,10 @@ def cascade_level(f: Finding, findings: list[Finding]) -> int:
     if f.level >= CONSEQUENCE:
         return f.level
     if (f.signature == "rank-signal" and f.detail.get("signal") == "SIGABRT"
-            and any(x.signature in ABORTING_TIMEOUTS for x in findings)):
-        return CONSEQUENCE
+            and any(x.signature in ABORTING_TIMEOUTS or x.signature in ABORTING_ERRORS for x in findings)):
+        return CONSEQUENCE  # (PyTorch's watchdog aborts every rank after an NCCL timeout or error)
+    if f.signature in _ENDINGS and any(x.signature == "outside-stop" for x in findings):
+        return CONSEQUENCE  # (the ranks' ends after a stop from outside)
     if f.signature in _ENDINGS and f.rank is not None:
         # (an exit code or an abort follows whatever the rank's log says, a timeout included; another
         # signal only a known cause, such as running out of memory)
@@ -534,11 +669,83 @@ def root_cause(findings: list[Finding]) -> Finding | None:
     the rank the launcher saw fail first (torchrun's *Root Cause*), then the
     first read.  None when there are only consequences (a lost peer, a stop):
     they say that something failed elsewhere, not what."""
-    first = {f.rank for f in findings if f.detail.get("root") and f.rank is not None}
-    ranked = [(cascade_level(f, findings), 0 if f.detail.get("root") or f.rank in first else 1, i, f)
+    first = {f.rank for f in findings if f.detail.get("root") and f.rank is not None
+             and f.detail.get("summary", True)}
+    # among equals: a failure its own warnings explain; then the rank the launcher saw fail first (its summary's
+    # global rank before its agent's local one); then the first read
+    ranked = [(cascade_level(f, findings), 0 if f.detail.get("explained_by") else 1,
+               0 if (f.detail.get("root") and f.detail.get("summary", True)) or f.rank in first else
+               1 if f.detail.get("root") else 2, i, f)
               for i, f in enumerate(findings) if f.level < INFO]
     ranked = [r for r in ranked if r[0] < CONSEQUENCE]
     if not ranked:
         return None
-    ranked.sort(key=lambda x: (x[0], x[1], x[2]))
-    return ranked[0][3]
+    ranked.sort(key=lambda x: (x[0], x[1], x[2], x[3]))
+    return ranked[0][4]
+
+
+# line findings that say something about the job only together, across ranks
+ACROSS_RANKS = frozenset({"collective-mismatch", "nccl-watchdog-timeout"})
+
+
+def across_ranks(findings: list[Finding]) -> list[Finding]:
+    """The findings several ranks' lines make together (marked ``derived``):
+
+    * ``collective-mismatch``: TORCH_DISTRIBUTED_DEBUG=DETAIL's checks, each
+      naming two ranks' collectives: the rank whose collective differs from
+      the majority's is the odd one (none when no majority singles one out);
+    * ``collective-desync``: watchdog timeouts whose collective (sequence
+      number or type) differs between ranks: the ranks went out of step."""
+    out: list[Finding] = []
+    mismatches = [f for f in findings if f.signature == "collective-mismatch" and not f.detail.get("derived")]
+    if mismatches:
+        ops: dict[int, str] = {}
+        for f in mismatches:
+            for side in ("a", "b"):
+                r, op = f.detail.get(f"rank_{side}"), f.detail.get(f"op_{side}")
+                if r is not None and op:
+                    shape = f.detail.get(f"shape_{side}")
+                    ops.setdefault(int(r), f"{op}" + (f" of shape {shape}" if shape else ""))
+        odd, said = _odd_ones(ops, "ran")
+        # (the evidence: the odd rank's own check when it printed one)
+        first = next((f for f in mismatches if len(odd) == 1 and f.rank == odd[0]), mismatches[0])
+        seq = first.detail.get("seq_a")
+        out.append(Finding(
+            "collective-mismatch", odd[0] if len(odd) == 1 else None, first.line, first.text,
+            f"The ranks called different collectives{f' at collective #{seq}' if seq else ''}: {said}. "
+            + first.explanation, first.suggested_profiles, CAUSE, first.source,
+            {"derived": True, "odd": list(odd), "collectives": {str(r): v for r, v in sorted(ops.items())}}))
+    waits: dict[int, str] = {}
+    first_wait = None
+    for f in findings:
+        if f.signature == "nccl-watchdog-timeout" and f.rank is not None and "seq" in f.detail:
+            waits.setdefault(f.rank, f"#{f.detail['seq']} ({f.detail.get('op', '?')})")
+            first_wait = first_wait or f
+    if len(waits) >= 2 and len(set(waits.values())) > 1 and first_wait is not None:
+        odd, said = _odd_ones(waits, "timed out in collective")
+        out.append(Finding(
+            "collective-desync", odd[0] if len(odd) == 1 else None, first_wait.line, first_wait.text,
+            f"The ranks timed out in different collectives: {said}. They went out of step: one rank skipped or added "
+            "a collective (a code path that depends on the rank or its data, an uneven number of batches, an early "
+            "exit from a loop), so each waits in a collective the others never launch.",
+            ("flight-recorder", "nccl-debug"), GENERIC, first_wait.source,
+            {"derived": True, "odd": list(odd), "collectives": {str(r): v for r, v in sorted(waits.items())}}))
+    return out
+
+
+def _odd_ones(by_rank: dict[int, str], verb: str) -> tuple[tuple[int, ...], str]:
+    """(the ranks outside a strict majority, none without one; in words)."""
+    from collections import Counter
+
+    groups: dict[str, list[int]] = {}
+    for r, v in sorted(by_rank.items()):
+        groups.setdefault(v, []).append(r)
+    common, n = Counter(by_rank.values()).most_common(1)[0]
+    odd: tuple[int, ...] = ()
+    if n * 2 > len(by_rank) and len(groups) > 1:
+        odd = tuple(sorted(r for r, v in by_rank.items() if v != common))
+    parts = [f"{'rank' if len(rs) == 1 else 'ranks'} {', '.join(map(str, rs))} {verb} {v}" for v, rs in
+             sorted(groups.items(), key=lambda g: (-len(g[1]), g[1]))]
+    if not odd:
+        parts.append("no majority singles out one rank")
+    return odd, "; ".join(parts)

@@ -10,6 +10,7 @@ comes out as a warning note, once per kind of failure, instead of silence.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 import traceback
@@ -17,7 +18,8 @@ import traceback
 from ddptop.core.events import (FINAL_STATES, STOPPING, AlarmEvent, Event, GpuEvent, LogBatch, NoteEvent, ProcEvent,
                                 ProgressEvent, RankEvent, RasEvent, StacksEvent, StateEvent)
 from ddptop.core.progress import OTHER, parse_progress
-from ddptop.core.signatures import CAUSE, CONSEQUENCE, TIMEOUT, Finding, SignatureMatcher, cascade_level, root_cause
+from ddptop.core.signatures import (ACROSS_RANKS, CAUSE, CONSEQUENCE, TIMEOUT, Finding, SignatureMatcher, across_ranks,
+                                    cascade_level, root_cause)
 from ddptop.core.analysis.detector import Decision, StallDetector
 from ddptop.core.analysis.evidence import StackEvidence
 
@@ -41,6 +43,8 @@ class Analyzer:
         self.finished = False
         self.stopping = False  # the job is being stopped (until it runs again: a relaunch)
         self.last_steps: dict[int, int | None] = {}
+        # progress no rank is known for (a single-file paste, a launcher that prefixes nothing): the job's
+        self.job_step: int | None = None
         self.hooked: set[int] = set()  # ranks whose steps come from the hook/beat
         self._bar_counts: dict[tuple, int] = {}  # (rank, kind, total, epoch) -> the last count a bar showed
         self.notes: list[NoteEvent] = []  # every note made (``feed`` returns the new ones)
@@ -129,23 +133,35 @@ class Analyzer:
             for i in range(done):
                 text = texts[i]
                 self._line = (ev, i, first + i)
-                if rank is not None:
-                    p = parse_progress(text, progress_failed)
-                    if p is not None:
-                        self._progress(rank, p, t)
+                p = parse_progress(text, progress_failed)
+                if p is not None:
+                    self._progress(rank, p, t)
                 if self.nccl_version is None and "NCCL version" in text:
                     v = NCCL_VERSION.search(text)
                     if v:
                         self.nccl_version = v.group(1)
                 for f in m.feed(text, rank, first + i, ev.path, self._signature_failed):
+                    if f.signature == "outside-stop" and self.stopping:
+                        # (the stop ddptop itself was asked for: no failure)
+                        f = dataclasses.replace(f, level=CONSEQUENCE, explanation=(
+                            "ddptop stopped the job, as asked: torchrun's agent received its "
+                            f"{f.detail.get('signal', 'signal')}."))
                     self.findings.append(f)
-                    a = self._alarm_for(f, t)
-                    if a is not None:
-                        alarms.append(a)
+                    new = [f]
+                    if f.signature in ACROSS_RANKS:
+                        # (what several ranks' lines say together, as it stands now)
+                        self.findings = [x for x in self.findings if not x.detail.get("derived")]
+                        derived = across_ranks(self.findings)
+                        self.findings += derived
+                        new += derived
+                    for x in new:
+                        a = self._alarm_for(x, t)
+                        if a is not None:
+                            alarms.append(a)
         if ev.transient and texts:
             self._line = (ev, len(texts) - 1, None)
             p = parse_progress(texts[-1], progress_failed)
-            if p is not None and rank is not None:
+            if p is not None:
                 self._progress(rank, p, t)
 
     def _parser_failed(self, parser: str, e: Exception) -> None:
@@ -172,7 +188,12 @@ class Analyzer:
         self.notes.append(note)
         self._new_notes.append(note)
 
-    def _progress(self, rank: int, p, t: float) -> None:
+    def _progress(self, rank: int | None, p, t: float) -> None:
+        if rank is None:
+            # (the job's, never rank 0's; no stall detection: nobody's steps to compare)
+            if p.kind != OTHER and p.step is not None:
+                self.job_step = p.step
+            return
         if p.step is not None:
             # a progress bar redrawn with the same count (tqdm's refresh of its
             # clock while the loop is stuck) is not progress

@@ -13,6 +13,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Mapping
 
@@ -115,6 +116,10 @@ def failure_culprits(findings: list["Finding"], seen: set[int], last_steps: Mapp
     counters = collective_counters(findings)
     culprits, _said = counter_verdict(counters)
     why = ""
+    if rc is not None and rc.detail.get("derived") and not culprits:
+        # what several ranks' lines say together (a collective mismatch, a desync): the odd ones, if any
+        culprits = tuple(rc.detail.get("odd") or ())
+        why = "" if culprits else rc.explanation.split(". ")[0]
     if rc is not None and rc.rank is None and rc.detail.get("pid"):
         # a line that names a process, not a rank (the kernel's Xid): the launcher's report says whose pid it is
         by_pid = {str(f.detail["pid"]): f.rank for f in findings if f.detail.get("pid") and f.rank is not None
@@ -122,7 +127,7 @@ def failure_culprits(findings: list["Finding"], seen: set[int], last_steps: Mapp
         if str(rc.detail["pid"]) in by_pid:
             culprits = (by_pid[str(rc.detail["pid"])],)
             why = f"pid {rc.detail['pid']} is rank {culprits[0]}'s (torchrun's failure report)"
-    if rc is not None and rc.rank is not None and rc.level <= GENERIC and not culprits:
+    if rc is not None and rc.rank is not None and rc.level <= GENERIC and not culprits and not rc.detail.get("derived"):
         # the same failure (not its consequences: the others' SIGTERM, their lost peer) on most ranks
         kind = (rc.signature, rc.detail.get("signal"))
         first = {f.rank for f in findings if f.detail.get("root")}
@@ -136,7 +141,7 @@ def failure_culprits(findings: list["Finding"], seen: set[int], last_steps: Mapp
         r = tuple(r)
         if not culprits and r:
             culprits = r  # NCCL's own view
-    if not culprits and not why and (rc is None or rc.level >= TIMEOUT):
+    if not culprits and not why and (rc is None or rc.level >= TIMEOUT) and not (rc and rc.detail.get("derived")):
         culprits, why = _behind(findings, seen, last_steps)
     return Culprits(tuple(culprits), {}, (), why)
 
@@ -164,3 +169,53 @@ def _behind(findings: list["Finding"], seen: set[int],
 
 def _r(rs: list[int]) -> str:
     return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(map(str, rs))
+
+
+# where a lost peer is: "[10.0.0.5]:43210", "10.0.0.5:43210", NCCL's "node-5<44821>" / "10.0.0.5<44821>"
+_ADDRESS = re.compile(r"\[(?P<ip6>[0-9a-fA-F:.]*:[0-9a-fA-F:.]+)\]:(?P<port6>\d+)|"
+                      r"\[?(?P<ip>\d{1,3}(?:\.\d{1,3}){3})\]?(?::(?P<port>\d{1,5})\b|<(?P<nport>\d+)>)?|"
+                      r"\b(?P<host>[A-Za-z][\w.-]*)<(?P<hport>\d+)>")
+_PEER_RANK = re.compile(r"\b(?:peer|remote|from|to) (?:local)?[Rr]ank (?P<rank>\d+)\b|\b[Rr]ank (?P<r2>\d+) (?:is )?"
+                        r"(?:disconnected|unreachable|dead|died|exited)")
+
+
+@dataclass(frozen=True)
+class LostPeers:
+    """What logs with only consequences point to: who lost whom."""
+
+    reported_by: tuple[int, ...] = ()  # the ranks that lost a peer
+    peers: tuple[str, ...] = ()  # the addresses they lost ("10.0.0.5:43210", "node-5:44821")
+    ranks: tuple[int, ...] = ()  # the ranks they name as the lost peer
+    signatures: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"reported_by": list(self.reported_by), "peers": list(self.peers), "ranks": list(self.ranks),
+                "signatures": list(self.signatures)}
+
+
+def lost_peers(findings: list["Finding"]) -> LostPeers:
+    """The peers that the lost-peer findings name (addresses, ranks): where
+    the cause is, when these logs hold only its consequences."""
+    from ddptop.core.signatures import PEER_LOSS
+
+    reported, peers, ranks, sigs = set(), [], set(), []
+    texts = [f for f in findings if f.signature in PEER_LOSS]
+    for f in texts:
+        if f.rank is not None:
+            reported.add(f.rank)
+        if f.signature not in sigs:
+            sigs.append(f.signature)
+        for text in [f.text] + [w["text"] for w in f.detail.get("explained_by", ())]:
+            for m in _ADDRESS.finditer(text):
+                ip = m.group("ip6") or m.group("ip") or m.group("host")
+                port = m.group("port6") or m.group("port") or m.group("nport") or m.group("hport")
+                if not ip or (m.group("ip") and not port and "peer" not in text.lower()):
+                    continue
+                peer = f"{ip}:{port}" if port else ip
+                if peer not in peers:
+                    peers.append(peer)
+            for m in _PEER_RANK.finditer(text):
+                r = int(m.group("rank") or m.group("r2"))
+                if r != f.rank:
+                    ranks.add(r)
+    return LostPeers(tuple(sorted(reported)), tuple(peers[:8]), tuple(sorted(ranks)), tuple(sigs))
