@@ -18,7 +18,7 @@ real machine and calls them all; :func:`exit_code` maps the rows to 0 / 1 / 2;
 * :mod:`.environment`: ``NCCL_*`` / ``TORCH_*`` variables known to hurt.
 
 A running torchrun's ranks and workers (for the CPU budget) are found by
-:mod:`ddptop.core.attach_pid`; ``--host`` runs the doctor on other nodes over
+:mod:`ddptop.core.torchrun`; ``--host`` runs the doctor on other nodes over
 ssh with :mod:`ddptop.core.remote`.
 
 Core package: no textual, rich, torch or pynvml here.  NVML goes through
@@ -31,7 +31,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ddptop.core.attach_pid import running_job_workers
 from ddptop.core.doctor.environment import check_env
 from ddptop.core.doctor.gpu import check_fabric, check_gpu_health, check_gpus, check_nvlink, check_p2p
 from ddptop.core.doctor.host import check_cpu, check_disk, check_memlock, check_ptrace, check_shm
@@ -42,6 +41,7 @@ from ddptop.core.doctor.network import (check_infiniband, check_master_port, che
 from ddptop.core.doctor.pci import acs_control, check_acs, check_iommu
 from ddptop.core.doctor.report import FAIL, OK, SKIPPED, WARN, Row, exit_code, format_rows, summary, to_json
 from ddptop.core.doctor.versions import Packages, check_versions, probe_torch, read_packages
+from ddptop.core.torchrun import running_job_workers
 
 __all__ = [
     "FAIL", "KNOWN_PROBLEMS", "OK", "SKIPPED", "WARN", "KnownProblem", "KnownProblemsError", "Packages", "Row",
