@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ddptop.core.doctor.environment import check_env
 from ddptop.core.doctor.gpu import check_fabric, check_gpu_health, check_gpus, check_nvlink, check_p2p
@@ -43,6 +44,9 @@ from ddptop.core.doctor.report import FAIL, OK, SKIPPED, WARN, Row, exit_code, f
 from ddptop.core.doctor.versions import Packages, check_versions, probe_torch, read_packages
 from ddptop.core.torchrun import running_job_workers
 
+if TYPE_CHECKING:
+    from ddptop.core.gpu.backend import GpuBackend
+
 __all__ = [
     "FAIL", "KNOWN_PROBLEMS", "OK", "SKIPPED", "WARN", "KnownProblem", "KnownProblemsError", "Packages", "Row",
     "acs_control", "check_acs", "check_cpu", "check_disk", "check_env", "check_fabric", "check_gpu_health",
@@ -54,7 +58,7 @@ __all__ = [
 
 
 def run_checks(*, workers: int | None = None, master_port: int = 29500, root: Path = Path("/"),
-               env: dict[str, str] | None = None, backend=None, packages: Packages | None = None,
+               env: dict[str, str] | None = None, backend: GpuBackend | None = None, packages: Packages | None = None,
                problems: list[KnownProblem] | None = None) -> list[Row]:
     """Every check against this machine (or against what is injected)."""
     env = dict(os.environ) if env is None else env
@@ -65,7 +69,7 @@ def run_checks(*, workers: int | None = None, master_port: int = 29500, root: Pa
     try:
         topo = backend.topology()
         links, health = backend.links(), backend.health()  # {} without a driver
-        error, fault = backend.error, getattr(backend, "fault", None)
+        error, fault = backend.error, backend.fault
     finally:
         backend.shutdown()
     n_gpus = len(topo.gpus) if topo else 0
