@@ -25,8 +25,8 @@ import pytest
 from helpers import per_line
 from conftest import EXAMPLE, ROOT, TIMEOUT, alive, ddptop_cmd, json_events, wait_for
 from ddptop.core.events import ENDED, FINAL_STATES
-from ddptop.core.attach_pid import (EXIT_UNKNOWN, ForeignError, ForeignSession, _start_offset, parse_torchrun_options,
-                                 resolve_pid, torchrun_args)
+from ddptop.core.sessions.pid import EXIT_UNKNOWN, ForeignError, ForeignSession, _start_offset, resolve_pid
+from ddptop.core.torchrun import parse_torchrun_options, torchrun_args
 
 
 # -- helpers ------------------------------------------------------------------------

@@ -23,7 +23,7 @@ def test_core_modules_import_neither_textual_nor_rich_nor_torch():
         "import importlib, pkgutil, ddptop.core as core\n"
         "names = [m.name for m in pkgutil.walk_packages(core.__path__, 'ddptop.core.')]\n"
         "assert len(names) >= 8, names\n"
-        "assert 'ddptop.core.attach_pid' in names, names\n"
+        "assert 'ddptop.core.sessions.pid' in names, names\n"
         "[importlib.import_module(n) for n in names]\n"
     )
     mods = _modules_after(code)

@@ -18,7 +18,7 @@ import pytest
 
 import fake_nvml
 from conftest import ROOT, run_ddptop, wait_for
-from ddptop.core import attach_pid
+from ddptop.core import torchrun
 from ddptop.core import doctor as d
 from ddptop.core.gpu.nvml import NvmlBackend
 
@@ -380,7 +380,7 @@ def test_workers_times_gpus_over_cores_warns():
 
 
 def test_workers_read_from_a_running_job_tree():
-    r = d.check_cpu(8, 0, None, attach_pid.JobWorkers(4242, ranks=4, workers_per_rank=3))
+    r = d.check_cpu(8, 0, None, torchrun.JobWorkers(4242, ranks=4, workers_per_rank=3))
     assert r.status == "warn" and "torchrun pid 4242: 4 rank(s)" in r.evidence[1]
 
 
@@ -398,8 +398,8 @@ def test_a_running_torchrun_is_found_and_its_workers_counted(tmp_path):
     p = subprocess.Popen([sys.executable, str(fake), "--nproc-per-node", "2", "train.py"], start_new_session=True)
     try:
         def counted():
-            job = next((j for j in attach_pid.torchrun_jobs() if j.pid == p.pid), None)
-            w = attach_pid.job_workers(job) if job else None
+            job = next((j for j in torchrun.torchrun_jobs() if j.pid == p.pid), None)
+            w = torchrun.job_workers(job) if job else None
             return w if w and w.ranks == 2 and w.workers_per_rank == 3 else None
         w = wait_for(counted, timeout=60, what="the fake torchrun's tree")
         assert (w.torchrun_pid, w.ranks, w.workers_per_rank) == (p.pid, 2, 3)

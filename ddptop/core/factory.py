@@ -37,8 +37,9 @@ class Opened:
 
 
 def _local_pid(pid: int, options: WatchOptions, resume: dict[str, int] | None) -> Opened:
-    from ddptop.core.attach_pid import ForeignError, ForeignSession, launched_by_ddptop, resolve_pid
     from ddptop.core.session import Session
+    from ddptop.core.sessions.pid import ForeignError, ForeignSession, resolve_pid
+    from ddptop.core.torchrun import launched_by_ddptop
 
     try:
         target = resolve_pid(pid)
@@ -84,7 +85,7 @@ def open_local(ref: str = "", *, pid: int | None = None, options: WatchOptions =
     except journal.JournalError:
         newest = None
     if newest is None or journal.run_state(newest).final:
-        from ddptop.core.attach_pid import describe, find_torchruns
+        from ddptop.core.torchrun import describe, find_torchruns
 
         found = find_torchruns()
         if len(found) == 1:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ddptop.core.events import AlarmEvent, Event, LaunchEvent, NoteEvent
-from ddptop.core.sessions.protocol import CommandResult
+from ddptop.core.command_result import CommandResult
 from ddptop.core.versions import version_tuple
 
 CHECK_EVERY = 0.5  # seconds between stall checks

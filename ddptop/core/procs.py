@@ -95,3 +95,11 @@ def descendants(proc: psutil.Process) -> list[psutil.Process]:
         except psutil.Error:
             pass
     return out
+
+
+def alive(proc: psutil.Process) -> bool:
+    """``proc`` still runs (it has not ended, and is not a zombie waiting for its parent)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

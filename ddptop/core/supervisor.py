@@ -23,6 +23,7 @@ import psutil
 
 from ddptop.core import journal, procs
 from ddptop.core.profiles import MASK
+from ddptop.core.torchrun import rank_env
 from ddptop.core.events import (
     FAILED,
     LaunchEvent,
@@ -145,14 +146,6 @@ class _Proc:
             pass
 
 
-def _rank_env(p: psutil.Process) -> dict[str, str] | None:
-    try:
-        env = p.environ()
-    except (psutil.Error, OSError):
-        return None
-    return env if "RANK" in env and "LOCAL_RANK" in env else None
-
-
 def _exit_code(rc: int) -> int:
     return 128 - rc if rc < 0 else rc
 
@@ -256,7 +249,7 @@ class Supervisor:
         except psutil.Error:
             children = []
         for c in children:
-            env = _rank_env(c)
+            env = rank_env(c)
             if env is None:
                 continue
             try:

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import psutil
 
 from ddptop.core import procs
-from ddptop.core.events import AlarmEvent, Event, GpuEvent, GpuStatusEvent, ProcEvent
+from ddptop.core.events import AlarmEvent, Event, GpuStatusEvent, ProcEvent
+
+if TYPE_CHECKING:
+    from ddptop.core.gpu.backend import GpuBackend
 
 
 @dataclass(frozen=True)
@@ -56,8 +60,8 @@ def gpu_from_env(env: dict[str, str], local_rank: int) -> int | None:
 
 
 class Telemetry:
-    def __init__(self, backend, node: str = ""):
-        self.backend = backend  # NvmlBackend | SimBackend
+    def __init__(self, backend: GpuBackend, node: str = ""):
+        self.backend = backend
         self.node = node
         self._procs: dict[int, psutil.Process] = {}
         self._child_procs: dict[int, psutil.Process] = {}
@@ -80,10 +84,8 @@ class Telemetry:
         out: list[Event] = []
         if not self._status_sent:
             backend, msg = self.backend.status()
-            fault = getattr(self.backend, "fault", None) or ""
-            out.append(GpuStatusEvent(now, backend=backend, message=msg, fault=fault,
-                                      driver=getattr(self.backend, "driver", None),
-                                      count=len(getattr(self.backend, "devices", ())), node=self.node))
+            out.append(GpuStatusEvent(now, backend=backend, message=msg, fault=self.backend.fault or "",
+                                      driver=self.backend.driver, count=self.backend.gpu_count(), node=self.node))
             self._status_sent = True
         children_of: dict[int, list[int]] | None = None  # the whole process table, only where needed
         stats: dict[int, tuple] = {}
@@ -130,14 +132,11 @@ class Telemetry:
 
         # map ranks to GPUs
         rank_gpu: dict[int, tuple[int | None, str]] = {}
-        gpus: list[GpuEvent] = []
+        gpus = self.backend.sample(now, {s[0].local_rank: (rank, s[1], s[2]) for rank, s in stats.items()})
         if self.backend.simulated:
-            gpus = self.backend.sample_from_ranks(
-                {s[0].local_rank: (rank, s[1], s[2]) for rank, s in stats.items()}, now)
             for rank, s in stats.items():
                 rank_gpu[rank] = (s[0].local_rank, "sim")
         else:
-            gpus = self.backend.sample(now)
             nvml_pids = self.backend.processes() if gpus else {}
             known = {g.index for g in gpus}
             for rank, s in stats.items():
@@ -161,7 +160,7 @@ class Telemetry:
                         mapping=_mapping(by_gpu.get(g.index, ()), rank_gpu))
                 for g in gpus
             ]
-            for idx in getattr(self.backend, "newly_lost", ()):
+            for idx in self.backend.lost_gpus():
                 if idx not in self._lost_reported:
                     self._lost_reported.add(idx)
                     on = sorted(by_gpu.get(idx, ()))
@@ -192,7 +191,7 @@ def _mapping(ranks_on_gpu, rank_gpu) -> str:
     return ""
 
 
-def make_backend(mode: str, node: str = ""):
+def make_backend(mode: str, node: str = "") -> GpuBackend:
     """``auto``: NVML when it initialises, else none.  ``sim``: simulated."""
     from ddptop.core.gpu.sim import SimBackend
 

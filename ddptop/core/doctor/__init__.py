@@ -18,7 +18,7 @@ real machine and calls them all; :func:`exit_code` maps the rows to 0 / 1 / 2;
 * :mod:`.environment`: ``NCCL_*`` / ``TORCH_*`` variables known to hurt.
 
 A running torchrun's ranks and workers (for the CPU budget) are found by
-:mod:`ddptop.core.attach_pid`; ``--host`` runs the doctor on other nodes over
+:mod:`ddptop.core.torchrun`; ``--host`` runs the doctor on other nodes over
 ssh with :mod:`ddptop.core.remote`.
 
 Core package: no textual, rich, torch or pynvml here.  NVML goes through
@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ddptop.core.attach_pid import running_job_workers
 from ddptop.core.doctor.environment import check_env
 from ddptop.core.doctor.gpu import check_fabric, check_gpu_health, check_gpus, check_nvlink, check_p2p
 from ddptop.core.doctor.host import check_cpu, check_disk, check_memlock, check_ptrace, check_shm
@@ -42,6 +42,10 @@ from ddptop.core.doctor.network import (check_infiniband, check_master_port, che
 from ddptop.core.doctor.pci import acs_control, check_acs, check_iommu
 from ddptop.core.doctor.report import FAIL, OK, SKIPPED, WARN, Row, exit_code, format_rows, summary, to_json
 from ddptop.core.doctor.versions import Packages, check_versions, probe_torch, read_packages
+from ddptop.core.torchrun import running_job_workers
+
+if TYPE_CHECKING:
+    from ddptop.core.gpu.backend import GpuBackend
 
 __all__ = [
     "FAIL", "KNOWN_PROBLEMS", "OK", "SKIPPED", "WARN", "KnownProblem", "KnownProblemsError", "Packages", "Row",
@@ -54,7 +58,7 @@ __all__ = [
 
 
 def run_checks(*, workers: int | None = None, master_port: int = 29500, root: Path = Path("/"),
-               env: dict[str, str] | None = None, backend=None, packages: Packages | None = None,
+               env: dict[str, str] | None = None, backend: GpuBackend | None = None, packages: Packages | None = None,
                problems: list[KnownProblem] | None = None) -> list[Row]:
     """Every check against this machine (or against what is injected)."""
     env = dict(os.environ) if env is None else env
@@ -65,7 +69,7 @@ def run_checks(*, workers: int | None = None, master_port: int = 29500, root: Pa
     try:
         topo = backend.topology()
         links, health = backend.links(), backend.health()  # {} without a driver
-        error, fault = backend.error, getattr(backend, "fault", None)
+        error, fault = backend.error, backend.fault
     finally:
         backend.shutdown()
     n_gpus = len(topo.gpus) if topo else 0

@@ -2,7 +2,7 @@
 and data-loader workers), the locked-memory limit (RDMA), free disk under the
 runs directory, and the CPU budget (data-loader workers x GPUs against the
 usable cores, with the worker count given or read from a running torchrun by
-:func:`ddptop.core.attach_pid.running_job_workers`).
+:func:`ddptop.core.torchrun.running_job_workers`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 from ddptop.core.doctor.report import FAIL, OK, SKIPPED, WARN, Row
 
 if TYPE_CHECKING:
-    from ddptop.core.attach_pid import JobWorkers
+    from ddptop.core.torchrun import JobWorkers
 
 GiB = 1024**3
 MiB = 1024**2

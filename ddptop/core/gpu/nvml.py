@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import ctypes
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddptop.core.events import GpuEvent
+
+if TYPE_CHECKING:
+    from ddptop.core.gpu.backend import RankLoad
 
 # NVML return codes (stable across NVML versions)
 _NOT_SUPPORTED = 3
@@ -113,6 +117,8 @@ class XidError:
 
 
 class NvmlBackend:
+    """Real GPUs, through NVML: the :class:`~ddptop.core.gpu.backend.GpuBackend` telemetry and the doctor use."""
+
     simulated = False
 
     def __init__(self, lib: Any = None, node: str = ""):
@@ -126,7 +132,7 @@ class NvmlBackend:
         self._event_set = None
         self._by_handle: dict[int, int] = {}  # _handle_key -> GPU index, for events
         self._alt: dict[str, int] = {}  # field -> which of its _ALTERNATIVES works here
-        self.newly_lost: list[int] = []
+        self._lost: list[int] = []  # GPUs that fell off the bus, in that order
 
     # -- start-up -------------------------------------------------------------
 
@@ -152,7 +158,7 @@ class NvmlBackend:
                 self.error = "no NVIDIA driver loaded"
             else:
                 self.error = f"NVML failed to start: {str(e).rstrip('.')}"
-                self.fault = _INIT_FAULTS.get(code, _INIT_FAULT_OTHER)
+                self.fault = _INIT_FAULTS.get(code, _INIT_FAULT_OTHER) if code is not None else _INIT_FAULT_OTHER
             return False
         except OSError as e:  # a broken library on the path
             self.error = f"NVML failed to start: {e}"
@@ -240,7 +246,7 @@ class NvmlBackend:
                     continue
                 if code == _GPU_IS_LOST:
                     d.lost = True
-                    self.newly_lost.append(d.index)
+                    self._lost.append(d.index)
                 elif code in (_NOT_SUPPORTED, _NO_PERMISSION, _FUNCTION_NOT_FOUND):
                     d.unsupported.add(name)
                 return None
@@ -253,7 +259,14 @@ class NvmlBackend:
                 d.unsupported.add(name)
                 return None
 
-    def sample(self, now: float | None = None) -> list[GpuEvent]:
+    def gpu_count(self) -> int:
+        return len(self.devices)
+
+    def lost_gpus(self) -> list[int]:
+        return list(self._lost)
+
+    def sample(self, now: float | None = None, ranks: Mapping[int, RankLoad] | None = None) -> list[GpuEvent]:
+        """One read per supported field per GPU (``ranks`` is the simulator's: NVML reads the GPUs themselves)."""
         if not self.init():
             return []
         now = time.time() if now is None else now

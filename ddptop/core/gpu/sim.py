@@ -9,28 +9,43 @@ front end labels it SIMULATED.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from ddptop.core.events import GpuEvent
+
+if TYPE_CHECKING:
+    from ddptop.core.gpu.backend import RankLoad
+    from ddptop.core.gpu.nvml import GpuHealth, LinkFacts, Topology, XidError
 
 SIM_NAME = "SIMULATED GPU (util = rank CPU %)"
 MEM_TOTAL = 16 * 1024**3
 
 
 class SimBackend:
+    """A :class:`~ddptop.core.gpu.backend.GpuBackend` without a GPU: no driver,
+    no topology, no Xid error, no lost GPU."""
+
     simulated = True
 
     def __init__(self, node: str = ""):
         self.node = node
-        self.error = None
+        self.error: str | None = None
+        self.fault: str | None = None
+        self.driver: str | None = None
 
     def status(self) -> tuple[str, str]:
         return "sim", "SIMULATED GPUs: one per local rank, utilisation = that rank's CPU use"
 
-    def sample_from_ranks(self, rank_cpu: dict[int, tuple[int, float | None, int | None]], now: float | None = None) -> list[GpuEvent]:
-        """rank_cpu: local_rank -> (global rank, cpu %, rss bytes)."""
+    def gpu_count(self) -> int:
+        """0: a simulated GPU is made per rank as it is sampled, none is found up front."""
+        return 0
+
+    def sample(self, now: float | None = None, ranks: Mapping[int, RankLoad] | None = None) -> list[GpuEvent]:
+        """A GPU per local rank in ``ranks`` (local rank -> (global rank, cpu %, rss bytes))."""
         now = time.time() if now is None else now
         out = []
-        for local_rank, (rank, cpu, rss) in sorted(rank_cpu.items()):
+        for local_rank, (rank, cpu, rss) in sorted((ranks or {}).items()):
             util = None if cpu is None else max(0.0, min(100.0, cpu))
             out.append(GpuEvent(
                 now,
@@ -54,8 +69,20 @@ class SimBackend:
     def processes(self) -> dict[int, int]:
         return {}
 
-    def xid_errors(self):
+    def lost_gpus(self) -> list[int]:
         return []
+
+    def xid_errors(self) -> list[XidError]:
+        return []
+
+    def topology(self) -> Topology | None:
+        return None
+
+    def health(self) -> dict[int, GpuHealth]:
+        return {}
+
+    def links(self) -> dict[int, LinkFacts]:
+        return {}
 
     def shutdown(self) -> None:
         pass

@@ -1,4 +1,4 @@
-"""Sessions: the one protocol every front end consumes (``protocol``).  The
-implementations (a launched run, a job watched by pid, remote nodes) live
-beside it in ``ddptop.core`` and import only the protocol; the factory that
-opens one is ``ddptop.core.factory``."""
+"""Sessions: the one protocol every front end consumes (``protocol``) and
+its implementations: a job watched by pid (``pid``) here; a launched run and
+remote nodes in ``ddptop.core``.  They import only the protocol; the factory
+that opens one is ``ddptop.core.factory``."""

@@ -7,8 +7,9 @@
 * torchrun's command line (``--log-dir``, ``--redirects``, ``--tee``,
   ``--nproc-per-node``, ``--nnodes``, ``--node-rank``, or their ``PET_*``
   environment variables);
-* its workers, the ranks: its children with ``RANK`` in their environment,
-  which also gives ``LOCAL_RANK``, ``WORLD_SIZE``, ``GROUP_RANK`` and
+* its workers, the ranks: its children that are rank processes
+  (:func:`ddptop.core.torchrun.is_rank`: ``RANK`` and ``LOCAL_RANK`` in their
+  environment), which also gives ``WORLD_SIZE``, ``GROUP_RANK`` and
   ``CUDA_VISIBLE_DEVICES``;
 * the files their stdout and stderr go to: torchrun's per-rank log files
   (``LOG_DIR/<run id>_<random>/attempt_N/<local rank>/{stdout,stderr}.log``)
@@ -23,6 +24,9 @@ launched job; telemetry is sampled in a thread of its own.
 Two things it never does, by design: stop or relaunch the job (ddptop did
 not start it, so it sends it no signal at all), and report an exit code
 (only torchrun's parent can know it).  The job's final state is ``ended``.
+
+Finding torchrun processes and reading their options is
+:mod:`ddptop.core.torchrun`'s.
 """
 
 from __future__ import annotations
@@ -44,8 +48,9 @@ from ddptop.core.events import (ENDED, RUNNING, AlarmEvent, Event, GpuEvent, Log
 from ddptop.core.sessions.protocol import EXIT_CRASH_SEEN, EXIT_UNKNOWN, AttachedPid, CommandResult, Control, ExitStatus
 from ddptop.core.pipeline import Pipeline, RankMap, StackCapture, StackSampler, StackWatch, TelemetryLoop
 from ddptop.core.tailer import Tailer, read_share
+from ddptop.core.torchrun import is_rank, is_torchrun, parse_torchrun_options, rank_env, torchrun_args
 
-__all__ = ["EXIT_CRASH_SEEN", "EXIT_UNKNOWN", "ForeignError", "ForeignSession", "resolve_pid"]
+__all__ = ["EXIT_CRASH_SEEN", "EXIT_UNKNOWN", "ForeignError", "ForeignSession", "Target", "resolve_pid"]
 
 SCAN_EVERY = 0.5  # seconds between looks for new ranks, ended ranks and new log files
 CHECK_EVERY = 0.5  # seconds between stall checks
@@ -54,168 +59,13 @@ HISTORY = 64 * 1024  # bytes of history read from a file that is not a torchrun 
 LOG_HISTORY = 8 * 1024 * 1024  # at most this much of each torchrun per-rank log file
 END_GRACE = 5.0  # seconds to wait for ranks that outlive torchrun
 
-_MODULES = ("torch.distributed.run", "torch.distributed.launch")
-_SCRIPTS = ("/torch/distributed/run.py", "/torch/distributed/launch.py")
 _ATTEMPT = re.compile(r"attempt_(\d+)$")
-# torchrun options read here (normalised: no dashes, "_" for "-"), and the PET_* variable of each
-_OPTIONS = ("log_dir", "redirects", "tee", "nproc_per_node", "nnodes", "node_rank", "rdzv_id")
-_SHORT = {"-r": "redirects", "-t": "tee"}
-_RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "CUDA_VISIBLE_DEVICES",
-              "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID")
 RANK_REMEDY = "Relaunch under ddptop, or give torchrun --log-dir DIR --redirects 3 (or --tee 3)"
 TORCHRUN_REMEDY = "Redirect torchrun's output to a file (torchrun ... > torchrun.log 2>&1), or launch under ddptop"
 
 
 class ForeignError(Exception):
     """The pid names no process, or one that is not part of a torchrun job; the message says which."""
-
-
-# -- recognising torchrun -------------------------------------------------------
-
-
-def torchrun_args(cmdline: list[str]) -> list[str] | None:
-    """The arguments given to torchrun if ``cmdline`` is a torchrun (elastic
-    agent) process: ``torchrun ...``, ``python .../bin/torchrun ...``,
-    ``python -m torch.distributed.run ...`` (or ``.launch``).  None otherwise."""
-    if not cmdline:
-        return None
-    if os.path.basename(cmdline[0]) == "torchrun":
-        return list(cmdline[1:])
-    if not os.path.basename(cmdline[0]).startswith("python"):
-        return None  # a wrapper (timeout, nohup -> exec'd, srun...) is not torchrun itself
-    if len(cmdline) > 1 and os.path.basename(cmdline[1]) == "torchrun":
-        return list(cmdline[2:])
-    i = 1
-    while i < len(cmdline):
-        a = cmdline[i]
-        if a == "-m":
-            return list(cmdline[i + 2:]) if i + 1 < len(cmdline) and cmdline[i + 1] in _MODULES else None
-        if a.startswith("-m"):
-            return list(cmdline[i + 1:]) if a[2:] in _MODULES else None
-        if a == "-c":
-            return None  # python -c CODE
-        if not a.startswith("-"):
-            return list(cmdline[i + 1:]) if a.endswith(_SCRIPTS) else None  # python SCRIPT
-        i += 2 if a in ("-X", "-W", "--check-hash-based-pycs") else 1
-    return None
-
-
-def is_torchrun(proc: psutil.Process) -> bool:
-    try:
-        return torchrun_args(proc.cmdline()) is not None
-    except psutil.Error:
-        return False
-
-
-def launched_by_ddptop(proc: psutil.Process) -> Path | None:
-    """The run directory of a torchrun that ddptop launched, else None."""
-    try:
-        beats = proc.environ().get("DDPTOP_BEAT_DIR")
-    except (psutil.Error, OSError):
-        beats = None
-    if beats:
-        run = Path(beats).parent
-        if (run / journal.META).is_file():
-            return run
-    try:
-        parent = proc.parent()
-        pcmd = parent.cmdline() if parent is not None else []
-    except psutil.Error:
-        pcmd = []
-    if any("ddptop.core.supervisor" in a for a in pcmd) and pcmd and (Path(pcmd[-1]) / journal.META).is_file():
-        return Path(pcmd[-1])
-    return None
-
-
-def _alive(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def find_torchruns() -> list[psutil.Process]:
-    """This user's running torchrun processes that ddptop did not launch, oldest first."""
-    out = []
-    for p in reversed(torchrun_jobs()):
-        try:
-            if _alive(p) and launched_by_ddptop(p) is None:
-                out.append(p)
-        except psutil.Error:
-            continue
-    return out
-
-
-# -- a running job's ranks and data-loader workers (ddptop doctor's CPU budget) --
-
-
-@dataclass
-class JobWorkers:
-    torchrun_pid: int
-    ranks: int
-    workers_per_rank: int  # the most data-loader (child) processes any rank has
-
-
-def torchrun_jobs(uid: int | None = None) -> list[psutil.Process]:
-    """This user's running torchrun processes, newest first, those ddptop
-    launched too (the doctor counts the workers of any job, wherever it was
-    started; :func:`find_torchruns` keeps those ddptop did not launch)."""
-    uid = os.getuid() if uid is None else uid
-    out = []
-    for p in psutil.process_iter(["cmdline", "uids", "create_time"]):
-        try:
-            uids = p.info.get("uids")
-            if uids is None or uids.real != uid or p.pid == os.getpid():
-                continue
-            if torchrun_args(p.info.get("cmdline") or []) is not None:
-                out.append(p)
-        except psutil.Error:
-            continue
-    out.sort(key=lambda p: (p.info.get("create_time") or 0, p.pid), reverse=True)
-    return out
-
-
-def job_workers(proc: psutil.Process) -> JobWorkers | None:
-    """A torchrun's ranks (its children) and the most child processes (data-loader workers) any rank has."""
-    try:
-        ranks = proc.children()
-    except psutil.Error:
-        return None
-    per = []
-    for r in ranks:
-        try:
-            per.append(len(r.children(recursive=True)))
-        except psutil.Error:
-            per.append(0)
-    return JobWorkers(proc.pid, len(ranks), max(per, default=0))
-
-
-def running_job_workers() -> JobWorkers | None:
-    """The ranks and workers of this user's newest running torchrun, None when none runs."""
-    jobs = torchrun_jobs()
-    return job_workers(jobs[0]) if jobs else None
-
-
-def describe(proc: psutil.Process, width: int = 100) -> str:
-    """``PID  STARTED  COMMAND`` for a listing."""
-    try:
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(proc.create_time()))
-        cmd = " ".join(proc.cmdline())
-    except psutil.Error:
-        started, cmd = "?", "(gone)"
-    if len(cmd) > width:
-        cmd = cmd[: width - 3] + "..."
-    return f"{proc.pid:>8}  {started}  {cmd}"
-
-
-def _rank_env(proc: psutil.Process) -> dict[str, str] | None:
-    try:
-        env = proc.environ()
-    except (psutil.Error, OSError):
-        return None
-    if "RANK" not in env:
-        return None
-    return {k: env[k] for k in _RANK_VARS if k in env}
 
 
 @dataclass
@@ -254,7 +104,7 @@ def resolve_pid(pid: int) -> Target:
         raise ForeignError(f"no process with pid {pid}") from None
     except psutil.AccessDenied:
         raise ForeignError(f"pid {pid} belongs to another user: ddptop cannot look at it") from None
-    if not _alive(proc):
+    if not procs.alive(proc):
         raise ForeignError(f"pid {pid} has ended (it is a zombie)")
     if torchrun_args(cmd) is not None:
         return Target(proc, asked=pid)
@@ -273,50 +123,17 @@ def resolve_pid(pid: int) -> Target:
                            f"read (permission denied) to tell whether it is a rank") from None
     except psutil.Error as e:
         raise ForeignError(f"pid {pid}: {e}") from None
-    if "RANK" in env:
+    if is_rank(env, under_torchrun=False):
         # the topmost process of that rank (not one of its data-loader workers)
         top = proc
         for anc in parents:
-            anc_env = _rank_env(anc)
+            anc_env = rank_env(anc, under_torchrun=False)
             if anc_env is None or anc_env.get("RANK") != env["RANK"]:
                 break
             top = anc
         return Target(None, top, asked=pid)
     raise ForeignError(f"pid {pid} ({what}) is neither a torchrun process nor a rank of one "
                        f"(no torchrun among its parents, no RANK in its environment)")
-
-
-# -- torchrun's options ---------------------------------------------------------
-
-
-@dataclass
-class TorchrunOptions:
-    log_dir: str | None = None
-    redirects: str | None = None
-    tee: str | None = None
-    nproc_per_node: str | None = None
-    nnodes: str | None = None
-    node_rank: str | None = None
-    rdzv_id: str | None = None
-    script: list[str] = field(default_factory=list)  # the training script and its arguments
-
-
-def parse_torchrun_options(args: list[str], env: dict[str, str] | None = None) -> TorchrunOptions:
-    """The options ddptop needs, from torchrun's arguments (``--x v``, ``--x=v``,
-    ``--x_y`` spellings) or else from torchrun's ``PET_*`` variables."""
-    from ddptop.core.launcher import scan_torchrun_args
-
-    opts, i, _lacking = scan_torchrun_args(args)  # (a job that runs has every value it needs)
-    got: dict[str, str] = {}
-    for name, val, _tokens in opts:
-        key = _SHORT.get(name) or name.lstrip("-").replace("-", "_")
-        if val is not None and key in _OPTIONS:
-            got[key] = val
-    env = env or {}
-    for key in _OPTIONS:
-        if key not in got and env.get("PET_" + key.upper()):
-            got[key] = env["PET_" + key.upper()]
-    return TorchrunOptions(**got, script=list(args[i:]))
 
 
 def _int(v) -> int | None:
@@ -518,7 +335,7 @@ class ForeignSession:
 
     @property
     def is_live(self) -> bool:
-        return not self.finished and self._final is None and _alive(self.target.root)
+        return not self.finished and self._final is None and procs.alive(self.target.root)
 
     @property
     def final_state(self) -> StateEvent | None:
@@ -626,7 +443,7 @@ class ForeignSession:
     def _scan(self, now: float, out: list[Event]) -> bool:
         """Find new and ended ranks and new output files.  True once the job has ended."""
         root = self.target.root
-        root_alive = _alive(root)
+        root_alive = procs.alive(root)
         if self.torchrun is not None and not self._torchrun_fds_seen:
             self._torchrun_fds_seen = True
             for fd, stream in ((1, "stdout"), (2, "stderr")):
@@ -642,7 +459,7 @@ class ForeignSession:
         elif self.torchrun is None and root.pid not in self._ranks and root_alive:
             self._new_rank(out, root, now)
         for pid, r in self._ranks.items():
-            if not r.ended and not _alive(r.proc):
+            if not r.ended and not procs.alive(r.proc):
                 self._rank_ended(out, pid, r, now)
         self._scan_log_dir(out)
         if self._ranks and not self._readable() and not self._warned_about("nothing-readable"):
@@ -670,7 +487,7 @@ class ForeignSession:
         return False
 
     def _new_rank(self, out: list[Event], proc: psutil.Process, now: float) -> None:
-        env = _rank_env(proc)
+        env = rank_env(proc, under_torchrun=self.torchrun is not None)
         if env is None:
             return  # not a worker (or its environment cannot be read)
         rank = _int(env.get("RANK"))
