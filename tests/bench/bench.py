@@ -364,7 +364,7 @@ def bench_stack_watch(ranks: int = 8, seconds: float = 40.0) -> None:
     """attach --pid's life signal: py-spy's CPU over one core while watching N
     ranks in turn (target: within 2% of a core on average), and each rank's
     sampling period."""
-    from ddptop.core.pipeline import StackWatch
+    from ddptop.core.probes.stacks import StackWatch
 
     code = "import time, torch\nwhile True:\n    time.sleep(0.01)\n    torch.randn(64, 64) @ torch.randn(64, 64)\n"
     procs = [subprocess.Popen([sys.executable, "-c", code], start_new_session=True) for _ in range(ranks)]
