@@ -393,7 +393,7 @@ def bench_attach(lines: int = 200, every: float = 0.1, quiet_s: float = 20) -> N
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import rank_started, write_run
     from sshd import remote_ddptop, start_sshd, stop_sshd
-    from ddptop.core.remote import RemoteSession
+    from ddptop.core.sessions.ssh import RemoteSession
 
     with tempfile.TemporaryDirectory() as d:
         sshd = start_sshd(Path(d) / "sshd")

@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ddptop.core.command_result import CommandResult
 from ddptop.core.events import Event, NoteEvent, ProgressEvent, StacksEvent
 from ddptop.core.probes.base import Emit, Job, Loop, unique_path
-from ddptop.core.sessions.protocol import CommandResult
 
 
 def _stamp() -> str:

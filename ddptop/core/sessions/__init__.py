@@ -1,4 +1,5 @@
-"""Sessions: the one protocol every front end consumes (``protocol``).  The
-implementations (a launched run, a job watched by pid, remote nodes) live
-beside it in ``ddptop.core`` and import only the protocol; the factory that
-opens one is ``ddptop.core.factory``."""
+"""Sessions: the one protocol every front end consumes (``protocol``) and
+implementations of it: a run on another node over ssh (``ssh``), several
+nodes as one (``cross_node``); the others (a launched run, a job watched by
+pid) live in ``ddptop.core``.  None imports the factory that opens one
+(``ddptop.core.factory``)."""

@@ -29,6 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Union
 
+# the answer to stop / relaunch / dump_stacks: part of this protocol, defined below the probes that answer with it
+from ddptop.core.command_result import CommandResult as CommandResult
+
 if TYPE_CHECKING:  # (no import cycle at run time: the implementations import this module)
     from ddptop.core.events import Event, StateEvent
     from ddptop.core.journal import Meta
@@ -123,18 +126,6 @@ class Control:
     fix: bool = False  # `ddptop fix` can run the job's command again on this machine
     refused: str = ""  # why stop and relaunch are refused (a job ddptop did not start)
     fix_refused: str = ""  # why a fix search cannot run from here
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    """The answer to stop / relaunch / dump_stacks.  ``bool(result)`` is ``ok``."""
-
-    ok: bool
-    message: str = ""
-    refused: bool = False  # not allowed for this job (as opposed to: it could not be done now)
-
-    def __bool__(self) -> bool:
-        return self.ok
 
 
 @dataclass(frozen=True)
