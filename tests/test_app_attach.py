@@ -18,7 +18,8 @@ from textual.content import Content  # noqa: E402
 from textual.widgets import DataTable  # noqa: E402
 
 from ddptop.core.events import LinkEvent  # noqa: E402
-from ddptop.core.remote import MultiSession, RemoteSession  # noqa: E402
+from ddptop.core.sessions.cross_node import MultiSession  # noqa: E402
+from ddptop.core.sessions.ssh import RemoteSession  # noqa: E402
 from ddptop.core.session import Session  # noqa: E402
 from ddptop.ui.app import make_app  # noqa: E402
 from ddptop.ui.header import HeaderBar, link_markup  # noqa: E402

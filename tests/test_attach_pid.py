@@ -535,7 +535,7 @@ def test_attach_over_ssh_to_a_job_ddptop_did_not_launch(procs, tmp_path, sshd):
     its node; links cut again and again lose and repeat no line."""
     from sshd import remote_ddptop
 
-    from ddptop.core.remote import RemoteSession
+    from ddptop.core.sessions.ssh import RemoteSession
 
     job = start_job(procs, tmp_path, "--steps", "1500", "--step-time", "0.004")
     wait_ranks(procs, job)

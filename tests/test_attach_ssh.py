@@ -11,7 +11,8 @@ from pathlib import Path
 
 from helpers import per_line
 from conftest import EXAMPLE, ROOT, TIMEOUT, alive, ddptop_cmd, json_events, journal_events, wait_for
-from ddptop.core.remote import MultiSession, RemoteSession
+from ddptop.core.sessions.cross_node import MultiSession
+from ddptop.core.sessions.ssh import RemoteSession
 from ddptop.core.session import Session
 from sshd import remote_ddptop
 
@@ -473,7 +474,7 @@ def test_remote_ddptop_under_the_remote_home_and_nothing_else_expanded(runs_dir,
     (quoted, the remote shell would not expand it); any other text is quoted."""
     import shutil
 
-    from ddptop.core.remote import remote_command
+    from ddptop.core.sessions.ssh import remote_command
 
     assert remote_command(["~/venv/bin/ddptop", "agent"]) == '"$HOME"/venv/bin/ddptop agent'
     assert remote_command(["$HOME/my env/ddptop"]) == '"$HOME"/\'my env/ddptop\''

@@ -198,7 +198,7 @@ def test_the_agent_streams_a_damaged_run_to_its_end_without_looping(tmp_path, ru
 
 
 def test_the_agent_and_its_ssh_client_end_on_a_damaged_run(tmp_path, runs_dir, sshd):
-    from ddptop.core.remote import RemoteSession
+    from ddptop.core.sessions.ssh import RemoteSession
     from sshd import remote_ddptop
 
     run = damaged_run(tmp_path)
@@ -228,7 +228,7 @@ def test_the_factory_opens_what_the_person_named(tmp_path, runs_dir):
     with pytest.raises(OpenError, match="--pid 999999999"):
         open_target(AttachRequest(pid=999999999))
     assert RemoteRun("::1", "r1").attach_hint == "ddptop attach [::1]:r1"
-    from ddptop.core.remote import parse_target
+    from ddptop.core.sessions.ssh import parse_target
 
     assert parse_target("[::1]:r1") == ("::1", "r1") and parse_target("[::1]") == ("::1", "latest")
     assert parse_target("user@gpu3:pid:42") == ("user@gpu3", "pid:42")

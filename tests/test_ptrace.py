@@ -62,7 +62,7 @@ def test_the_sampler_says_it_once_per_run_with_the_fix(victim, tmp_path):
     os.chmod(d, 0o777)
     r = run_unprivileged(f"""
         import json
-        from ddptop.core.pipeline import StackSampler
+        from ddptop.core.probes.stacks import StackSampler
         out = []
         s = StackSampler({str(d)!r}, lambda: {{0: {victim}, 1: {victim}}}, out.extend, samples=2, gap=0.1)
         for _ in range(3):

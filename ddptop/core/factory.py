@@ -146,7 +146,8 @@ def open_target(req: AttachRequest) -> Opened:
 
 
 def _remote(targets: list[str], req: AttachRequest) -> Opened:
-    from ddptop.core.remote import MultiSession, RemoteSession, check_host, parse_target
+    from ddptop.core.sessions.cross_node import MultiSession
+    from ddptop.core.sessions.ssh import RemoteSession, check_host, parse_target
 
     sessions = []
     for t in targets:

@@ -173,11 +173,11 @@ class Supervisor:
         self.profiles: list[str] = list(self.meta.profiles or [])
         self.tried: set[tuple[str, ...]] = {tuple(self.profiles)}
         self.relaunches = 0
-        from ddptop.core.pipeline import StackCapture, StackSampler
+        from ddptop.core.probes.stacks import StackCapture, StackSampler
 
         self.stacks = StackCapture(run_dir, self._rank_pids, self.events.write_many)
         self.samples = StackSampler(run_dir, self._rank_pids, self.events.write_many, node=self.meta.host)
-        from ddptop.core.pipeline import RasProbe
+        from ddptop.core.probes.ras import RasProbe
 
         self.ras = RasProbe(self._ras_addr, run_dir, self._rank_pids, self.events.write_many, node=self.meta.host)
 
@@ -313,7 +313,7 @@ class Supervisor:
         )
         sampler = None
         if (self.meta.gpu or "auto") != "off":
-            from ddptop.core.pipeline import TelemetryLoop
+            from ddptop.core.probes.telemetry import TelemetryLoop
             from ddptop.core.telemetry import RankProc
 
             def ranks() -> list:

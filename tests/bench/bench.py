@@ -364,7 +364,7 @@ def bench_stack_watch(ranks: int = 8, seconds: float = 40.0) -> None:
     """attach --pid's life signal: py-spy's CPU over one core while watching N
     ranks in turn (target: within 2% of a core on average), and each rank's
     sampling period."""
-    from ddptop.core.pipeline import StackWatch
+    from ddptop.core.probes.stacks import StackWatch
 
     code = "import time, torch\nwhile True:\n    time.sleep(0.01)\n    torch.randn(64, 64) @ torch.randn(64, 64)\n"
     procs = [subprocess.Popen([sys.executable, "-c", code], start_new_session=True) for _ in range(ranks)]
@@ -393,7 +393,7 @@ def bench_attach(lines: int = 200, every: float = 0.1, quiet_s: float = 20) -> N
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import rank_started, write_run
     from sshd import remote_ddptop, start_sshd, stop_sshd
-    from ddptop.core.remote import RemoteSession
+    from ddptop.core.sessions.ssh import RemoteSession
 
     with tempfile.TemporaryDirectory() as d:
         sshd = start_sshd(Path(d) / "sshd")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from ddptop.core.ras import KINDS, RasRank, RasStatus
+from ddptop.core.ras.types import KINDS, RasRank, RasStatus
 
 
 @dataclass

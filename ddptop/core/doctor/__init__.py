@@ -19,7 +19,7 @@ real machine and calls them all; :func:`exit_code` maps the rows to 0 / 1 / 2;
 
 A running torchrun's ranks and workers (for the CPU budget) are found by
 :mod:`ddptop.core.torchrun`; ``--host`` runs the doctor on other nodes over
-ssh with :mod:`ddptop.core.remote`.
+ssh with :mod:`ddptop.core.sessions.ssh`.
 
 Core package: no textual, rich, torch or pynvml here.  NVML goes through
 :mod:`ddptop.core.gpu.nvml`; torch's and NCCL's versions come from package

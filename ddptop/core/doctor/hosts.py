@@ -1,7 +1,7 @@
 """``ddptop doctor --host HOST``: the checks run on other nodes, by their own ddptop over ssh.
 
 ``doctor_on_hosts`` runs ``ddptop doctor --json`` on each node
-(``doctor_rows``), over the same ssh as ``ddptop attach`` (``core.remote``),
+(``doctor_rows``), over the same ssh as ``ddptop attach`` (``core.sessions.ssh``),
 and shows the rows per host.
 """
 
@@ -13,7 +13,7 @@ import shlex
 import subprocess
 
 from ddptop.core.doctor.report import Row
-from ddptop.core.remote import SSH_OPTIONS, check_host, install_hint, remote_command
+from ddptop.core.sessions.ssh import SSH_OPTIONS, check_host, install_hint, remote_command
 
 
 def doctor_rows(host: str, ssh: list[str], remote_cmd: str, args: list[str], timeout: float = 120) -> list[Row]:

@@ -1,4 +1,5 @@
 """Sessions: the one protocol every front end consumes (``protocol``) and
-its implementations: a job watched by pid (``pid``) here; a launched run and
-remote nodes in ``ddptop.core``.  They import only the protocol; the factory
-that opens one is ``ddptop.core.factory``."""
+implementations of it: a job watched by pid (``pid``), a run on another node
+over ssh (``ssh``), several nodes as one (``cross_node``); a launched run lives
+in ``ddptop.core.session``.  None imports the factory that opens one
+(``ddptop.core.factory``)."""

@@ -46,7 +46,9 @@ from ddptop.core import journal, procs
 from ddptop.core.events import (ENDED, RUNNING, AlarmEvent, Event, GpuEvent, LogBatch, NoteEvent, ProcEvent,
                                 RankEvent, StateEvent)
 from ddptop.core.sessions.protocol import EXIT_CRASH_SEEN, EXIT_UNKNOWN, AttachedPid, CommandResult, Control, ExitStatus
-from ddptop.core.pipeline import Pipeline, RankMap, StackCapture, StackSampler, StackWatch, TelemetryLoop
+from ddptop.core.pipeline import Pipeline, RankMap
+from ddptop.core.probes.stacks import StackCapture, StackSampler, StackWatch
+from ddptop.core.probes.telemetry import TelemetryLoop
 from ddptop.core.tailer import Tailer, read_share
 from ddptop.core.torchrun import is_rank, is_torchrun, parse_torchrun_options, rank_env, torchrun_args
 
@@ -273,7 +275,7 @@ class ForeignSession:
         self.stacks = StackCapture(journal.attached_dir(f"pid-{self.pid}"), self._rank_pids, self._put)
         self.samples = StackSampler(journal.attached_dir(f"pid-{self.pid}"), self._rank_pids, self._put,
                                     node=self.host)
-        from ddptop.core.pipeline import RasProbe
+        from ddptop.core.probes.ras import RasProbe
 
         # NCCL's RAS port, from a rank's environment; on the default port (which another job of
         # this user may share) an answer counts only if it names this job's processes

@@ -1,213 +1,17 @@
-"""NCCL RAS: NCCL's own view of a job, asked over its local TCP port.
-
-Since NCCL 2.24 every NCCL process runs a RAS thread listening on
-``NCCL_RAS_ADDR`` (default ``localhost:28028``; off with
-``NCCL_RAS_ENABLE=0``).  Any one process answers for the whole job: per
-communicator, each rank's host, pid and GPU, how many collectives of each
-kind it has launched, and which ranks are missing, unresponsive or dead.
-The protocol is text lines:
-
-* ``CLIENT PROTOCOL 2`` -> ``SERVER PROTOCOL 2`` (optional handshake);
-* ``TIMEOUT <s>`` -> ``OK`` (whole seconds only before 2.31, so ddptop
-  sends an integer);
-* ``SET FORMAT json`` -> ``OK`` (2.28.7+; older servers answer ``ERROR``
-  and ddptop reads the text report instead);
-* ``VERBOSE STATUS``: the report, then the server closes the connection
-  (there is no end marker: read to EOF);
-* ``MONITOR lifecycle`` -> ``OK``, then pushed events such as ``PEER_DEAD``
-  (2.29+).
-
-This module asks (``query``), reads both formats (``parse_json``,
-``parse_text``; NCCL 2.28.x's JSON lacks a comma in ``missing_ranks``,
-which is repaired), and says who is behind (``verdict``): the ranks that
-launched fewer operations of a kind than the rest, or that are missing or
-dead, mapped to global ranks by host and pid.  No torch, no NCCL: plain
-sockets, and pure parsing that the tests drive with answers laid out as NCCL
-lays them out.
-"""
+"""NCCL RAS's answers read: the status report in either of its formats
+(``parse``: ``parse_json`` for 2.28.7+, ``parse_text`` for 2.24+; NCCL
+2.28.x's JSON lacks a comma in ``missing_ranks``, which is repaired) and the
+lines a ``MONITOR`` client is pushed (``parse_monitor_line``).  Pure: the
+tests drive it with answers laid out as NCCL lays them out."""
 
 from __future__ import annotations
 
 import json
 import re
-import socket
-import time
-from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any
 
+from ddptop.core.ras.types import PeerEvent, RasComm, RasRank, RasStatus
 from ddptop.core.versions import version_tuple
-
-DEFAULT_ADDR = "localhost:28028"
-PROTOCOL = 2
-KINDS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
-MAX_ANSWER = 16 * 1024 * 1024  # a report larger than this is cut (thousands of ranks fit well under it)
-
-
-class RasError(Exception):
-    """No answer from NCCL RAS: refused, timed out, or not a RAS server."""
-
-
-@dataclass
-class RasRank:
-    rank: int  # the rank in its communicator
-    host: str = ""  # an IP address (RAS does no DNS)
-    pid: int = -1
-    gpu: str = ""
-    counts: dict[str, int] = field(default_factory=dict)  # collective kind -> operations launched
-    missing: bool = False  # no data from it
-    unresponsive: bool = False
-    dead: bool = False
-    error: str = ""  # an initialisation or asynchronous error it reported
-    status: str = ""  # RUNNING, INIT, FINALIZE, ABORT; NOCOMM (answered, without the communicator)
-    grouped: set[str] = field(default_factory=set)  # text: kinds whose count came from a group's line
-
-
-@dataclass
-class RasComm:
-    hash: str  # normalised: lower-case hex without 0x or leading zeros
-    size: int = 0
-    ranks: list[RasRank] = field(default_factory=list)  # those that answered (JSON: every one; text: the outliers)
-    missing: list[RasRank] = field(default_factory=list)
-    # text reports give large groups as counts only: kind -> [(ranks in the group, operations launched)]
-    groups: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
-    status_groups: dict[str, int] = field(default_factory=dict)  # text: status -> ranks a group line counts
-
-
-@dataclass
-class RasStatus:
-    format: str  # "json" or "text"
-    version: str = ""  # the NCCL version, when the answer says it
-    comms: list[RasComm] = field(default_factory=list)
-    dead_processes: list[tuple[str, int]] = field(default_factory=list)  # (host, pid)
-    # (host, pid) of the job's processes that did not answer this query (text: "INCOMPLETE")
-    silent_processes: list[tuple[str, int]] = field(default_factory=list)
-    partial: bool = False  # the report did not end in time: what came is read
-    unreliable: str = ""  # why this answer may be wrong (a known bug of this NCCL version)
-    timeouts: int = 0  # RAS's own timeouts while it gathered the data
-    raw: str = ""
-    took: float = 0.0  # seconds the query took
-
-
-# -- the address ----------------------------------------------------------------
-
-
-def parse_addr(addr: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port`` as NCCL reads NCCL_RAS_ADDR."""
-    addr = addr.strip()
-    m = re.fullmatch(r"\[([^\]]+)\]:(\d+)", addr) or re.fullmatch(r"([^:\s]+):(\d+)", addr)
-    if not m:
-        raise ValueError(f"NCCL_RAS_ADDR {addr!r} is not host:port")
-    port = int(m.group(2))
-    if not 0 < port < 65536:
-        raise ValueError(f"NCCL_RAS_ADDR {addr!r}: port out of range")
-    return m.group(1), port
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now (for one launch's NCCL_RAS_ADDR)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-# -- asking ---------------------------------------------------------------------
-
-
-class _Conn:
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
-        self.sock = sock
-        self.deadline = deadline
-        self.buf = b""
-
-    def _left(self) -> float:
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise RasError("no answer in time")
-        return left
-
-    def send(self, line: str) -> None:
-        self.sock.settimeout(self._left())
-        self.sock.sendall(line.encode() + b"\n")
-
-    def line(self) -> str:
-        while b"\n" not in self.buf:
-            self.sock.settimeout(self._left())
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise RasError("the connection closed before a reply")
-            self.buf += chunk
-            if len(self.buf) > 65536:
-                raise RasError("not a RAS server (a reply line without an end)")
-        line, _, self.buf = self.buf.partition(b"\n")
-        return line.decode("utf-8", "replace").rstrip("\r")
-
-    def rest(self) -> tuple[str, bool]:
-        """Everything until the server closes the connection, and whether it
-        did (False: the deadline came first, and this is what had come)."""
-        chunks = [self.buf]
-        size = len(self.buf)
-        self.buf = b""
-        done = True
-        while True:
-            try:
-                self.sock.settimeout(self._left())
-                chunk = self.sock.recv(1 << 16)
-            except (RasError, socket.timeout):
-                done = False
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > MAX_ANSWER:
-                break
-        return b"".join(chunks).decode("utf-8", "replace"), done
-
-
-# seconds NCCL may wait beyond the TIMEOUT it was given, for peers that do not
-# answer (RAS_COLLECTIVE_EXTRA_TIMEOUT at NCCL_RAS_TIMEOUT_FACTOR 1; ncclras
-# itself waits 1 + TIMEOUT + this)
-NCCL_EXTRA_WAIT = 5
-
-
-def query(addr: str, *, timeout: float = 9.0, json_format: bool = True, verbose: bool = True) -> RasStatus:
-    """Ask the RAS server at ``addr`` for the job's status (``RasError`` when
-    it cannot be had).  ``timeout`` bounds the whole query.  RAS's own
-    gathering timeout (whole seconds) is set so that NCCL's worst case, that
-    plus ``NCCL_EXTRA_WAIT`` for peers that do not answer, ends within it; a
-    report cut by the deadline is read as far as it came (``partial``)."""
-    host, port = parse_addr(addr)
-    t0 = time.monotonic()
-    deadline = t0 + timeout
-    try:
-        sock = socket.create_connection((host, port), timeout=min(timeout, 2.0))
-    except OSError as e:
-        raise RasError(f"{addr}: {e.strerror or e}") from None
-    try:
-        c = _Conn(sock, deadline)
-        c.send(f"CLIENT PROTOCOL {PROTOCOL}")
-        hello = c.line()
-        if not hello.upper().startswith("SERVER PROTOCOL"):
-            raise RasError(f"{addr} is not NCCL RAS (it answered {hello[:80]!r})")
-        c.send(f"TIMEOUT {max(1, int(timeout - NCCL_EXTRA_WAIT - 1))}")  # integers only up to NCCL 2.29.x
-        c.line()
-        fmt = "text"
-        if json_format:
-            c.send("SET FORMAT json")
-            if c.line().strip().upper() == "OK":
-                fmt = "json"
-        c.send("VERBOSE STATUS" if verbose else "STATUS")
-        raw, done = c.rest()
-    except OSError as e:
-        raise RasError(f"{addr}: {e}") from None
-    finally:
-        sock.close()
-    if not done and not raw.strip():
-        raise RasError("the report did not come in time")
-    st = parse(raw, fmt)
-    st.partial = not done
-    st.took = time.monotonic() - t0
-    return st
 
 
 def parse(raw: str, fmt: str) -> RasStatus:
@@ -226,8 +30,6 @@ def parse(raw: str, fmt: str) -> RasStatus:
         # (fixed in 2.29.2, NVIDIA/nccl#1762): the communicators after one with missing ranks may be garbage
         st.unreliable = f"NCCL {st.version} may garble this report when ranks are missing (fixed in 2.29.2)"
     return st
-
-
 
 
 # -- JSON (2.28.7+) ---------------------------------------------------------------
@@ -252,6 +54,11 @@ def _int(v: object, default: int = -1) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else default
 
 
+def _obj(v: object) -> dict[str, Any]:
+    """A JSON object, or {} for anything else."""
+    return v if isinstance(v, dict) else {}
+
+
 def parse_json(raw: str) -> RasStatus:
     try:
         d = json.loads(raw)
@@ -270,8 +77,8 @@ def parse_json(raw: str) -> RasStatus:
         for r in c.get("ranks") or []:
             if not isinstance(r, dict):
                 continue
-            counts = r.get("collective_counts") if isinstance(r.get("collective_counts"), dict) else {}
-            status = r.get("status") if isinstance(r.get("status"), dict) else {}
+            counts = _obj(r.get("collective_counts"))
+            status = _obj(r.get("status"))
             err = ""
             for key, what in (("init_state", "initialisation"), ("async_error", "asynchronous")):
                 code = _int(status.get(key), 0)
@@ -287,7 +94,7 @@ def parse_json(raw: str) -> RasStatus:
         for r in c.get("missing_ranks") or []:
             if not isinstance(r, dict):
                 continue
-            status = r.get("status") if isinstance(r.get("status"), dict) else {}
+            status = _obj(r.get("status"))
             # unresponsive false: its process answered, without this communicator (NOCOMM)
             unresponsive = status.get("unresponsive") is not False
             comm.missing.append(RasRank(_int(r.get("rank")), str(r.get("host") or ""), _int(r.get("pid")),
@@ -482,18 +289,6 @@ _MONITOR_LINE = re.compile(r"^\[(?P<time>[^\]]*)\] (?P<event>[A-Z_]+): (?P<rest>
 _PEER = re.compile(r"Process (?P<pid>\d+) on node (?P<host>\S+) managing GPUs? (?P<gpu>\S+(?: \(NVML [\d,]+\))?)")
 
 
-@dataclass
-class PeerEvent:
-    """One event NCCL's RAS pushes to a ``MONITOR`` client: ``PEER_DEAD``,
-    ``PEER_NEW`` (lifecycle), ``PEER_UNRESPONSIVE`` and others (trace)."""
-
-    event: str
-    host: str = ""
-    pid: int = -1
-    details: str = ""
-    line: str = ""
-
-
 def parse_monitor_line(line: str) -> PeerEvent | None:
     """``[2025-12-19 13:07:07] PEER_DEAD: Process 1524345 on node 10.0.0.2 managing GPU 1``
     (NCCL's text format; a peer it cannot name is its bare address)."""
@@ -505,56 +300,3 @@ def parse_monitor_line(line: str) -> PeerEvent | None:
     if p:
         return PeerEvent(m.group("event"), p.group("host"), int(p.group("pid")), rest[p.end():].strip(), line)
     return PeerEvent(m.group("event"), details=rest, line=line)
-
-
-class MonitorUnsupported(RasError):
-    """The server has no MONITOR (NCCL before 2.29)."""
-
-
-def monitor(addr: str, on_event: Callable[[PeerEvent], None], stop: Callable[[], bool], *,
-            groups: str = "lifecycle", connect_timeout: float = 2.0) -> None:
-    """Follow RAS's pushed events until ``stop()`` or the server closes the
-    connection (the job ended); ``MonitorUnsupported`` for a server without
-    MONITOR, ``RasError`` when there is no server."""
-    host, port = parse_addr(addr)
-    try:
-        sock = socket.create_connection((host, port), timeout=connect_timeout)
-    except OSError as e:
-        raise RasError(f"{addr}: {e.strerror or e}") from None
-    try:
-        c = _Conn(sock, time.monotonic() + 10)
-        c.send(f"CLIENT PROTOCOL {PROTOCOL}")
-        if not c.line().upper().startswith("SERVER PROTOCOL"):
-            raise RasError(f"{addr} is not NCCL RAS")
-        c.send(f"MONITOR {groups}")
-        reply = c.line().strip()
-        if reply.upper() != "OK":
-            raise MonitorUnsupported(f"{addr}: no MONITOR here ({reply[:80]}): NCCL before 2.29")
-        buf = c.buf  # (the OK and the first events may come in one read)
-        sock.settimeout(0.5)
-        while not stop():
-            while b"\n" in buf:
-                raw, _, buf = buf.partition(b"\n")
-                ev = parse_monitor_line(raw.decode("utf-8", "replace"))
-                if ev is not None:
-                    on_event(ev)
-            try:
-                chunk = sock.recv(65536)
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            if not chunk:
-                return
-            buf += chunk
-            if len(buf) > 1 << 20:
-                buf = b""  # a line without an end: not an event stream
-    finally:
-        sock.close()
-
-
-def job_pids(st: RasStatus) -> set[int]:
-    """Every pid the answer names (to check that an answer on a shared,
-    default port is about this job)."""
-    pids = {r.pid for c in st.comms for r in [*c.ranks, *c.missing] if r.pid >= 0}
-    return pids | {pid for _h, pid in st.dead_processes} | {pid for _h, pid in st.silent_processes}
