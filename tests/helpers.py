@@ -111,10 +111,10 @@ def matcher_fails_on(monkeypatch, marker: str = "BAD") -> None:
 
     inner = SignatureMatcher._feed
 
-    def feed(self, text, rank, line, source):
+    def feed(self, text, rank, line, source, node=""):
         if marker in text:
             raise KeyError("boom")
-        return inner(self, text, rank, line, source)
+        return inner(self, text, rank, line, source, node)
 
     monkeypatch.setattr(SignatureMatcher, "_feed", feed)
 

@@ -419,3 +419,92 @@ def test_real_torchrun_an_outside_stop_and_a_sigkill(tmp_path, how):
         assert rc["signature"] == "rank-signal" and rc["rank"] == 1 and rc["detail"]["signal"] == "SIGKILL", \
             out.read_text()[-2000:]
         assert rep["culprits"] == [1]
+
+
+# ---- the launchers' own word on ranks ---------------------------------------------------------------------
+
+def test_mpiruns_reports_name_the_rank(tmp_path):
+    signal_report = ("[1,0]<stdout>:step 8 loss 0.3\n[1,1]<stdout>:step 8 loss 0.3\n"
+                     "--------------------------------------------------------------------------\n"
+                     "mpirun noticed that process rank 1 with PID 30412 on node gpu-node-4 exited on signal 9 (Killed).\n"
+                     "--------------------------------------------------------------------------\n")
+    rep, out = diagnosed(tmp_path, signal_report)
+    assert (rep["root_cause"]["signature"], rep["root_cause"]["rank"]) == ("rank-signal", 1) and rep["culprits"] == [1]
+    assert "OOM killer" in out
+    exit_report = ("--------------------------------------------------------------------------\n"
+                   "mpirun detected that one or more processes exited with non-zero status, thus causing\n"
+                   "the job to be terminated. The first process to do so was:\n\n"
+                   "  Process name: [[41877,1],3]\n  Exit code:    2\n"
+                   "--------------------------------------------------------------------------\n")
+    rep, _ = diagnosed(tmp_path, exit_report, "mpi-exit.log")
+    assert (rep["root_cause"]["signature"], rep["root_cause"]["rank"]) == ("rank-exit", 3)
+
+
+def test_a_second_nodes_local_ranks_are_its_global_ones(tmp_path):
+    """Node 1's console: torch elastic's rendezvous block says local ranks 0-3 are global 4-7."""
+    text = ("I1126 06:00:00.000000 900 torch/distributed/elastic/agent/server/api.py:525] [default] Rendezvous "
+            "complete for workers. Result:\n  restart_count=0\n  master_addr=node-0\n  master_port=29500\n"
+            "  group_rank=1\n  group_world_size=2\n  local_ranks=[0, 1, 2, 3]\n  role_ranks=[4, 5, 6, 7]\n"
+            "  global_ranks=[4, 5, 6, 7]\n  role_world_sizes=[8, 8, 8, 8]\n  global_world_sizes=[8, 8, 8, 8]\n"
+            "[default2]:step 40 loss 0.2\n"
+            "E1126 06:10:00.000000 900 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: -9) "
+            "local_rank: 2 (pid: 9931) of binary: /usr/bin/python3\n")
+    rep, _ = diagnosed(tmp_path, text)
+    assert (rep["root_cause"]["rank"], rep["culprits"]) == (6, [6])
+    assert rep["progress"] == {"6": {"last_step": 40}}
+
+
+def test_deepspeeds_rank_mapping_makes_a_pdsh_hosts_local_rank_global(tmp_path):
+    text = ("worker-0: [2026-11-26 06:00:00,000] [INFO] [launch.py:164:main] global_rank_mapping=defaultdict("
+            "<class 'list'>, {'worker-0': [0, 1], 'worker-1': [2, 3]})\n"
+            "worker-1: [2026-11-26 06:00:00,000] [INFO] [launch.py:164:main] global_rank_mapping=defaultdict("
+            "<class 'list'>, {'worker-0': [0, 1], 'worker-1': [2, 3]})\n"
+            "worker-0: [rank0]: step 12 loss 1.1\n"
+            "worker-1: [2026-11-26 06:05:00,000] [ERROR] [launch.py:321:sigkill_handler] ['/usr/bin/python3', '-u', "
+            "'train.py', '--local_rank=1', '--deepspeed'] exits with return code = -9\n")
+    rep, _ = diagnosed(tmp_path, text)
+    assert (rep["root_cause"]["signature"], rep["root_cause"]["rank"]) == ("rank-signal", 3)
+
+
+def test_the_traceback_in_torchruns_summary_is_its_ranks(tmp_path):
+    """Without rank prefixes, @record's error file in the Root Cause block says whose exception it was."""
+    text = ("Traceback (most recent call last):\n  File \"train.py\", line 40, in <module>\n"
+            "KeyError: 'labels'\n"
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+            "============================================================\ntrain.py FAILED\n"
+            "------------------------------------------------------------\nFailures:\n  <NO_OTHER_FAILURES>\n"
+            "------------------------------------------------------------\nRoot Cause (first observed failure):\n[0]:\n"
+            "  time      : 2026-11-26_06:20:00\n  host      : node-0\n  rank      : 1 (local_rank: 1)\n"
+            "  exitcode  : 1 (pid: 5512)\n  error_file: /tmp/torchelastic_x/none_y/attempt_0/1/error.json\n"
+            "  traceback : Traceback (most recent call last):\n    File \"train.py\", line 40, in <module>\n"
+            "      batch['labels']\n  KeyError: 'labels'\n"
+            "============================================================\n")
+    rep, _ = diagnosed(tmp_path, text)
+    assert (rep["root_cause"]["signature"], rep["root_cause"]["rank"]) == ("python-exception", 1)
+    assert rep["culprits"] == [1]
+
+
+def test_torch_1x_inconsistent_collective_form(tmp_path):
+    line = ("RuntimeError: Detected mismatch between collectives on ranks. Rank {a} is running inconsistent collective: "
+            "CollectiveFingerPrint(OpType={op_a}, TensorShape=[1024], TensorDtypes=Float, "
+            "TensorDeviceTypes=TensorOptions(dtype=float (default), device=cuda)), but Rank {b} is running inconsistent "
+            "collective: CollectiveFingerPrint(OpType={op_b}, TensorShape=[1024], TensorDtypes=Float, "
+            "TensorDeviceTypes=TensorOptions(dtype=float (default), device=cuda))")
+    text = "".join(f"[rank{a}]: " + line.format(a=a, op_a=op, b=3, op_b="BARRIER") + "\n"
+                   for a, op in ((0, "ALLREDUCE"), (1, "ALLREDUCE"), (2, "ALLREDUCE")))
+    rep, out = diagnosed(tmp_path, text)
+    assert rep["root_cause"]["signature"] == "collective-mismatch" and rep["culprits"] == [3]
+    assert "BARRIER" in out
+
+
+def test_a_rank_that_only_lost_its_peer_is_no_cause_even_when_torchrun_saw_it_fail_first(tmp_path):
+    text = ("[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+            "[10.3.1.22]:41822\n"
+            "[W1126 06:30:00.000 socket.cpp:464] [c10d] recvValue failed on SocketImpl(fd=21, addr=[10.3.1.21]:50022, "
+            "remote=[10.3.1.22]:29500): Connection reset by peer\n"
+            "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: 77)\n"
+            "============================================================\n")
+    rep, out = diagnosed(tmp_path, text)
+    assert rep["root_cause"] is None and rep["culprits"] == []
+    assert rep["lost_peers"]["peers"][:2] == ["10.3.1.22:41822", "10.3.1.22:29500"]
+    assert "10.3.1.21" not in " ".join(rep["lost_peers"]["peers"])  # (this side's own address)

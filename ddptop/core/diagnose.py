@@ -59,19 +59,20 @@ def _file_events(path: Path, rank: int | None, stream: str, rel: str, named: int
     # consecutive lines of one rank make one batch (a batch's lines have consecutive line numbers)
     run: list[tuple[int, str]] = []
     run_rank: int | None = None
+    run_host = ""
 
     def batch(transient: bool = False):
-        return run[0][0], LogBatch(0.0, rank=run_rank, stream=stream, attempt=0, path=rel, node="",
+        return run[0][0], LogBatch(0.0, rank=run_rank, stream=stream, attempt=0, path=rel, node=run_host,
                                    offsets=tuple(0 for _ in run), texts=tuple(x for _n, x in run),
                                    partial=tuple(i for i, (n, _x) in enumerate(run) if n - 1 in cut),
                                    transient=transient)
 
     for i, (n, p) in enumerate(lines):
         r = rank if rank is not None else p.rank
-        if run and (r != run_rank or n != run[-1][0] + 1):
+        if run and (r != run_rank or p.host != run_host or n != run[-1][0] + 1):
             yield batch()
             run = []
-        run_rank = r
+        run_rank, run_host = r, p.host
         run.append((n, p.text))
     if run:
         yield batch(last_transient)

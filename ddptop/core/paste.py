@@ -53,7 +53,7 @@ def unflatten(text: str) -> list[str]:
     out, last = [], 0
     for c in cuts:
         piece = text[last:c].rstrip()
-        if not split(piece, label=True, pdsh=True).text.strip():
+        if not split(piece + " ", label=True, pdsh=True).text.strip():
             continue  # (only prefixes so far: what follows is this line's own start)
         out.append(piece)
         last = c

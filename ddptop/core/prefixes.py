@@ -44,6 +44,51 @@ _NOT_HOSTS = frozenset({"error", "warning", "info", "debug", "note", "critical",
 _SEEN_ENOUGH = 3  # lines in one form before an ambiguous form counts
 
 
+# the launchers' own word on which local rank is which global one:
+# torch elastic's "Rendezvous complete for workers" block ("local_ranks=[0, 1]" then "global_ranks=[4, 5]"),
+# DeepSpeed's "global_rank_mapping=defaultdict(<class 'list'>, {'worker-0': [0, 1], 'worker-1': [2, 3]})"
+_LOCAL_RANKS = re.compile(r"\blocal_ranks=\[(?P<ranks>[\d, ]*)\]")
+_GLOBAL_RANKS = re.compile(r"\bglobal_ranks=\[(?P<ranks>[\d, ]*)\]")
+_DS_MAPPING = re.compile(r"global_rank_mapping=.*?\{(?P<map>(?:'[^']+': \[[\d, ]*\](?:, )?)+)\}")
+_DS_ENTRY = re.compile(r"'(?P<host>[^']+)': \[(?P<ranks>[\d, ]*)\]")
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.replace(" ", "").split(",") if x]
+
+
+class RankMapping:
+    """Local rank -> global rank, per host ("" when the log names none), as
+    the launchers say it.  Fed every line of a source in order."""
+
+    def __init__(self) -> None:
+        self.by_host: dict[str, dict[int, int]] = {}
+        self._local: dict[str, list[int]] = {}
+
+    def learn(self, text: str, host: str = "") -> None:
+        if "_ranks=" in text:
+            m = _LOCAL_RANKS.search(text)
+            if m:
+                self._local[host] = _ints(m.group("ranks"))
+            m = _GLOBAL_RANKS.search(text)
+            if m and host in self._local:
+                glob = _ints(m.group("ranks"))
+                if len(glob) == len(self._local[host]):
+                    self.by_host[host] = dict(zip(self._local.pop(host), glob))
+        if "global_rank_mapping=" in text:
+            m = _DS_MAPPING.search(text)
+            if m:
+                for e in _DS_ENTRY.finditer(m.group("map")):
+                    self.by_host[e.group("host")] = dict(enumerate(_ints(e.group("ranks"))))
+
+    def global_rank(self, local: int, host: str = "") -> int | None:
+        """The global rank of ``local`` on ``host``; None when the launchers did not say."""
+        ranks = self.by_host.get(host)
+        if ranks is None and len(self.by_host) == 1 and not host:
+            ranks = next(iter(self.by_host.values()))  # (one node's console: its block is the one)
+        return None if ranks is None else ranks.get(local)
+
+
 @dataclass(frozen=True)
 class Prefixed:
     """One line with its prefixes taken off."""
@@ -53,6 +98,7 @@ class Prefixed:
     host: str = ""  # the host or pod a prefix names
     pid: int | None = None  # the process a prefix names (Ray)
     forms: tuple[str, ...] = ()  # which prefixes were taken off, outermost first
+    local: bool = False  # ``rank`` is a local rank (torchrun --tee's "[defaultN]:" alone)
 
 
 def split(text: str, *, label: bool = False, pdsh: bool = False,
@@ -119,7 +165,8 @@ def split(text: str, *, label: bool = False, pdsh: bool = False,
     if not forms:
         return Prefixed(text)
     if rank is None and local is not None:
-        rank = local  # (torchrun --tee's local rank: the global one on one node)
+        # (torchrun --tee's local rank: the global one on one node)
+        return Prefixed(text[pos:], local, host, pid, tuple(forms), True)
     return Prefixed(text[pos:], rank, host, pid, tuple(forms))
 
 
@@ -136,6 +183,7 @@ class PrefixReader:
         self.ray_ranks: dict[tuple[str, int], int] = {}
         self._inner: dict[str, set[int]] = {}  # srun task -> the torch ranks its lines name
         self.label_is_rank = True
+        self.mapping = RankMapping()
 
     def learn(self, text: str) -> None:
         """Look at a line without taking it (a first pass over a whole file)."""
@@ -158,6 +206,9 @@ class PrefixReader:
                 # (one host name repeated, or several: pdsh's form, not a word followed by a colon)
                 self.pdsh = sum(self._pdsh_seen.values()) >= _SEEN_ENOUGH and (
                     len(self._pdsh_seen) >= 2 or any("-" in k or "." in k or k[-1:].isdigit() for k in self._pdsh_seen))
+        if "_ranks=" in text or "global_rank_mapping=" in text:
+            p = split(text, label=self.label, pdsh=self.pdsh, label_is_rank=self.label_is_rank)
+            self.mapping.learn(p.text, p.host)
         if "world_rank=" in text:
             m = _RAY_RANKS.search(text)
             if m:
@@ -168,6 +219,10 @@ class PrefixReader:
     def split(self, text: str) -> Prefixed:
         self.learn(text)
         p = split(text, label=self.label, pdsh=self.pdsh, ray_ranks=self.ray_ranks, label_is_rank=self.label_is_rank)
+        if p.local and p.rank is not None:
+            g = self.mapping.global_rank(p.rank, p.host)
+            if g is not None:
+                p = Prefixed(p.text, g, p.host, p.pid, p.forms)
         if p.pid is not None and p.rank is not None and "torch" in p.forms:
             # a Ray worker whose own line says its rank (torch's "[rankN]:" inside): its other lines are that rank's
             self.ray_ranks.setdefault((p.host, p.pid), p.rank)

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ddptop.core.prefixes import split
+from ddptop.core.prefixes import RankMapping, split
 from ddptop.core.progress import clean
 
 # how a finding ranks as a root cause: lower is more likely the cause.  A known cause first; then a
@@ -104,7 +104,8 @@ CATALOG: list[Signature] = [
        "A gloo collective timed out (default 30 min): a rank never joined it.",
        ("fail-fast",), TIMEOUT),
     _s("peer-connection-reset",
-       r"Connection reset by peer|Connection closed by (?:remote )?peer|connection refused by peer",
+       r"Connection reset by peer|Connection closed by (?:remote )?peer|connection refused by peer|"
+       r"RendezvousConnectionError|The connection to the C10d store has failed",
        "A rank lost its connection to another: almost always because that other rank died first. "
        "Look for the first rank that failed.",
        (), CONSEQUENCE),
@@ -235,10 +236,12 @@ CATALOG: list[Signature] = [
        "behind the others' never launched the collective they wait in; every rank at -1 means no collective "
        "was in flight (the processes were frozen, not waiting on the network).", (), INFO),
     _s("collective-mismatch",
-       r"Detected mismatch between collectives on ranks\. Rank (?P<rank_a>\d+) is running collective: "
-       r"CollectiveFingerPrint\(SequenceNumber=(?P<seq_a>\d+), OpType=(?P<op_a>\w+)(?:, TensorShape=(?P<shape_a>\[[^\]]*\]))?"
-       r"(?:.*?but Rank (?P<rank_b>\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=(?P<seq_b>\d+), "
-       r"OpType=(?P<op_b>\w+)(?:, TensorShape=(?P<shape_b>\[[^\]]*\]))?)?",
+       # (torch 1.10-1.13 said "is running inconsistent collective" and had no sequence number)
+       r"Detected mismatch between collectives on ranks\. Rank (?P<rank_a>\d+) is running (?:inconsistent )?collective: "
+       r"CollectiveFingerPrint\((?:SequenceNumber=(?P<seq_a>\d+), )?OpType=(?P<op_a>\w+)"
+       r"(?:, TensorShape=(?P<shape_a>\[[^\]]*\]))?"
+       r"(?:.*?but Rank (?P<rank_b>\d+) is running (?:inconsistent )?collective: CollectiveFingerPrint\("
+       r"(?:SequenceNumber=(?P<seq_b>\d+), )?OpType=(?P<op_b>\w+)(?:, TensorShape=(?P<shape_b>\[[^\]]*\]))?)?",
        "The ranks called different collectives at the same point (TORCH_DISTRIBUTED_DEBUG=DETAIL's check): a code "
        "path that depends on the rank, its data or a condition that differs between ranks (an `if rank == 0` around a "
        "collective, an uneven last batch, a metric gathered on some ranks only).", ("nccl-debug",), GENERIC),
@@ -261,6 +264,13 @@ _FATAL_SIGNALS = {"Segmentation fault": (11, "SIGSEGV"), "Aborted": (6, "SIGABRT
 # "[...sigkill_handler] ['python', '-u', 'train.py', '--local_rank=2', ...] exits with return code = -9"
 _LAUNCHER_EXIT = re.compile(r"exits with return code = (?P<code>-?\d+)")
 _LOCAL_RANK_ARG = re.compile(r"--local[_-]rank[= ']+(?P<rank>\d+)")
+# Open MPI's mpirun on the first rank that failed: "mpirun noticed that process rank 3 with PID 4711 on node gpu-2
+# exited on signal 9 (Killed)."; or, on an exit code, "The first process to do so was:" then
+# "Process name: [[61379,1],2]" and "Exit code: 1"
+_MPI_SIGNAL = re.compile(r"noticed that process rank (?P<rank>\d+) with PID (?P<pid>\d+) on node (?P<node>\S+) "
+                         r"exited on signal (?P<num>\d+)")
+_MPI_PROCESS = re.compile(r"^\s*Process name: \[\[\d+,\d+\],(?P<rank>\d+)\]")
+_MPI_EXIT = re.compile(r"^\s*Exit code:\s+(?P<code>-?\d+)")
 # exceptions that say a wait ran out (a timeout: another rank did not come), or that the process was
 # stopped from outside (a consequence)
 _TIMEOUT_EXC = re.compile(r"[Tt]ime[dD]?[ _-]?[Oo]ut|timed out|TimeoutError|DistStoreError")
@@ -320,20 +330,23 @@ class SignatureMatcher:
         self._in_traceback: dict[int | None, bool] = {}
         self._warns: dict[int | None, list[tuple[int, int | None, str]]] = {}  # rank -> (seen at, line, text)
         self._seen = 0  # lines fed
+        self.mapping = RankMapping()
+        self._mpi_rank: int | None = None  # the rank of mpirun's "Process name:" line, for its "Exit code:" line
 
     def feed(self, text: str, rank: int | None, line: int | None = None, source: str = "",
-             on_error: Callable[[Exception], None] | None = None) -> list[Finding]:
-        """The findings in one line.  An exception inside the matcher (a bug: it
-        must never take the monitor down) skips this line only, and is passed
-        to ``on_error`` when given."""
+             on_error: Callable[[Exception], None] | None = None, node: str = "") -> list[Finding]:
+        """The findings in one line (``node``: the host or pod it came from,
+        when known).  An exception inside the matcher (a bug: it must never
+        take the monitor down) skips this line only, and is passed to
+        ``on_error`` when given."""
         try:
-            return self._feed(text, rank, line, source)
+            return self._feed(text, rank, line, source, node)
         except Exception as e:
             if on_error is not None:
                 on_error(e)
             return []
 
-    def _feed(self, text, rank, line, source):
+    def _feed(self, text, rank, line, source, node=""):
         self._seen += 1
         if rank is None:
             said = split(text).rank
@@ -345,6 +358,8 @@ class SignatureMatcher:
                     rank = int(m.group("rank"))
         t = clean(text)[:8192]
         out: list[Finding] = []
+        if "_ranks=" in t or "global_rank_mapping=" in t:
+            self.mapping.learn(t, node)  # (which local rank is which global one, as the launcher says)
         if "NCCL WARN" in t:
             w = _NCCL_WARN.search(t)
             if w:
@@ -381,9 +396,13 @@ class SignatureMatcher:
                 return out
             if t.startswith("====="):
                 self._block = None
+            elif rank is None and self._block_rank is not None:
+                rank = self._block_rank  # (a traceback the summary holds: its rank's, from @record's error file)
         m = _AGENT_EXIT.search(t) if "(exitcode: " in t else None
         if m and int(m.group("code")) != 0:
             code, local, pid = int(m.group("code")), int(m.group("local")), int(m.group("pid"))
+            g = self.mapping.global_rank(local, node)
+            local = g if g is not None else local
             if code < 0:
                 out.append(_signal_finding(-code, local, line, t.strip(), source, True, who="torchrun's agent",
                                            pid=pid, summary=False))
@@ -392,6 +411,24 @@ class SignatureMatcher:
                                    f"Local rank {local} exited with code {code} (the first failure torchrun's agent "
                                    "saw); its own log says why.", (), GENERIC, source,
                                    {"exit_code": code, "root": True, "pid": pid}))
+            return out
+        m = _MPI_SIGNAL.search(t) if "noticed that process rank" in t else None
+        if m:
+            out.append(_signal_finding(int(m.group("num")), int(m.group("rank")), line, t.strip(), source, True,
+                                       who="mpirun", pid=int(m.group("pid")) or None))
+            return out
+        if "Process name: [[" in t:
+            m = _MPI_PROCESS.match(t)
+            self._mpi_rank = int(m.group("rank")) if m else None
+            return out
+        if self._mpi_rank is not None and "Exit code:" in t:
+            m = _MPI_EXIT.match(t)
+            if m and int(m.group("code")) != 0:
+                r, code = self._mpi_rank, int(m.group("code"))
+                out.append(Finding("rank-exit", r, line, t.strip(),
+                                   f"Rank {r} exited with code {code} (the first failure mpirun saw); its own log says "
+                                   "why.", (), GENERIC, source, {"exit_code": code, "root": True}))
+            self._mpi_rank = None
             return out
         m = _OUTSIDE_STOP.search(t) if (" death signal" in t or "got signal: " in t) else None
         if m:
@@ -415,6 +452,9 @@ class SignatureMatcher:
         if m and int(m.group("code")) != 0:
             lr = _LOCAL_RANK_ARG.search(t)
             r = int(lr.group("rank")) if lr else rank
+            if lr:
+                g = self.mapping.global_rank(r, node)
+                r = g if g is not None else r
             code = int(m.group("code"))
             if code < 0:
                 out.append(_signal_finding(-code, r, line, t.strip(), source, True, who="the launcher"))
@@ -489,7 +529,7 @@ NCCL_REASONS: tuple[Reason, ...] = (
     Reason("ib", re.compile(r"NET/IB|ibv_|IBV_WC|transport retry|mlx5|RoCE", re.I),
            "NCCL's warning before it says the InfiniBand/RoCE network failed (status 12: retry exceeded, the NICs "
            "cannot reach each other).", "ib-off"),
-    Reason("shm", re.compile(r"/dev/shm|\bshm\b|shared memory", re.I),
+    Reason("shm", re.compile(r"/dev/shm|\bshm\b|shared memory|posix_fallocate|No space left on device", re.I),
            "NCCL's warning before it says shared memory (/dev/shm) failed: too small in a container.", "shm-off"),
     Reason("memory", re.compile(r"out of memory|cudaErrorMemoryAllocation|Failed to CUDA calloc|cuMemCreate|"
                                 r"alloc(?:ation)? failed", re.I),
@@ -609,6 +649,14 @@ def cascade_level(f: Finding, findings: list[Finding]) -> int:
         return CONSEQUENCE  # (PyTorch's watchdog aborts every rank after an NCCL timeout or error)
     if f.signature in _ENDINGS and any(x.signature == "outside-stop" for x in findings):
         return CONSEQUENCE  # (the ranks' ends after a stop from outside)
+    if (f.signature in _ENDINGS and f.rank is not None and f.detail.get("signal") != "SIGKILL"
+            and any(x.rank == f.rank and x.signature in PEER_LOSS for x in findings)
+            and not any(x.rank == f.rank and x.level < CONSEQUENCE and x.signature not in _ENDINGS for x in findings)):
+        return CONSEQUENCE  # (a rank that ended after losing its peer, with nothing of its own: the peer's failure)
+    if (f.signature == "rank-exit" and f.rank is not None
+            and any(x.rank is None and x.signature in PEER_LOSS for x in findings)
+            and not any(x.level < CONSEQUENCE and x.signature not in _ENDINGS for x in findings)):
+        return CONSEQUENCE  # (an exit code, in logs whose only errors say a peer went away: no rank prefix said whose)
     if f.signature in _ENDINGS and f.rank is not None:
         # (an exit code or an abort follows whatever the rank's log says, a timeout included; another
         # signal only a known cause, such as running out of memory)

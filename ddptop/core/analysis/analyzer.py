@@ -140,7 +140,7 @@ class Analyzer:
                     v = NCCL_VERSION.search(text)
                     if v:
                         self.nccl_version = v.group(1)
-                for f in m.feed(text, rank, first + i, ev.path, self._signature_failed):
+                for f in m.feed(text, rank, first + i, ev.path, self._signature_failed, ev.node):
                     if f.signature == "outside-stop" and self.stopping:
                         # (the stop ddptop itself was asked for: no failure)
                         f = dataclasses.replace(f, level=CONSEQUENCE, explanation=(

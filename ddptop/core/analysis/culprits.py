@@ -133,7 +133,7 @@ def failure_culprits(findings: list["Finding"], seen: set[int], last_steps: Mapp
         first = {f.rank for f in findings if f.detail.get("root")}
         same = sorted({f.rank for f in findings if (f.signature, f.detail.get("signal")) == kind
                        and f.rank is not None and cascade_level(f, findings) <= GENERIC})
-        if len(same) >= 2 and len(same) * 2 > len(seen) and not (first & set(same)):
+        if len(same) >= 2 and len(same) * 2 > len(seen):
             why = f"{rc.signature} on ranks {', '.join(map(str, same))}: the same failure on most ranks, no odd one out"
         else:
             culprits = (rc.rank,)
@@ -174,7 +174,8 @@ def _r(rs: list[int]) -> str:
 # where a lost peer is: "[10.0.0.5]:43210", "10.0.0.5:43210", NCCL's "node-5<44821>" / "10.0.0.5<44821>"
 _ADDRESS = re.compile(r"\[(?P<ip6>[0-9a-fA-F:.]*:[0-9a-fA-F:.]+)\]:(?P<port6>\d+)|"
                       r"\[?(?P<ip>\d{1,3}(?:\.\d{1,3}){3})\]?(?::(?P<port>\d{1,5})\b|<(?P<nport>\d+)>)?|"
-                      r"\b(?P<host>[A-Za-z][\w.-]*)<(?P<hport>\d+)>")
+                      r"\b(?P<host>[A-Za-z][\w.-]*)<(?P<hport>\d+)>|\[(?P<bhost>[A-Za-z][\w.-]*)\]:(?P<bport>\d+)")
+_REMOTE = re.compile(r"\bremote=(\[[^\]]+\]:\d+|\S+)")
 _PEER_RANK = re.compile(r"\b(?:peer|remote|from|to) (?:local)?[Rr]ank (?P<rank>\d+)\b|\b[Rr]ank (?P<r2>\d+) (?:is )?"
                         r"(?:disconnected|unreachable|dead|died|exited)")
 
@@ -206,9 +207,12 @@ def lost_peers(findings: list["Finding"]) -> LostPeers:
         if f.signature not in sigs:
             sigs.append(f.signature)
         for text in [f.text] + [w["text"] for w in f.detail.get("explained_by", ())]:
+            remote = _REMOTE.search(text)
+            if remote:
+                text = remote.group(1)  # (a socket's "addr=" is this side's own: its "remote=" is the peer)
             for m in _ADDRESS.finditer(text):
-                ip = m.group("ip6") or m.group("ip") or m.group("host")
-                port = m.group("port6") or m.group("port") or m.group("nport") or m.group("hport")
+                ip = m.group("ip6") or m.group("ip") or m.group("host") or m.group("bhost")
+                port = m.group("port6") or m.group("port") or m.group("nport") or m.group("hport") or m.group("bport")
                 if not ip or (m.group("ip") and not port and "peer" not in text.lower()):
                     continue
                 peer = f"{ip}:{port}" if port else ip
