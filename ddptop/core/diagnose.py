@@ -243,6 +243,7 @@ def format_report(rep: dict) -> str:
     rc = rep["root_cause"]
     if rc:
         who = (f"rank {rc['rank']}" if rc["rank"] is not None else
+               "outside the job" if rc["signature"] in ("outside-stop", "scheduler-stopped") else
                "torchrun" if str(rc.get("source", "")).endswith("torchrun.log") else "rank unknown")
         if rc["signature"] in WAITED and rc["rank"] is not None:
             who = f"seen first on rank {rc['rank']}, which waited for another"
