@@ -220,7 +220,7 @@ a job ddptop did not launch (--pid PID, or found as above):
 
 
 def cmd_attach(rest: list[str], args) -> int:
-    from ddptop.core.factory import AttachRequest, OpenError, WatchOptions, open_target
+    from ddptop.core.factory import AttachRequest, K8sRequest, OpenError, WatchOptions, open_target
 
     ap = argparse.ArgumentParser(prog="ddptop attach", formatter_class=argparse.RawDescriptionHelpFormatter,
                                  allow_abbrev=False,
@@ -234,7 +234,21 @@ def cmd_attach(rest: list[str], args) -> int:
                          "or with one HOST on that node (over ssh; also HOST:pid:PID)")
     ap.add_argument("--run", help="run id on every host (default: each host's newest run)")
     ap.add_argument("--hosts-file", metavar="F", help="hosts, one per line (# comments)")
-    ap.add_argument("--slurm", metavar="JOBID", help="the nodes of this SLURM job (squeue + scontrol)")
+    ap.add_argument("--slurm", metavar="JOBID", help="the nodes of this SLURM job (squeue + scontrol), each reached "
+                    "through `srun --jobid JOBID --overlap` when srun is here (--via ssh: over ssh)")
+    ap.add_argument("--via", choices=("auto", "ssh", "srun"), default="auto",
+                    help="how to reach a SLURM job's nodes (default: srun when it is on the PATH, else ssh)")
+    ap.add_argument("--k8s", metavar="NAME", help="the pods of a training job on Kubernetes (a JobSet or Kubeflow "
+                    "TrainJob, a PyTorchJob, a Volcano job, an indexed Job), each a node, through kubectl exec")
+    ap.add_argument("-l", "--selector", metavar="SELECTOR", help="instead of --k8s NAME: the Kubernetes pods of "
+                    "this label selector (key=value[,key=value])")
+    ap.add_argument("-n", "--namespace", metavar="NS", default="", help="the pods' namespace (kubectl -n)")
+    ap.add_argument("--context", metavar="CTX", default="", help="the kubeconfig context (kubectl --context)")
+    ap.add_argument("--logs-only", action="store_true",
+                    help="with --k8s/-l: follow the pods' logs through kubectl logs, analysed here (for an image "
+                         "without ddptop: no GPU pane, no stacks)")
+    ap.add_argument("-c", "--container", metavar="NAME", default="",
+                    help="the training container (default: pytorch, node or trainer, else the pod's first)")
     ap.add_argument("--ssh", metavar="CMD", help="ssh command line (default: ssh, or $DDPTOP_SSH)")
     ap.add_argument("--remote-ddptop", metavar="CMD",
                     help="ddptop on the remote nodes (default: ddptop, or $DDPTOP_REMOTE)")
@@ -254,14 +268,24 @@ def cmd_attach(rest: list[str], args) -> int:
                 return _err(f"--hosts-file: {e}")
             if not hosts:
                 return _err(f"--hosts-file {a.hosts_file}: no host in it")
-        if a.slurm:
-            hosts += _slurm_hosts(a.slurm)
+        slurm_hosts = _slurm_hosts(a.slurm) if a.slurm else []
     except ValueError as e:
         return _err(str(e))
+    if (a.k8s or a.selector) and (a.targets or hosts or a.slurm or a.pid is not None):
+        return _err("--k8s/-l name the pods to watch: no HOST, RUN, --pid, --hosts-file or --slurm with them")
+    if a.k8s and a.selector:
+        return _err("--k8s NAME or -l SELECTOR, not both")
+    if a.via != "auto" and not a.slurm:
+        return _err("--via chooses how to reach a --slurm job's nodes")
+    k8s_req = K8sRequest(name=a.k8s or "", selector=a.selector or "", namespace=a.namespace, context=a.context,
+                         container=a.container, logs_only=a.logs_only) if (a.k8s or a.selector) else None
+    if k8s_req is None and (a.namespace or a.context or a.container or a.logs_only):
+        return _err("-n, --context, -c and --logs-only go with --k8s NAME or -l SELECTOR")
     req = AttachRequest(targets=tuple(a.targets), pid=a.pid, run=a.run, hosts=tuple(hosts),
                         ssh=tuple(shlex.split(a.ssh)) if a.ssh else None, remote_cmd=a.remote_ddptop,
                         options=WatchOptions(gpu=args.gpu, stall_after=args.stall_after,
-                                             sample_interval=args.sample_interval))
+                                             sample_interval=args.sample_interval),
+                        slurm_job=a.slurm, slurm_hosts=tuple(slurm_hosts), via=a.via, k8s=k8s_req)
     try:
         opened = open_target(req)
     except OpenError as e:

@@ -474,7 +474,7 @@ def test_remote_ddptop_under_the_remote_home_and_nothing_else_expanded(runs_dir,
     (quoted, the remote shell would not expand it); any other text is quoted."""
     import shutil
 
-    from ddptop.core.sessions.ssh import remote_command
+    from ddptop.core.sessions.transports import remote_command
 
     assert remote_command(["~/venv/bin/ddptop", "agent"]) == '"$HOME"/venv/bin/ddptop agent'
     assert remote_command(["$HOME/my env/ddptop"]) == '"$HOME"/\'my env/ddptop\''

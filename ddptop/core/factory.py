@@ -9,6 +9,7 @@ session implementations never import this module (only the protocol).
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,10 +113,26 @@ class AttachRequest:
     targets: tuple[str, ...] = ()  # RUN, or HOST[:RUN] (several hosts: one job on several nodes)
     pid: int | None = None
     run: str | None = None  # run id on every host
-    hosts: tuple[str, ...] = ()  # from --hosts-file / --slurm: always remote
+    hosts: tuple[str, ...] = ()  # from --hosts-file: always remote
     ssh: tuple[str, ...] | None = None
     remote_cmd: str | None = None
     options: WatchOptions = field(default_factory=WatchOptions)
+    slurm_job: str | None = None  # --slurm JOBID: its nodes (slurm_hosts), reached through srun unless via="ssh"
+    slurm_hosts: tuple[str, ...] = ()
+    via: str = "auto"  # auto | ssh | srun
+    k8s: "K8sRequest | None" = None
+
+
+@dataclass(frozen=True)
+class K8sRequest:
+    """``ddptop attach --k8s NAME`` (or ``-l SELECTOR``)."""
+
+    name: str = ""
+    selector: str = ""
+    namespace: str = ""
+    context: str = ""
+    container: str = ""
+    logs_only: bool = False  # follow the pods' logs (kubectl logs), for an image without ddptop
 
 
 def open_target(req: AttachRequest) -> Opened:
@@ -133,9 +150,11 @@ def open_target(req: AttachRequest) -> Opened:
         raise OpenError(f"--pid cannot be combined with a RUN ({req.targets[0]} is a ddptop run here)")
     if req.pid is not None:
         return open_local(pid=req.pid, options=req.options)
-    if not req.targets and not req.hosts:
+    if req.k8s is not None:
+        return _pods(req)
+    if not req.targets and not req.hosts and not req.slurm_hosts:
         return open_local(req.run or "", options=req.options)
-    if len(req.targets) == 1 and not req.hosts:
+    if len(req.targets) == 1 and not req.hosts and not req.slurm_hosts:
         ref = req.targets[0]
         try:
             return open_local(ref, options=req.options)
@@ -147,7 +166,8 @@ def open_target(req: AttachRequest) -> Opened:
 
 def _remote(targets: list[str], req: AttachRequest) -> Opened:
     from ddptop.core.sessions.cross_node import MultiSession
-    from ddptop.core.sessions.ssh import RemoteSession, check_host, parse_target
+    from ddptop.core.sessions.ssh import RemoteSession, parse_target
+    from ddptop.core.sessions.transports import Srun, check_host
 
     sessions = []
     for t in targets:
@@ -161,7 +181,60 @@ def _remote(targets: list[str], req: AttachRequest) -> Opened:
         sessions.append((host, run))
     opened = [RemoteSession(host, run, ssh=list(req.ssh) if req.ssh else None, remote_cmd=req.remote_cmd,
                             gpu=req.options.gpu) for host, run in sessions]
-    hosts = ", ".join(h for h, _ in sessions)
+    notes = [f"attaching to {', '.join(h for h, _ in sessions)} over ssh"] if sessions else []
+    if req.slurm_hosts:
+        srun = shutil.which("srun")
+        if req.via == "srun" and srun is None:
+            raise OpenError("--via srun needs `srun` (SLURM's tools) on the PATH")
+        use_srun = req.via == "srun" or (req.via == "auto" and srun is not None)
+        for host in req.slurm_hosts:
+            try:
+                transport = Srun(str(req.slurm_job), host) if use_srun else None
+                opened.append(RemoteSession(host, req.run or "latest", ssh=list(req.ssh) if req.ssh else None,
+                                            remote_cmd=req.remote_cmd, gpu=req.options.gpu, transport=transport))
+            except ValueError as e:
+                raise OpenError(str(e)) from None
+        how = f"through srun (job {req.slurm_job}, --overlap)" if use_srun else "over ssh (--via ssh)"
+        notes.append(f"attaching to {', '.join(req.slurm_hosts)} {how}")
     if len(opened) == 1:
-        return Opened(opened[0], (f"attaching to {hosts} over ssh",))
-    return Opened(MultiSession(opened, stall_after=req.options.stall_after), (f"attaching to {hosts} over ssh",))
+        return Opened(opened[0], tuple(notes))
+    return Opened(MultiSession(opened, stall_after=req.options.stall_after), tuple(notes))
+
+
+def _pods(req: AttachRequest) -> Opened:
+    """The pods of a training job on Kubernetes, each a node, through ``kubectl exec``."""
+    from ddptop.core import k8s
+    from ddptop.core.sessions.cross_node import MultiSession
+    from ddptop.core.sessions.ssh import RemoteSession
+    from ddptop.core.sessions.transports import Kubectl
+
+    k = req.k8s
+    assert k is not None
+    try:
+        what, pods = k8s.find_pods(k.name, k.selector, container=k.container, namespace=k.namespace,
+                                   context=k.context)
+        opened = [RemoteSession(p.node, req.run or "latest", remote_cmd=req.remote_cmd, gpu=req.options.gpu,
+                                transport=Kubectl(p.name, p.container, k.namespace, k.context,
+                                                  current_pod=k8s.current_pod(p, namespace=k.namespace,
+                                                                              context=k.context)))
+                  for p in pods]
+    except (k8s.K8sError, ValueError) as e:
+        raise OpenError(str(e)) from None
+    if k.logs_only:
+        from ddptop.core.sessions.pod_logs import PodLogsSession
+        from ddptop.core.sessions.protocol import PodLogs
+
+        selector = k8s.job_selector(what, k.name) if k.name else k.selector
+        containers = {p.container for p in pods}
+        argv = [*k8s.base(namespace=k.namespace, context=k.context), "logs", "-f", "--prefix", "-l", selector,
+                f"--max-log-requests={max(5, len(pods))}",
+                *([f"--container={containers.pop()}"] if len(containers) == 1 and "" not in containers else [])]
+        return Opened(PodLogsSession(argv, PodLogs(selector, k.namespace, k.context), {p.name: p.node for p in pods}),
+                      (f"following the logs of {what} {k.name or k.selector} ({len(pods)} pods) through kubectl logs: "
+                       "LOGS ONLY (no GPU pane, no stacks, no stall alarm from silence)",))
+    note = (f"attaching to {what} {k.name or k.selector}: "
+            + ", ".join(f"{p.node} (pod {p.name}, container {p.container or '?'})" for p in pods)
+            + " through kubectl exec")
+    if len(opened) == 1:
+        return Opened(opened[0], (note,))
+    return Opened(MultiSession(opened, stall_after=req.options.stall_after), (note,))

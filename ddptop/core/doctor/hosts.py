@@ -13,7 +13,8 @@ import shlex
 import subprocess
 
 from ddptop.core.doctor.report import Row
-from ddptop.core.sessions.ssh import SSH_OPTIONS, check_host, install_hint, remote_command
+from ddptop.core.sessions.ssh import install_hint
+from ddptop.core.sessions.transports import SSH_OPTIONS, check_host, remote_command
 
 
 def doctor_rows(host: str, ssh: list[str], remote_cmd: str, args: list[str], timeout: float = 120) -> list[Row]:

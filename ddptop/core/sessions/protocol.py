@@ -105,7 +105,24 @@ class Nodes:
         return "ddptop attach " + " ".join(f"{_host_target(n.host)}:{n.run}" for n in self.nodes)
 
 
-Location = Union[LocalRun, RemoteRun, AttachedPid, Nodes]
+@dataclass(frozen=True)
+class PodLogs:
+    """Where a logs-only view reads: a selector's pods, through kubectl logs."""
+
+    selector: str
+    namespace: str = ""
+    context: str = ""
+
+    def __str__(self) -> str:
+        return f"logs of pods -l {self.selector}" + (f" -n {self.namespace}" if self.namespace else "")
+
+    @property
+    def attach_hint(self) -> str:
+        ns = f" -n {self.namespace}" if self.namespace else ""
+        return f"ddptop attach -l {self.selector}{ns} --logs-only"
+
+
+Location = Union[LocalRun, RemoteRun, AttachedPid, Nodes, PodLogs]
 
 
 def _host_target(host: str) -> str:

@@ -28,6 +28,7 @@ from ddptop.core import journal, wire
 from ddptop.core.events import (FINAL_STATES, LOST, BadEvent, Event, LinkEvent, LogBatch, LogEvent, NoteEvent, StateEvent,
                                 UnknownKind, from_dict)
 from ddptop.core.sessions.protocol import CommandResult, Control, ExitStatus, RemoteRun
+from ddptop.core.sessions.transports import NOT_FOUND, Ssh, Transport, check_host
 from ddptop.core.wire import encode_cursor
 
 BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0)  # seconds before reconnect n (then the last, forever)
@@ -37,18 +38,6 @@ MAX_LINE = 16 * 1024 * 1024
 SKEW_MIN = 1.0  # seconds: a node clock further than this from ours has its event times moved onto ours
 CONTROL = wire.CONTROL
 FIX_ELSEWHERE = "ddptop fix runs the job again on this machine: run it on the node where the job runs"
-SSH_OPTIONS = ("-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")
-# ssh's own failures that retrying cannot fix
-_SSH_FATAL = ("Permission denied", "Host key verification failed", "Could not resolve hostname",
-              "Bad configuration option", "no such identity", "REMOTE HOST IDENTIFICATION HAS CHANGED",
-              "hostname contains invalid characters", "Bad port", "Unsupported option", "Bad owner or permissions",
-              "Can't open user config file", "garbage at end of line", "Bad escape character")
-
-
-class ProtocolError(ValueError):
-    pass
-
-
 def install_hint() -> str:
     return f"pip install 'ddptop=={__version__}'"
 
@@ -65,15 +54,6 @@ def parse_target(target: str) -> tuple[str, str]:
     return host, (run if sep and run else "latest")
 
 
-def check_host(host: str) -> str:
-    """A host name as ssh will get it: never one that ssh would take for an option."""
-    if host.startswith("-"):
-        raise ValueError(f"host name {host!r} begins with '-': refused (ssh would read it as an option)")
-    if any(c.isspace() or ord(c) < 32 for c in host):
-        raise ValueError(f"host name {host!r} contains white space or control characters: refused")
-    return host
-
-
 def _event(d: dict, node: str, skew: float = 0.0) -> Event:
     """One event off the wire, its fields checked (``BadEvent`` when not an
     event; ``UnknownKind`` for a kind a newer agent sends).  ``skew``: our clock
@@ -84,23 +64,13 @@ def _event(d: dict, node: str, skew: float = 0.0) -> Event:
     return from_dict(d)
 
 
-def remote_command(words: list[str]) -> str:
-    """The command line the remote shell runs: every word quoted, so that no
-    user text is expanded there, except a leading ``~/`` or ``$HOME/`` of the
-    first word, which means the remote home (``~/venv/bin/ddptop``)."""
-    first, rest = (words[0], words[1:]) if words else ("", [])
-    for home in ("~/", "$HOME/", "${HOME}/"):
-        if first.startswith(home):
-            return " ".join(['"$HOME"/' + shlex.quote(first[len(home):])] + [shlex.quote(w) for w in rest])
-    return shlex.join(words)
-
-
 class RemoteSession:
     """A run on another node, through ``ddptop agent`` over ssh (a ``JobSession``)."""
 
     def __init__(self, host: str, run: str = "latest", *, ssh: list[str] | None = None,
                  remote_cmd: str | None = None, node: str | None = None, clock=time.time,
-                 backoff: tuple[float, ...] = BACKOFF, silence: float = SILENCE, gpu: str | None = None):
+                 backoff: tuple[float, ...] = BACKOFF, silence: float = SILENCE, gpu: str | None = None,
+                 transport: Transport | None = None):
         self.host = check_host(host)
         self.node = node or host
         self.run = run
@@ -111,6 +81,8 @@ class RemoteSession:
         # detector compare like with like
         self.skew = 0.0
         self.ssh = list(ssh) if ssh else shlex.split(os.environ.get("DDPTOP_SSH", "ssh"))
+        # how the node is reached (ssh, srun, kubectl): everything else is the same for all
+        self.transport: Transport = transport if transport is not None else Ssh(self.host, tuple(self.ssh))
         self.remote_cmd = remote_cmd or os.environ.get("DDPTOP_REMOTE", "ddptop")
         self.clock = clock
         self.backoff = backoff
@@ -270,17 +242,21 @@ class RemoteSession:
             remote += ["--gpu", self.gpu]  # the agent samples a job ddptop did not launch itself
         if self._cursor:
             remote += ["--resume", encode_cursor(self._cursor)]
-        return [*self.ssh, *SSH_OPTIONS, "--", self.host, remote_command(remote)]
+        return self.transport.argv(remote)
 
     def _run(self) -> None:
         failures = 0
-        self._set_link("connecting", f"ssh {self.host}")
+        self._set_link("connecting", self.transport.label())
         while not self._closed.is_set():
             try:
-                proc = subprocess.Popen(self._argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                argv = self._argv()
+            except ValueError as e:  # (a name the cluster gave that could be read as an option)
+                return self._fail(str(e))
+            try:
+                proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, start_new_session=True)
             except OSError as e:
-                return self._fail(f"cannot run {self.ssh[0]!r}: {e}")
+                return self._fail(f"cannot run {argv[0]!r}: {e}")
             with self._lock:
                 self._proc = proc
             try:
@@ -309,7 +285,7 @@ class RemoteSession:
             self._set_link("down", message, retry_in=delay)
             if self._closed.wait(delay):
                 return
-            self._set_link("connecting", f"ssh {self.host} (try {failures + 1})")
+            self._set_link("connecting", f"{self.transport.label()} (try {failures + 1})")
 
     def _fail(self, message: str) -> None:
         self.error = message
@@ -419,7 +395,7 @@ class RemoteSession:
         rc = proc.wait()
         err = proc.stderr.read().decode("utf-8", "replace").strip() if proc.stderr else ""
         if got_hello:
-            return "hello", _last_line(err) or f"link lost (ssh exit {rc})"
+            return "hello", _last_line(err) or f"link lost ({self.transport.kind} exit {rc})"
         return self._classify_failure(rc, err, before_hello)
 
     def _measure_skew(self, t) -> None:
@@ -445,17 +421,18 @@ class RemoteSession:
 
     def _classify_failure(self, rc: int, err: str, before_hello: list[str]) -> tuple[str, str]:
         what = _last_line(err) or (before_hello[-1] if before_hello else "")
+        t = self.transport
         cmd0 = shlex.split(self.remote_cmd)[0]
-        if rc == 127 or "command not found" in err or (f"{cmd0}: No such file" in err) or "No module named ddptop" in err:
-            return "fatal", (f"ddptop is not installed on {self.host} (`{self.remote_cmd}` was not found by a "
-                             f"non-interactive ssh shell: {what}). Install it there: {install_hint()} "
-                             f"-- or name it with --remote-ddptop '/path/to/venv/bin/ddptop'")
+        if rc == 127 or any(s in err for s in NOT_FOUND) and (cmd0 in err or "ddptop" in err):
+            return "fatal", (f"ddptop is not installed {t.where()} (`{self.remote_cmd}` was not found: {what}). "
+                             f"{t.install(install_hint())} -- or name it with --remote-ddptop '/path/to/venv/bin/ddptop'")
         if "invalid choice" in err or "unknown command 'agent'" in err:
-            return "fatal", (f"the ddptop on {self.host} is too old for `ddptop agent` ({what}). "
+            return "fatal", (f"the ddptop {t.where()} is too old for `ddptop agent` ({what}). "
                              f"Install this version there: {install_hint()}")
-        if rc == 255 and any(s in err for s in _SSH_FATAL):
-            return "fatal", f"ssh {self.host}: {what} (check that `ssh {self.host} true` works without a prompt)"
-        return "lost", what or f"ssh exited with {rc}"
+        fix = t.fatal(rc, err)
+        if fix:
+            return "fatal", f"{t.label()}: {what} ({fix})"
+        return "lost", what or f"{t.kind} exited with {rc}"
 
 
 def _last_line(s: str) -> str:

@@ -1,0 +1,305 @@
+"""Attach where ssh does not reach (issue 27): a SLURM job's nodes through
+``srun --jobid J --overlap``, Kubernetes pods through ``kubectl exec``, with
+the same merged view and resume as over ssh.  srun and kubectl are stood in
+for at the cluster boundary (tests/fake_cluster.py); ssh is the real sshd."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import EXAMPLE, ROOT, TIMEOUT, ddptop_cmd, json_events, rank_started, wait_for, write_run
+from fake_cluster import BIN, FakeCluster, ddptop_words, unshare_works
+from helpers import free_port, per_line
+
+from ddptop.core import k8s
+from ddptop.core.session import Session
+from ddptop.core.sessions.ssh import RemoteSession
+from ddptop.core.sessions.transports import Kubectl, Srun
+
+pytestmark = pytest.mark.integration
+REMOTE = " ".join(ddptop_words())
+
+
+@pytest.fixture(scope="module")
+def slurm_queries_only(tmp_path_factory):
+    """A PATH with SLURM's squeue and scontrol stand-ins but no srun (a login node without it)."""
+    d = tmp_path_factory.mktemp("bin")
+    for tool in ("squeue", "scontrol"):
+        (d / tool).symlink_to(BIN / tool)
+    return d
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = FakeCluster(tmp_path / "cluster")
+    yield c
+    c.close()
+
+
+def finished_run(root, rank: int, text: str):
+    return write_run(root, events=[rank_started(1.0, rank, 11), {"t": 2.0, "kind": "state", "state": "succeeded",
+                                                                   "exit_code": 0}],
+                     logs={rank: text}, nproc=1, exit={"state": "succeeded", "exit_code": 0})
+
+
+# ---- SLURM ------------------------------------------------------------------------------------------------
+
+def test_attach_slurm_reaches_each_node_through_srun(tmp_path, cluster):
+    for n, rank in (("node-a", 0), ("node-b", 1)):
+        finished_run(tmp_path / n, rank, f"hello from {n}\n")
+    cluster.slurm_job("4242", {"node-a": tmp_path / "node-a", "node-b": tmp_path / "node-b"})
+    r = subprocess.run(ddptop_cmd("--json", "attach", "--slurm", "4242", "--remote-ddptop", REMOTE),
+                       capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT, env=cluster.env())
+    assert r.returncode == 0, r.stderr
+    assert "through srun (job 4242, --overlap)" in r.stderr
+    ev = json_events(r.stdout)
+    ups = [e for e in ev if e["kind"] == "link" and e["state"] == "connecting"]
+    assert {e["node"] for e in ups} == {"node-a", "node-b"}
+    assert all(e["message"].startswith("srun --jobid=4242 --nodelist=") for e in ups), ups
+    assert {(e["node"], e["text"]) for e in ev if e["kind"] == "log"} == {("node-a", "hello from node-a"),
+                                                                           ("node-b", "hello from node-b")}
+    assert ev[-1]["kind"] == "state" and ev[-1]["state"] == "succeeded"
+
+
+def test_attach_slurm_errors_are_clear(tmp_path, cluster, slurm_queries_only):
+    cluster.slurm_job("4242", {"node-a": tmp_path / "node-a"})
+    r = subprocess.run(ddptop_cmd("--json", "attach", "--slurm", "99", "--remote-ddptop", REMOTE),
+                       capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT, env=cluster.env())
+    assert r.returncode == 2 and "Invalid job id specified" in r.stderr, r.stderr
+    r = subprocess.run(ddptop_cmd("attach", "--slurm", "4242", "--via", "srun"), capture_output=True, text=True,
+                       timeout=TIMEOUT, cwd=ROOT, env=dict(cluster.env(), PATH=f"{slurm_queries_only}:/usr/bin:/bin"))
+    assert r.returncode == 2 and "--via srun needs `srun`" in r.stderr, r.stderr
+    r = subprocess.run(ddptop_cmd("attach", "--via", "ssh", "node-a"), capture_output=True, text=True,
+                       timeout=TIMEOUT, cwd=ROOT)
+    assert r.returncode == 2 and "--via chooses how to reach a --slurm job's nodes" in r.stderr
+
+
+def test_names_from_a_person_or_a_cluster_never_become_options():
+    for bad in ("-x", "--overlap", "a b", "node;rm"):
+        with pytest.raises(ValueError):
+            Srun("4242", bad)
+        with pytest.raises(ValueError):
+            Kubectl(bad)
+    with pytest.raises(ValueError):
+        Srun("--jobid=1", "node-a")
+    with pytest.raises(ValueError):
+        Kubectl("trainer-0", container="-c")
+    with pytest.raises(ValueError):
+        Srun("1", "n").argv(["--help"])  # (the program must not look like an option)
+    with pytest.raises(k8s.K8sError):
+        k8s.selector_ok("--all-namespaces")
+    words = Kubectl("trainer-0", "pytorch", "ml", "kind-x").argv(["ddptop", "agent", "--run", "a b;c"])
+    assert words[-4:] == ["ddptop", "agent", "--run", "a b;c"] and "--" in words  # (one argv element each)
+
+
+# ---- Kubernetes ---------------------------------------------------------------------------------------------
+
+PYTORCHJOB = {"training.kubeflow.org/job-name": "bert", "training.kubeflow.org/operator-name": "pytorchjob-controller"}
+
+
+def test_pods_are_found_and_ordered_by_each_operators_labels(tmp_path, cluster):
+    """No pod needs to run for discovery: `kubectl get pods -o json`, as the API answers it."""
+    def listed(name, labels, annotations=None, containers=("pytorch",), phase="Running"):
+        cluster.data["k8s"]["pods"].append({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "labels": labels, "annotations": annotations or {}},
+            "spec": {"containers": [{"name": c} for c in containers]},
+            "status": {"phase": phase, "containerStatuses": [{"name": c, "restartCount": 2} for c in containers]}})
+
+    listed("bert-worker-1", {**PYTORCHJOB, "training.kubeflow.org/replica-type": "worker",
+                             "training.kubeflow.org/replica-index": "1"})
+    listed("bert-master-0", {**PYTORCHJOB, "training.kubeflow.org/replica-type": "master",
+                             "training.kubeflow.org/replica-index": "0"})
+    listed("bert-worker-0", {**PYTORCHJOB, "training.kubeflow.org/replica-type": "worker",
+                             "training.kubeflow.org/replica-index": "0"})
+    js = {"jobset.sigs.k8s.io/jobset-name": "llama", "jobset.sigs.k8s.io/replicatedjob-name": "node"}
+    listed("llama-node-0-1-x7k2p", {**js, "jobset.sigs.k8s.io/job-index": "0",
+                                    "batch.kubernetes.io/job-completion-index": "1"},
+           containers=("initializer", "node"))
+    listed("llama-node-0-0-q9w4z", {**js, "jobset.sigs.k8s.io/job-index": "0",
+                                    "batch.kubernetes.io/job-completion-index": "0"},
+           containers=("initializer", "node"))
+    listed("vc-train-worker-1", {"volcano.sh/job-name": "vc-train", "volcano.sh/task-spec": "worker"},
+           annotations={"volcano.sh/task-index": "1"})
+    listed("vc-train-worker-0", {"volcano.sh/job-name": "vc-train", "volcano.sh/task-spec": "worker"},
+           annotations={"volcano.sh/task-index": "0"})
+    cluster.save()
+    env = cluster.env()
+    old = dict(os.environ)
+    os.environ.update(env)
+    try:
+        what, pods = k8s.find_pods("bert")
+        assert what == "PyTorchJob" and [p.node for p in pods] == ["master-0", "worker-0", "worker-1"]
+        assert {p.container for p in pods} == {"pytorch"} and pods[0].restarts == 2
+        what, pods = k8s.find_pods("llama")
+        assert what == "JobSet" and [(p.node, p.name, p.container) for p in pods] == [
+            ("node-0", "llama-node-0-0-q9w4z", "node"), ("node-0-1", "llama-node-0-1-x7k2p", "node")]
+        what, pods = k8s.find_pods("vc-train")
+        assert what == "Volcano job" and [p.node for p in pods] == ["worker-0", "worker-1"]
+        what, pods = k8s.find_pods(selector="training.kubeflow.org/replica-type=worker")
+        assert [p.name for p in pods] == ["bert-worker-0", "bert-worker-1"]
+        with pytest.raises(k8s.K8sError, match="no pods of a job named 'gpt'"):
+            k8s.find_pods("gpt")
+        with pytest.raises(k8s.K8sError, match="has no container 'main'"):
+            k8s.find_pods("bert", container="main")
+        with pytest.raises(k8s.K8sError, match="does not exist"):
+            k8s.find_pods("bert", context="prod")
+        # a name the cluster gives that could become an option is refused before use
+        listed("-rf", {"app": "evil"})
+        cluster.save()
+        with pytest.raises(ValueError, match="not a valid name"):
+            k8s.find_pods(selector="app=evil")
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+
+
+def pod_job(steps: int, *extra) -> list[str]:
+    return [*ddptop_words(), "--headless", "--gpu", "sim", "torchrun", "--nproc-per-node", "1",
+            EXAMPLE, "--steps", str(steps), "--step-time", "0.01", *extra]
+
+
+needs_pid_namespaces = pytest.mark.skipif(unshare_works() is not None, reason=f"{unshare_works()}")
+
+
+@needs_pid_namespaces
+def test_attach_k8s_shows_each_pod_as_a_node(tmp_path, cluster):
+    for i, role in enumerate(("master", "worker")):
+        labels = {**PYTORCHJOB, "training.kubeflow.org/replica-type": role, "training.kubeflow.org/replica-index": "0"}
+        cluster.pod(f"bert-{role}-0", labels, pod_job(30), tmp_path / f"runs-{i}",
+                    env={"PET_MASTER_PORT": str(free_port())})
+    for i in range(2):
+        wait_for(lambda: any((tmp_path / f"runs-{i}").glob("*/meta.json")), what=f"pod {i}'s run")
+    r = subprocess.run(ddptop_cmd("--json", "attach", "--k8s", "bert", "--remote-ddptop", REMOTE),
+                       capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT, env=cluster.env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "PyTorchJob bert: master-0 (pod bert-master-0, container pytorch), worker-0" in r.stderr
+    ev = json_events(r.stdout)
+    steps = {(e["node"], e["text"]) for e in ev if e["kind"] == "log" and e["text"].startswith("step 30 ")}
+    assert {n for n, _ in steps} == {"master-0", "worker-0"}, steps
+    connecting = [e["message"] for e in ev if e["kind"] == "link" and e["state"] == "connecting"]
+    assert any(m.startswith("kubectl exec bert-master-0 -c pytorch") for m in connecting), connecting
+
+
+@needs_pid_namespaces
+def test_a_pod_without_ddptop_says_what_to_add_to_the_image(tmp_path, cluster):
+    labels = {**PYTORCHJOB, "training.kubeflow.org/replica-type": "master", "training.kubeflow.org/replica-index": "0"}
+    cluster.pod("bert-master-0", labels, ["sleep", "600"], tmp_path / "runs", has_ddptop=False)
+    r = subprocess.run(ddptop_cmd("--json", "attach", "--k8s", "bert"), capture_output=True, text=True,
+                       timeout=TIMEOUT, cwd=ROOT, env=cluster.env())
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert "ddptop is not installed in pod bert-master-0's container pytorch" in out, out[-2000:]
+    assert "Add it to the training image" in out and "--logs-only" in out
+
+
+# ---- the same resume, whichever way the link goes ----------------------------------------------------------
+
+def local_lines(run):
+    s = Session.open(run)
+    evs = []
+    while not s.finished:
+        evs += s.poll()
+    return [(e.path, e.offset, e.text) for e in per_line(evs) if e.kind == "log" and not e.transient]
+
+
+@pytest.mark.parametrize("via", ["ssh", "srun", "kubectl"])
+def test_dropped_links_lose_and_duplicate_no_line(tmp_path, cluster, request, monkeypatch, via):
+    """The link cut over and over while a live job writes: every line arrives once, in order."""
+    monkeypatch.setenv("PET_MASTER_PORT", str(free_port()))  # (a rendezvous port of its own)
+    runs = tmp_path / "runs"
+    job_args = ["--nproc-per-node", "2", EXAMPLE, "--steps", "1500", "--step-time", "0.004"]
+    job = None
+    if via == "kubectl":
+        if unshare_works() is not None:
+            pytest.skip(unshare_works())
+        # (the container stays up after the job, as one running `...; sleep infinity` does: a completed pod
+        # cannot be exec'd into, so the run's end is read while it lives)
+        cluster.pod("trainer-0", {"app": "t"}, ["sh", "-c", '"$@" > /dev/null; sleep 600', "sh", *ddptop_words(),
+                                                "--json", "--gpu", "sim", "torchrun", *job_args], runs)
+    else:
+        env = dict(os.environ, DDPTOP_RUNS_DIR=str(runs))
+        job = subprocess.Popen(ddptop_cmd("--json", "--gpu", "sim", "torchrun", *job_args), cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    run = wait_for(lambda: next((d for d in runs.glob("*") if (d / "meta.json").exists()), None)
+                   if runs.exists() else None, what="the run directory")
+    for k, v in cluster.env().items():
+        monkeypatch.setenv(k, v)
+    if via == "ssh":
+        from sshd import remote_ddptop
+
+        sshd = request.getfixturevalue("sshd")
+        rs = RemoteSession("node-a", ssh=sshd.ssh, remote_cmd=remote_ddptop(runs), backoff=(0.2,))
+        drop = sshd.drop_links
+    elif via == "srun":
+        cluster.slurm_job("77", {"node-a": runs})
+        rs = RemoteSession("node-a", remote_cmd=REMOTE, backoff=(0.2,), transport=Srun("77", "node-a"))
+        drop = cluster.drop_links
+    else:
+        rs = RemoteSession("trainer-0", remote_cmd=REMOTE, backoff=(0.2,), transport=Kubectl("trainer-0", "pytorch"))
+        drop = cluster.drop_links
+    drops = 0
+    evs: list = []
+
+    def until(cond, what):
+        got: list = []
+
+        def done():
+            got.extend(rs.poll())
+            return cond(got)
+        wait_for(done, TIMEOUT, interval=0.05, what=lambda: f"{what}; last events: {got[-5:]}")
+        return got
+
+    try:
+        evs += until(lambda es: rs.link == "up" and any(e.kind == "logs" and e.rank is not None for e in es),
+                     "the first rank line")
+        while not rs.finished:
+            time.sleep(0.6)
+            evs += rs.poll()
+            if not rs.finished and rs.link == "up":
+                drops += drop()
+        evs += until(lambda es: rs.finished, "the end")
+    finally:
+        rs.close()
+        if job is not None:
+            try:
+                job.wait(timeout=TIMEOUT)
+            finally:
+                if job.poll() is None:
+                    os.killpg(job.pid, signal.SIGKILL)
+                    job.wait()
+    assert drops >= 3 and rs.connects >= 3, (drops, rs.connects)
+    got = [(e.path, e.offset, e.text) for e in per_line(evs) if e.kind == "log" and not e.transient]
+    assert len(got) == len(set(got)), "a line arrived twice"
+    want = local_lines(run)
+    assert sorted(got) == sorted(want)
+    for path in {p for p, _, _ in want}:
+        assert [x for x in got if x[0] == path] == [x for x in want if x[0] == path]
+    assert sum(1 for p, _, t in got if t.startswith("step ")) == 2 * 1500
+
+
+@needs_pid_namespaces
+def test_logs_only_follows_pods_without_ddptop_and_analyses_them_here(tmp_path, cluster):
+    """An image without ddptop: the pods' logs through `kubectl logs -f --prefix`, the analysis on the client."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--tee", "3"]
+    job = [*torchrun, EXAMPLE, "--steps", "40", "--step-time", "0.02", "--fault", "segv", "--fault-rank", "1",
+           "--fault-step", "20"]
+    labels = {**PYTORCHJOB, "training.kubeflow.org/replica-type": "master", "training.kubeflow.org/replica-index": "0"}
+    cluster.pod("bert-master-0", labels, job, tmp_path / "runs", has_ddptop=False,
+                env={"PET_MASTER_PORT": str(free_port())})
+    r = subprocess.run(ddptop_cmd("--json", "attach", "--k8s", "bert", "--logs-only"), capture_output=True,
+                       text=True, timeout=TIMEOUT, cwd=ROOT, env=cluster.env())
+    assert "LOGS ONLY" in r.stderr, r.stderr
+    ev = json_events(r.stdout)
+    lines = [e for e in ev if e["kind"] == "log"]
+    assert {e["node"] for e in lines} == {"master-0"}
+    assert {e["rank"] for e in lines if e["text"].startswith("step ")} == {0, 1}  # (torchrun's --tee prefixes)
+    crashes = [e for e in ev if e["kind"] == "alarm" and e["type"] == "crash"]
+    assert crashes and 1 in crashes[0]["ranks"], [e for e in ev if e["kind"] == "alarm"]
+    assert ev[-1]["kind"] == "state" and ev[-1]["state"] == "ended"
