@@ -100,45 +100,6 @@ def test_attach_over_ssh_shows_the_job_and_relaunches_it(runs_dir, sshd):
     assert w[-1]["kind"] == "state" and w[-1]["state"] == "succeeded"
 
 
-def local_lines(run: Path):
-    """Every line of the run as a fresh local reader sees it: (path, offset, text)."""
-    s = Session.open(run)
-    evs = []
-    while not s.finished:
-        evs += s.poll()
-    return [(e.path, e.offset, e.text) for e in per_line(evs) if e.kind == "log" and not e.transient]
-
-
-def test_dropped_links_lose_and_duplicate_no_line(runs_dir, sshd):
-    job, run = launch(runs_dir, "--nproc-per-node", "2", EXAMPLE, "--steps", "1500", "--step-time", "0.004")
-    rs = RemoteSession("node-a", ssh=sshd.ssh, remote_cmd=remote_ddptop(runs_dir), backoff=(0.2,))
-    drops = 0
-    evs = []
-    try:
-        evs += drain(rs, lambda es: rs.link == "up" and any(e.kind == "logs" and e.rank is not None for e in es),
-                     what="the first rank line")
-        while not rs.finished:
-            time.sleep(0.6)
-            evs += rs.poll()
-            if not rs.finished and rs.link == "up":
-                drops += sshd.drop_links()
-        evs += drain(rs, lambda es: rs.finished, what="the end")
-    finally:
-        rs.close()
-    finish(job)
-    assert drops >= 3 and rs.connects >= 3, (drops, rs.connects)
-    downs = [e for e in evs if e.kind == "link" and e.state == "down"]
-    assert len(downs) >= 3
-    got = [(e.path, e.offset, e.text) for e in per_line(evs) if e.kind == "log" and not e.transient]
-    assert len(got) == len(set(got)), "a line arrived twice"
-    want = local_lines(run)
-    assert sorted(got) == sorted(want)
-    # in order, per file
-    for path in {p for p, _, _ in want}:
-        assert [x for x in got if x[0] == path] == [x for x in want if x[0] == path]
-    assert sum(1 for p, _, t in got if t.startswith("step ")) == 2 * 1500
-
-
 def test_two_nodes_one_view_names_the_odd_rank_out(tmp_path, sshd):
     """A real 2-node torchrun job (one rank per node), one ddptop per node; the
     attach merges both and its stall detector names the hung rank on node-b."""

@@ -70,7 +70,7 @@ def test_a_single_files_progress_is_the_jobs(tmp_path, lines, step):
     rep, out = diagnosed(tmp_path, text)
     assert rep["job_progress"] == {"last_step": step}
     assert rep["progress"] == {}  # (never filed under rank 0)
-    assert f"Last training step (the job's" in out and str(step) in out
+    assert "Last training step (the job's" in out and str(step) in out
 
 
 def test_the_same_text_saved_as_a_ranks_file_is_that_ranks_progress(tmp_path):
