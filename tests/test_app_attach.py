@@ -230,3 +230,40 @@ def test_link_states_in_the_header():
     many["n3"] = LinkEvent(t, node="n3", state="failed", message="no ddptop")
     many["n5"] = LinkEvent(t, node="n5", state="connecting")
     assert plain(many) == "attached  7 nodes: 5 up, 1 failed, 1 connecting   n3 ✗ failed   n5 ◌ connecting"
+
+
+def test_the_cross_node_alarm_shows_the_culprits_node(tmp_path):
+    """Issue 27: the one stall alarm of a hang across nodes names the culprit's node in the alarm box
+    (its ``node``), and culprits on several nodes each with theirs."""
+    from ddptop.core.events import AlarmEvent
+    from ddptop.core.job_state import JobState
+    from ddptop.ui.alarm_box import alarm_markup
+
+    now = time.time()
+    where = {"1": {"rank": 1, "function": "next_batch", "file": "train.py", "line": 5,
+                   "kind": "sleep/wait in user code", "status": "frozen", "node": "node-b"}}
+    alarm = {"t": now, "kind": "alarm", "type": "stall", "id": "stall-collective", "ranks": [0, 1], "culprits": [1],
+             "message": "Collective hang: the other ranks wait for the odd rank out. Odd rank out: rank 1 on node-b",
+             "node": "node-b", "where": where,
+             "folded": [{"t": now, "node": "node-a", "id": "stall-hot", "culprits": [], "message": "Hot stall: ..."}]}
+    run = write_run(tmp_path, run_id="merged", events=[{"t": now, "kind": "state", "state": "running"},
+                                                       rank_started(now, 0, 4242), rank_started(now, 1, 4343), alarm],
+                    logs={0: "step 1\n", 1: "step 1\n"})
+
+    async def go():
+        app = make_app(Session.open(run), poll_interval=0.02)
+        async with app.run_test(size=SIZE) as pilot:
+            box = app.query_one("#alarms", AlarmBox)
+            await wait_until(pilot, lambda: box.has_class("-on"), what="the alarm box")
+            text = Content.from_markup(box._markup[0]).plain
+            assert "STALL stall-collective  culprit: r1  node node-b" in text, text
+            assert box.border_title == "1 alarm"
+
+    run_async(go())
+    # culprits on two nodes: the alarm is "all nodes", each culprit says its node
+    spread = AlarmEvent(now, type="stall", id="stall-mismatch", culprits=(1, 3), node="all nodes",
+                        where={"1": {"node": "node-b"}, "3": {"node": "node-c"}})
+    model = JobState()
+    model.apply([spread])
+    text = Content.from_markup(alarm_markup(model)[0]).plain
+    assert "culprit: r1@node-b,r3@node-c  all nodes" in text, text

@@ -164,17 +164,81 @@ def test_a_peer_that_died_on_another_node_is_said_at_once_in_the_merged_view(tmp
                 return True
             seen.append(json.loads(line))
             e = seen[-1]
-            return e["kind"] == "alarm" and e["type"] == "stall" and e["node"] == "all nodes"
+            return e["kind"] == "alarm" and e["type"] == "stall"
 
         wait_for(merged_stall, timeout=TIMEOUT, interval=0, what="the merged stall alarm")
         alarm = seen[-1]
         assert alarm["kind"] == "alarm", seen[-5:]
         assert alarm["id"] == "stall-lost-peer" and alarm["culprits"] == [1], alarm
+        assert alarm["node"] == "node-b", alarm  # the culprit's node (issue 27)
         assert "rank 1 exited with code 1" in alarm["message"], alarm["message"]
         died = next(e for e in seen if e["kind"] == "rank" and e["rank"] == 1 and not e["alive"])
         assert died["node"] == "node-b" and alarm["t"] - died["t"] < 15, (died, alarm)
         # rank 0 is still there, spinning: nothing but ddptop's alarm has said anything yet
         assert any(e["kind"] == "rank" and e["rank"] == 0 and e["alive"] for e in seen)
+        os.killpg(w.pid, 2)  # SIGINT: stop the job through the attachment
+        finish(w)
+    finally:
+        if w is not None and w.poll() is None:
+            os.killpg(w.pid, 9)
+        for p, run in jobs:
+            if p.poll() is None:
+                Session.open(run).stop()
+    for p, run in jobs:
+        finish(p)
+        assert not any(alive(e["pid"]) for e in journal_events(run) if e["kind"] == "rank")
+
+
+def test_two_node_hang_with_the_culprit_on_the_second_node_is_one_alarm_naming_that_node(tmp_path, sshd, cuda_cache):
+    """Issue 27: two torchrun nodes on this machine, one rank each, one ddptop per node, attached
+    together over a real sshd.  Rank 1 (node-b) hangs in its data loading; rank 0 (node-a) spins at
+    its CUDA sync.  Each node's ddptop has its own detector, the merged view one across both: what
+    the person sees is one stall alarm, naming rank 1 and node-b in its fields; node-a's own view of
+    the stall (its rank waiting, nobody of its own to blame) is not a separate alarm."""
+    import subprocess
+    import threading
+    import time
+
+    from conftest import ROOT, TIMEOUT, alive, ddptop_cmd, journal_events, wait_for
+    from ddptop.core.analysis.nodes import HOLD
+    from ddptop.core.session import Session
+    from sshd import remote_ddptop
+    from test_attach_ssh import finish, launch as launch_node
+
+    port = free_port()
+    jobs = []
+    for node_rank, name in enumerate(("a", "b")):
+        jobs.append(launch_node(tmp_path / f"runs-{name}", "--nnodes", "2", "--node-rank", str(node_rank),
+                                "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                                EXAMPLE, "--sim-cuda", "on", "--steps", "100000", "--step-time", "0.05",
+                                "--fault", "hang", "--fault-rank", "1", "--fault-step", "30"))
+    w = None
+    seen: list[dict] = []
+    try:
+        w = subprocess.Popen(ddptop_cmd("--json", "attach", f"node-a:{jobs[0][1]}", f"node-b:{jobs[1][1]}",
+                                        "--ssh", " ".join(sshd.ssh), "--remote-ddptop", remote_ddptop(tmp_path)),
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        # (a last line cut by the stop at the end is no event)
+        threading.Thread(target=lambda: seen.extend(json.loads(line) for line in w.stdout if line.endswith(b"\n")),
+                         daemon=True).start()
+        wait_for(lambda: stalls(seen) or w.poll() is not None, timeout=TIMEOUT, what="the stall alarm")
+        # every node's own detector has had its say well before this: theirs come within a second or so of
+        # the merged view's, and a node's own is held back at most HOLD seconds
+        first = stalls(seen)[0]["t"]
+        time.sleep(HOLD + 8)
+        evs = list(seen)
+        assert any(e["kind"] == "stacks" and e["node"] == "node-a" for e in evs), "node-a's own samples"
+        (alarm,) = stalls(evs)
+        assert alarm["culprits"] == [1], alarm
+        assert alarm["node"] == "node-b", alarm  # the culprit's node, in the field
+        assert alarm["where"]["1"]["node"] == "node-b" and alarm["where"]["1"]["line"] == STUCK, alarm["where"]
+        assert "rank 1 on node-b" in alarm["message"], alarm["message"]
+        # the nodes' own stall alarms are in it (folded), or notes after it; never alarms of their own
+        own = [(d["node"], d["id"]) for d in alarm["folded"]] + [
+            (e["node"], e["message"]) for e in evs if e["kind"] == "note" and "own stall alarm" in e["message"]]
+        assert all(n in ("node-a", "node-b") for n, _ in own), own
+        assert not [e for e in evs if e["kind"] == "alarm" and e["type"] == "stall" and e["node"] == "node-a"]
+        assert alarm["t"] - first < 1
         os.killpg(w.pid, 2)  # SIGINT: stop the job through the attachment
         finish(w)
     finally:

@@ -315,6 +315,9 @@ class AlarmEvent(Event):
     """Something is wrong and a person should look.
 
     ``type``: stall, signature, crash or gpu.  ``culprits`` are global ranks.
+    ``node``: the node it concerns; in the merged view of several nodes, a
+    stall's is the culprits' node when they are all on one ("all nodes"
+    otherwise), and each ``where`` entry names its rank's node.
     """
 
     kind: ClassVar[str] = "alarm"
@@ -325,8 +328,12 @@ class AlarmEvent(Event):
     message: str = ""
     suggested_profiles: tuple[str, ...] = ()
     node: str = ""
-    # where each culprit is stuck, from its stack: {"<rank>": {"function", "file", "line", "call", "kind", "text"}}
+    # where each culprit is stuck, from its stack: {"<rank>": {"function", "file", "line", "call", "kind", "text",
+    # "node"}}
     where: dict = field(default_factory=dict)
+    # the nodes' own stall alarms this (cross-node) alarm took in as its evidence, instead of showing them
+    # separately: [{"t", "node", "id", "culprits", "message"}] (``analysis.nodes``)
+    folded: tuple[dict, ...] = ()
 
 
 @dataclass(frozen=True)

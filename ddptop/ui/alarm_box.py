@@ -11,6 +11,7 @@ from textual.content import Content
 from textual.markup import escape
 from textual.widgets import Static
 
+from ddptop.core.events import AlarmEvent
 from ddptop.core.job_state import JobState
 
 
@@ -29,7 +30,7 @@ def alarm_markup(model: JobState, max_alarms: int = 3, max_notes: int = 2,
         var = "$error" if a.type in ("crash", "gpu", "stall", "signature") else "$warning"
         head = f"[b {var}]⚠ {escape(a.type.upper())}[/] [b]{escape(a.id)}[/]"
         if a.culprits:
-            head += f"  [b $error]culprit: {escape(','.join(f'r{r}' for r in a.culprits))}[/]"
+            head += f"  [b $error]culprit: {escape(','.join(_culprit(a, r) for r in a.culprits))}[/]"
         elif a.ranks:
             head += f"  ranks: {escape(','.join(f'r{r}' for r in a.ranks))}"
         if a.node:
@@ -51,6 +52,14 @@ def alarm_markup(model: JobState, max_alarms: int = 3, max_notes: int = 2,
     if not lines:
         return "", ""
     return "\n".join(lines), ("error" if alarms or failed else "warning")
+
+
+def _culprit(a: AlarmEvent, r: int) -> str:
+    """``r1``, or ``r1@node-b`` when the alarm's ``where`` puts the culprit on
+    another node than the alarm's own (culprits spread over several nodes)."""
+    w = a.where.get(str(r)) if isinstance(a.where, dict) else None
+    node = w.get("node") if isinstance(w, dict) else None
+    return f"r{r}@{node}" if isinstance(node, str) and node and node != a.node else f"r{r}"
 
 
 class AlarmBox(Static):

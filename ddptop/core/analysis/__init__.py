@@ -25,4 +25,6 @@ Read in this order:
 * ``ras.py``        what NCCL's RAS report says about who is behind.
 * ``wording.py``    the one sentence builder: says only what the evidence
                     shows, in the phase the job is in.
+* ``nodes.py``      one hang, one alarm across nodes: the merged view's
+                    cross-node alarm takes the nodes' own stall alarms in.
 """

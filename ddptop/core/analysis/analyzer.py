@@ -82,6 +82,8 @@ class Analyzer:
             elif isinstance(ev, ProcEvent):
                 st.telemetry(ev.rank, cpu=ev.cpu, children_cpu=ev.children_cpu, status=ev.status)
             elif isinstance(ev, RankEvent):
+                if ev.node:
+                    st.rank(ev.rank).node = ev.node
                 if ev.alive:
                     st.rank(ev.rank).alive = True
                     if ev.rank not in st.ranks or st.ranks[ev.rank].last_output is None:
@@ -259,7 +261,8 @@ class Analyzer:
         return d.sample, [AlarmEvent(self.clock() if now is None else now, type="stall", id=f"stall-{s.kind}",
                                      ranks=s.ranks, culprits=s.culprits,
                                      message=s.message + (f" Evidence: {evidence}." if evidence else ""),
-                                     suggested_profiles=s.suggested_profiles, node=self.node, where=s.where)]
+                                     suggested_profiles=s.suggested_profiles, node=s.node or self.node,
+                                     where=s.where)]
 
     def check(self, now: float | None = None) -> list[AlarmEvent]:
         """The new stall alarms (samples that ``decide`` would ask for are not taken)."""

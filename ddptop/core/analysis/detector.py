@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from ddptop.core.analysis.culprits import stall_culprits
-from ddptop.core.analysis.evidence import HOT_UTIL, IDLE_UTIL, StackEvidence, combine, ranks_text
+from ddptop.core.analysis.evidence import HOT_UTIL, IDLE_UTIL, StackEvidence, Where, combine, ranks_text
 from ddptop.core.analysis.wording import stall_message
 
 BUSY_CPU = 85.0
@@ -54,6 +54,7 @@ class RankState:
     alive: bool = True
     exit_code: int | None = None
     ended_at: float | None = None
+    node: str = ""  # the node it runs on, as its events say (the merged view of several nodes)
 
     def expected(self) -> float | None:
         """Seconds per step, over the recent window (what the alarm says).
@@ -108,6 +109,8 @@ class Stall:
     message: str
     suggested_profiles: tuple[str, ...]
     where: dict = field(default_factory=dict)  # rank (str) -> Where.to_dict(): where its stack is stuck
+    # the culprits' node, when the job spans several nodes and the culprits are all on one ("" otherwise)
+    node: str = ""
 
 
 @dataclass(frozen=True)
@@ -251,6 +254,10 @@ class StallDetector:
         st.alive = False
         st.exit_code = exit_code
         st.ended_at = self.clock() if t is None else t
+
+    def nodes(self) -> dict[int, str]:
+        """Each rank's node, as its events said (empty for a job on one node that names none)."""
+        return {r: st.node for r, st in self.ranks.items() if st.node}
 
     def gpu_busy(self) -> set[int]:
         """The live ranks whose GPU is busy (an NCCL kernel spinning, or work):
@@ -506,6 +513,7 @@ class StallDetector:
             evidence.append(f"ranks {', '.join(map(str, cpu_bound))} (or their workers) peg the CPU")
         else:
             kind = "unknown"
+        where, node = _with_nodes(everyone, where, culprits)
         msg = stall_message(kind, pool, everyone, silent, expected, v, culprits, ras[2] if ras else "", note)
         starting = all(st.last_progress is None for st in pool)
         profiles = {"lost-peer": ("nccl-debug", "flight-recorder"),
@@ -524,4 +532,18 @@ class StallDetector:
             # every rank stuck before the first step, none the odd one out: the broken peer-to-peer start-up
             profiles = ("p2p-off", "nccl-debug", "flight-recorder", "gloo")
         return Stall(kind, tuple(st.rank for st in pool), tuple(sorted(set(culprits))), silent, expected,
-                     tuple(evidence), msg, profiles, {str(r): w.to_dict() for r, w in sorted(where.items())})
+                     tuple(evidence), msg, profiles, {str(r): w.to_dict() for r, w in sorted(where.items())}, node)
+
+
+def _with_nodes(everyone: list[RankState], where: dict[int, Where],
+                culprits: list[int]) -> tuple[dict[int, Where], str]:
+    """Where each culprit is, with its node (from its stacks, else from its
+    rank events), and the culprits' one node: "" unless the job spans
+    several nodes and every culprit is on the same one."""
+    nodes = {st.rank: st.node for st in everyone if st.node}
+    where = {r: w if w.node or r not in nodes else replace(w, node=nodes[r]) for r, w in where.items()}
+    nodes.update({r: w.node for r, w in where.items() if w.node})
+    theirs = {nodes.get(r, "") for r in culprits}
+    if len(set(nodes.values())) < 2 or len(theirs) != 1 or "" in theirs:
+        return where, ""
+    return where, theirs.pop()

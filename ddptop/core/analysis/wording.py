@@ -137,14 +137,18 @@ def stall_message(kind: str, pool: list["RankState"], everyone: list["RankState"
                 + (" (before the first step: the broken peer-to-peer start-up hang, or peers that never connect)"
                    if phase_of(pool) == "start-up" else ""))
     parts = [head + ".", silence_words(pool, silent, expected) + "."]
-    several_nodes = v is not None and (not v.node or len({w.node for w in v.where.values()}) > 1)
+    # (each rank's node, as its events say, when the job spans several nodes)
+    nodes = {st.rank: st.node for st in everyone if st.node}
+    nodes = nodes if len(set(nodes.values())) > 1 else {}
+    several_nodes = bool(nodes) or (v is not None and (not v.node or len({w.node for w in v.where.values()}) > 1))
     if odd:
         said = []
         for r in odd:
             w = v.where.get(r) if v is not None else None
             gpu = gpu_words(by_rank.get(r))
             st = by_rank.get(r)
-            who = f"rank {r}" + (f" on {w.node}" if w is not None and w.node and several_nodes else "")
+            node = w.node if w is not None and w.node else nodes.get(r, "")
+            who = f"rank {r}" + (f" on {node}" if node and several_nodes else "")
             if st is not None and not st.alive:
                 said.append(f"{who} " + (exit_words(st.exit_code) if st.exit_code is not None else "ended"))
             elif w is not None and w.status != "unknown" and v is not None and v.hung:

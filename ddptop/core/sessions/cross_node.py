@@ -1,7 +1,8 @@
 """Several nodes' sessions as one: ``MultiSession`` merges the nodes'
 streams (each a ``RemoteSession`` over ssh, ``ssh``) and runs a stall
 detector across all of them (the odd rank out may be on another machine);
-a command goes to every node or to none.
+one hang is one alarm (``analysis.nodes``: the cross-node alarm takes the
+nodes' own stall alarms in); a command goes to every node or to none.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import threading
 import time
 
 from ddptop.core import journal
+from ddptop.core.analysis.nodes import ACROSS, OneAlarm
 from ddptop.core.events import FINAL_STATES, LOST, AlarmEvent, Event, LaunchEvent, LogBatch, NoteEvent, RankEvent, StateEvent
 from ddptop.core.sessions.protocol import CommandResult, Control, ExitStatus, Nodes
 from ddptop.core.sessions.ssh import FIX_ELSEWHERE, RemoteSession
@@ -31,8 +33,9 @@ class MultiSession:
         self.sessions = sessions
         self.clock = clock
         self._woken = threading.Event()  # wake()
-        self.pipeline = Pipeline(node="all nodes", stall_after=stall_after, clock=clock, stall_only=True,
+        self.pipeline = Pipeline(node=ACROSS, stall_after=stall_after, clock=clock, stall_only=True,
                                  on_stall=self._stacks_everywhere)
+        self.one_alarm = OneAlarm()  # one hang, one stall alarm: the nodes' own are folded into the cross-node one
         self._final: StateEvent | None = None
         self.finished = False
         self._seen: dict[str, dict[str, set]] = {}  # what -> node -> values (NCCL version, transports)
@@ -122,9 +125,13 @@ class MultiSession:
                         "(or torchrun's --node-rank is the same on both); ranks are shown by number, so their "
                         "lines and the stall detector mix them. Attach to one node at a time.")))
         alarms = self.pipeline.process(out)
-        out.extend(alarms)
+        ending = not self.finished and all(s.finished for s in self.sessions)
+        stall = self.pipeline.analyzer.stall
+        out = self.one_alarm.apply(out, [a for a in alarms if isinstance(a, AlarmEvent)], self.clock(),
+                                   silence_began=stall.silence_began(), rank_nodes=stall.nodes(), flush=ending)
+        out.extend(a for a in alarms if not isinstance(a, AlarmEvent))
         self.pipeline.react(alarms)
-        if not self.finished and all(s.finished for s in self.sessions):
+        if ending:
             finals = [s.final_state for s in self.sessions if s.final_state is not None]
             bad = [f for f in finals if f.exit_code != 0]
             f = bad[0] if bad else (finals[0] if finals else None)
