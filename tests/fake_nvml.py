@@ -39,6 +39,15 @@ class FakeGpu:
     remap: tuple = (0, 0, 0, 0)  # remapped rows: correctable, uncorrectable, pending, failure
     mem_bus: int = 5120  # memory bus width, bits
     mem_clock: int = 2619  # max memory clock, MHz
+    uuid: str = ""  # as NVML reports it (default: "GPU-" and a number of this object's)
+    mig: list = field(default_factory=list)  # the UUIDs ("MIG-...") of the MIG devices on this GPU
+
+
+@dataclass
+class FakeMig:
+    """A MIG device's handle: what nvmlDeviceGetHandleByUUID answers for a MIG UUID."""
+    uuid: str
+    parent: FakeGpu
 
 
 def make(gpus, init_error=None, calls=None, *, driver="550.54.15", cuda=12040, p2p=None,
@@ -90,7 +99,25 @@ def make(gpus, init_error=None, calls=None, *, driver="550.54.15", cuda=12040, p
     fn("nvmlDeviceGetCount", lambda: len(gpus))
     fn("nvmlDeviceGetHandleByIndex", lambda i: gpus[i])
     fn("nvmlDeviceGetName", lambda g: g.name)
-    fn("nvmlDeviceGetUUID", lambda g: f"GPU-{id(g)}")
+    uuid_of = lambda g: g.uuid if isinstance(g, FakeMig) else g.uuid or f"GPU-{id(g)}"
+
+    def by_uuid(u):  # NVML takes the whole UUID only (CUDA takes a leading part)
+        for g in gpus:
+            if uuid_of(g) == u:
+                return g
+            for m in g.mig:
+                if m == u:
+                    return FakeMig(m, g)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def mig_parent(m):
+        if not isinstance(m, FakeMig):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return m.parent
+
+    fn("nvmlDeviceGetUUID", uuid_of)
+    fn("nvmlDeviceGetHandleByUUID", by_uuid)
+    fn("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", mig_parent)
     fn("nvmlDeviceGetMemoryInfo", lambda g: types.SimpleNamespace(used=g.used, total=g.total, free=g.total - g.used))
     fn("nvmlDeviceGetEnforcedPowerLimit", lambda g: g.limit_mw)
     fn("nvmlDeviceGetUtilizationRates", lambda g: types.SimpleNamespace(gpu=g.util, memory=g.mem_util))

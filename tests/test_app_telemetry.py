@@ -164,6 +164,36 @@ def test_na_lost_and_guess(tmp_path):
     run_async(go())
 
 
+def test_ranks_mapped_by_device_in_a_container_are_no_guess(tmp_path):
+    """In a pod NVML's pids are the host's: ranks are mapped to GPUs by device.
+    The rank table and the GPU pane show them plainly (no "?"), and the note
+    says how they were mapped instead of calling it a guess."""
+    tel = [
+        {"t": 0.5, "kind": "gpu_status", "backend": "nvml", "message": "", "driver": "550.54", "count": 2, "node": "h"},
+        gpu(1.0, 0, 81.0, name="NVIDIA H100", uuid="GPU-6b1f", simulated=False, mapping="device", ranks=[1]),
+        gpu(1.0, 1, 12.0, name="NVIDIA H100", uuid="GPU-c04e", simulated=False, mapping="device", ranks=[0]),
+    ] + [{"t": 1.0, "kind": "proc", "rank": r, "pid": 4242 + 101 * r, "cpu": 50.0, "rss": 300 * 1024**2,
+          "status": "running", "threads": 4, "children": 0, "children_cpu": 0.0, "gpu": 1 - r,
+          "gpu_mapping": "device", "node": "h"} for r in (0, 1)]
+
+    async def go():
+        app = make_app(Session.open(make_run(tmp_path, tel)), poll_interval=0.02)
+        async with app.run_test(size=SIZE) as pilot:
+            gt = app.query_one("#gpus", DataTable)
+            await wait_until(pilot, lambda: gt.row_count == 2, what="GPU rows")
+            assert "r1" in cells(gt, "h:0") and not any("?" in c for c in cells(gt, "h:0") + cells(gt, "h:1"))
+            note = str(app.query_one("#gpu-note").render())
+            assert "by device" in note and "guess" not in note
+
+    run_async(go())
+    from ddptop.core.events import ProcEvent
+    from ddptop.core.job_state import RankInfo
+    from ddptop.ui.rank_table import rank_cells
+
+    sample = ProcEvent(1.0, rank=0, pid=42, gpu=3, gpu_mapping="device")
+    assert rank_cells(RankInfo(0, pid=42, alive=True, proc=sample), False, None)["gpu"] == "3"
+
+
 def test_alarm_box_offers_r_only_for_jobs_ddptop_can_relaunch():
     from ddptop.core.events import AlarmEvent
     from ddptop.core.job_state import JobState

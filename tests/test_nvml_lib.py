@@ -27,10 +27,12 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 import fake_nvml
 from conftest import EXAMPLE, ROOT, TIMEOUT, ddptop_cmd
+from ddptop.core.procs import pid_namespace
 
 GiB = 1024**3
 
@@ -184,8 +186,10 @@ def test_gpu_lost_mid_run_and_xid_become_alarms_naming_the_ranks_on_it(libs, tmp
     """, nvml_env(libs["new"], conf))
     first, second, third, fourth = r
     by = lambda evs, kind: [e for e in evs if e["kind"] == kind]
-    # no pid in NVML's lists: ranks mapped from LOCAL_RANK (this process has no CUDA_VISIBLE_DEVICES)
-    assert [(p["rank"], p["gpu"], p["gpu_mapping"]) for p in by(first, "proc")] == [(0, 0, "env"), (1, 1, "env")]
+    # no pid in NVML's lists: ranks mapped from LOCAL_RANK (this process has no CUDA_VISIBLE_DEVICES),
+    # by device where this test itself runs in a container
+    how = "device" if pid_namespace() else "env"
+    assert [(p["rank"], p["gpu"], p["gpu_mapping"]) for p in by(first, "proc")] == [(0, 0, how), (1, 1, how)]
     assert not by(first, "alarm")
     (xid,) = by(second, "alarm")
     assert xid["id"] == "xid" and xid["message"] == "Xid 79 critical error on GPU 1" and xid["ranks"] == [1]
@@ -407,3 +411,98 @@ def test_gpus_without_a_fabric_skip_the_fabric_row(libs, tmp_path):
     rows, code = doctor(nvml_env(libs["new"], conf))
     row = rows["NVSwitch fabric"]
     assert (row["status"], row["summary"]) == ("skipped", "no NVSwitch fabric on these GPUs")
+
+
+IN_POD = """
+    import json, os, subprocess, sys, time
+    from ddptop.core.procs import pid_namespace
+    from ddptop.core.gpu.nvml import NvmlBackend
+    from ddptop.core.telemetry import RankProc, Telemetry
+    conf, envs = sys.argv[1], json.loads(sys.argv[2])
+    keep = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}
+    kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "ddptop-test-rank"],
+                             env={**keep, **env}) for env, _ in envs]
+    print(json.dumps({"inner": [k.pid for k in kids]}), flush=True)
+    deadline = time.time() + 60
+    while "pids" not in open(conf).read() and time.time() < deadline:  # the test lists the ranks' host pids
+        time.sleep(0.05)
+    ranks = [RankProc(r, lr, k.pid) for r, ((_, lr), k) in enumerate(zip(envs, kids))]
+    tel = Telemetry(NvmlBackend())
+    evs = tel.tick(ranks)
+    for k in kids:
+        k.kill()
+    print(json.dumps({"ns": pid_namespace(), "self": os.getpid(), "events": [e.to_dict() for e in evs]}))
+"""
+
+POD_GPUS = """\
+gpus 3
+gpu 0 uuid GPU-6b1f0e2a-0d4c-4f7e-9a51-3c2d1e0f9a8b
+gpu 0 util 81 20
+gpu 1 uuid GPU-c04e7d19-5a3b-4c2d-8e1f-7a6b5c4d3e2f
+gpu 1 util 12 3
+gpu 1 mig MIG-0b9c8d7e-6f5a-5b4c-9d3e-2f1a0b9c8d7e MIG-11112222-3333-5444-8555-666677778888
+gpu 2 uuid GPU-f2e1d0c9-b8a7-4968-8574-63524130201f
+gpu 2 util 47 9
+"""
+
+
+def unshare_cmd() -> list[str]:
+    """A new user, PID and mount namespace with its own /proc (as a pod has), or skip."""
+    cmd = [shutil.which("unshare") or "unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc"]
+    try:
+        ok = subprocess.run([*cmd, "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if not ok:
+        pytest.skip("unshare cannot make a PID namespace here (no unshare, or user namespaces off)")
+    return cmd
+
+
+def test_ranks_in_a_pid_namespace_map_to_gpus_by_device_through_the_real_pynvml(libs, tmp_path):
+    """ddptop and its ranks in a PID namespace of their own, as in a pod: NVML
+    (the stand-in library, through the real pynvml) lists each rank's *host* pid,
+    which the namespace's /proc does not have.  The ranks map to their GPUs by
+    device -- CUDA_VISIBLE_DEVICES as a UUID, NVIDIA_VISIBLE_DEVICES as the
+    container runtime sets it, a MIG device's id -- labelled "device", each
+    with its GPU's utilisation."""
+    cmd = unshare_cmd()
+    conf = tmp_path / "nvml.conf"
+    conf.write_text(POD_GPUS)
+    uuid = {i: line.split()[-1] for i, line in enumerate(l for l in POD_GPUS.splitlines() if " uuid " in l)}
+    envs = [({"CUDA_VISIBLE_DEVICES": uuid[2]}, 0),  # the device plugin's, or torchrun --local-ranks-filter's
+            ({"NVIDIA_VISIBLE_DEVICES": f"{uuid[1]},{uuid[0]}"}, 0),  # the container runtime's: bus order
+            ({"CUDA_VISIBLE_DEVICES": "MIG-0b9c8d7e-6f5a-5b4c-9d3e-2f1a0b9c8d7e"}, 0),
+            ({"CUDA_VISIBLE_DEVICES": uuid[1][:12]}, 0)]  # a leading part, as CUDA takes it
+    want = {0: 2, 1: 0, 2: 1, 3: 1}
+    p = subprocess.Popen([*cmd, sys.executable, "-c", textwrap.dedent(IN_POD), str(conf), json.dumps(envs)],
+                         env=nvml_env(libs["new"], conf), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        inner = json.loads(p.stdout.readline())["inner"]
+        host = {}  # inner pid -> host pid, from the host side's /proc (NSpid: host pid ... inner pid)
+        for c in psutil.Process(p.pid).children(recursive=True):
+            try:
+                ns = next(l.split()[1:] for l in open(f"/proc/{c.pid}/status") if l.startswith("NSpid:"))
+            except (OSError, StopIteration):
+                continue
+            if len(ns) > 1 and int(ns[-1]) in inner and "ddptop-test-rank" in c.cmdline():
+                host[int(ns[-1])] = c.pid
+        assert len(host) == len(inner), (inner, host)
+        with open(conf, "a") as f:  # NVML sees each rank on its GPU, by its host pid
+            for r, pid in enumerate(inner):
+                f.write(f"gpu {want[r]} pids {host[pid]}\n")
+        out, err = p.communicate(timeout=TIMEOUT)
+        assert p.returncode == 0, err
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate(timeout=30)
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["ns"] is True and r["self"] != p.pid  # a namespace of its own, with pids of its own
+    procs = {e["rank"]: e for e in r["events"] if e["kind"] == "proc"}
+    gpus = {e["index"]: e for e in r["events"] if e["kind"] == "gpu"}
+    assert {rk: (e["gpu"], e["gpu_mapping"]) for rk, e in procs.items()} == {rk: (i, "device") for rk, i in want.items()}
+    assert {i: (g["ranks"], g["mapping"]) for i, g in gpus.items()} == {
+        0: ([1], "device"), 1: ([2, 3], "device"), 2: ([0], "device")}
+    assert {rk: gpus[e["gpu"]]["util"] for rk, e in procs.items()} == {0: 47, 1: 81, 2: 12, 3: 12}
+    assert gpus[2]["pids"] == [host[inner[0]]]  # NVML's own pids, the host's, as it gave them

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import psutil
 import pynvml
 
 import fake_nvml
@@ -11,7 +12,9 @@ from helpers import wait_for
 from ddptop.core.events import AlarmEvent, GpuEvent, GpuStatusEvent, ProcEvent
 from ddptop.core.gpu.nvml import NvmlBackend
 from ddptop.core.gpu.sim import SimBackend
-from ddptop.core.telemetry import RankProc, Telemetry, gpu_from_env
+from ddptop.core import procs as procs_mod
+from ddptop.core.gpu.visible import Gpu, cuda_ids, match_uuid, rank_device
+from ddptop.core.telemetry import RankProc, Telemetry
 
 
 def gpus_of(events):
@@ -92,19 +95,218 @@ def test_rank_mapped_to_gpu_by_nvml_process_list():
     assert (p.rank, p.pid, p.gpu, p.gpu_mapping) == (3, me, 1, "nvml")
 
 
-def test_mapping_is_a_guess_when_nvml_pids_are_from_another_namespace():
-    me = os.getpid()
-    gpus = [fake_nvml.FakeGpu(procs=[999999]), fake_nvml.FakeGpu()]
-    ev = Telemetry(NvmlBackend(fake_nvml.make(gpus))).tick([RankProc(rank=0, local_rank=0, pid=me)])
+def test_nvml_pids_from_another_namespace_map_the_rank_by_its_device(monkeypatch):
+    """NVML lists a pid that is no process here (a host pid, seen from a pod): the
+    rank is mapped by the GPU its environment gives it, and says so ("device")."""
+    monkeypatch.setattr(procs_mod, "pid_namespace", lambda proc="/proc": False)  # only NVML's pids tell
+    (host,) = host_pids(1)
+    gpus = [fake_nvml.FakeGpu(procs=[host]), fake_nvml.FakeGpu()]
+    rank = start_rank({"CUDA_VISIBLE_DEVICES": "1"})
+    try:
+        ev = Telemetry(NvmlBackend(fake_nvml.make(gpus))).tick([RankProc(rank=0, local_rank=0, pid=rank.pid)])
+    finally:
+        rank.kill()
+        rank.wait(10)
     (p,) = [e for e in ev if isinstance(e, ProcEvent)]
-    assert p.gpu_mapping == "guess"
-    assert gpus_of(ev)[p.gpu].mapping == "guess" if p.gpu is not None else True
+    assert (p.gpu, p.gpu_mapping) == (1, "device")
+    assert gpus_of(ev)[1].mapping == "device" and gpus_of(ev)[1].ranks == (0,)
 
 
-def test_gpu_from_env():
-    assert gpu_from_env({}, 2) == 2
-    assert gpu_from_env({"CUDA_VISIBLE_DEVICES": "4,5,6"}, 1) == 5
-    assert gpu_from_env({"CUDA_VISIBLE_DEVICES": "GPU-abc"}, 0) is None
+def host_pids(n):
+    """``n`` pids that are no process here, as a host's pids are seen from inside a pod."""
+    out = []
+    for pid in range(4_190_000, 4_194_000):
+        if not psutil.pid_exists(pid):
+            out.append(pid)
+            if len(out) == n:
+                return out
+    raise AssertionError("no free pids")
+
+
+UUIDS = ["GPU-8f3c2a10-1111-2222-3333-444444444444", "GPU-8f3c9b77-5555-6666-7777-888888888888",
+         "GPU-1d0e4c55-9999-aaaa-bbbb-cccccccccccc", "GPU-a7e2f0c1-dddd-eeee-ffff-000000000000"]
+MIG = "MIG-5f1e2d3c-4b5a-5968-8776-a5b4c3d2e1f0"
+
+
+def four_gpus(host, name="NVIDIA H100 80GB HBM3"):
+    """Four GPUs, each busy with a host pid (none of them a process here), GPU i at 10*(i+1) % util;
+    GPU 3 is split into MIG devices, one of them MIG."""
+    return [fake_nvml.FakeGpu(name=name, uuid=UUIDS[i], util=10 * (i + 1), procs=[host[i]],
+                              mig=[MIG, "MIG-00000000-0000-0000-0000-000000000000"] if i == 3 else [])
+            for i in range(4)]
+
+
+def start_rank(env):
+    """A rank process with exactly this environment (psutil reads it from /proc/PID/environ)."""
+    keep = {k: os.environ[k] for k in ("PATH", "HOME", "LD_LIBRARY_PATH") if k in os.environ}
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env={**keep, **env})
+
+
+# (environment, LOCAL_RANK) -> the GPU (NVML index) the rank uses
+RANK_ENVS = [
+    ({"CUDA_VISIBLE_DEVICES": UUIDS[2]}, 0, 2),  # a device plugin's one-GPU UUID
+    ({"CUDA_VISIBLE_DEVICES": f"{UUIDS[3]},{UUIDS[0]}"}, 1, 0),  # UUIDs, in the order given
+    ({"CUDA_VISIBLE_DEVICES": "GPU-1d0e"}, 0, 2),  # a leading part naming one GPU, as CUDA takes it
+    ({"CUDA_VISIBLE_DEVICES": "3,1"}, 0, 3),  # indexes
+    ({"CUDA_VISIBLE_DEVICES": "3,1"}, 1, 1),
+    ({"CUDA_VISIBLE_DEVICES": MIG}, 0, 3),  # a MIG device: its GPU
+    ({"CUDA_VISIBLE_DEVICES": f"MIG-{UUIDS[1]}/1/0"}, 0, 1),  # the MIG form of drivers before R470
+    ({}, 2, 2),  # nothing set: LOCAL_RANK
+    ({"NVIDIA_VISIBLE_DEVICES": f"{UUIDS[3]},{UUIDS[1]}"}, 0, 1),  # the container runtime's: NVML's (bus) order
+    ({"NVIDIA_VISIBLE_DEVICES": f"{UUIDS[3]},{UUIDS[1]}"}, 1, 3),
+    ({"NVIDIA_VISIBLE_DEVICES": "2,3"}, 1, 3),  # host indexes, NVML sees the host's four
+    ({"NVIDIA_VISIBLE_DEVICES": "all"}, 1, 1),
+    ({"NVIDIA_VISIBLE_DEVICES": UUIDS[0], "CUDA_VISIBLE_DEVICES": "0"}, 0, 0),  # CUDA's within the container's
+    ({"NVIDIA_VISIBLE_DEVICES": f"{UUIDS[1]},{UUIDS[2]}", "CUDA_VISIBLE_DEVICES": "1"}, 0, 2),
+]
+
+
+def test_ranks_in_a_pod_map_to_gpus_by_device_with_their_utilisation(monkeypatch):
+    """ddptop in a pod: NVML lists only host pids, none of them a process here.
+    Each rank -- a real process with its own environment -- is mapped to the GPU
+    its CUDA_VISIBLE_DEVICES (UUIDs, a UUID's leading part, indexes, a MIG id),
+    NVIDIA_VISIBLE_DEVICES or LOCAL_RANK names, labelled "device", and gets
+    that GPU's utilisation."""
+    monkeypatch.setattr(procs_mod, "pid_namespace", lambda proc="/proc": None)  # /proc cannot say
+    gpus = four_gpus(host_pids(4))
+    kids = [start_rank(env) for env, _, _ in RANK_ENVS]
+    try:
+        tel = Telemetry(NvmlBackend(fake_nvml.make(gpus)))
+        ranks = [RankProc(rank=r, local_rank=lr, pid=k.pid) for r, ((_, lr, _), k) in enumerate(zip(RANK_ENVS, kids))]
+        ev = tel.tick(ranks)
+        procs = {e.rank: e for e in ev if isinstance(e, ProcEvent)}
+        got = {r: (procs[r].gpu, procs[r].gpu_mapping) for r in procs}
+        assert got == {r: (want, "device") for r, (_, _, want) in enumerate(RANK_ENVS)}
+        g = gpus_of(ev)
+        assert all(x.mapping == "device" for x in g.values())
+        assert {i: x.ranks for i, x in g.items()} == {
+            i: tuple(r for r, (_, _, want) in enumerate(RANK_ENVS) if want == i) for i in range(4)}
+        per_rank_util = {r: x.util for x in g.values() for r in x.ranks}
+        assert per_rank_util == {r: 10.0 * (want + 1) for r, (_, _, want) in enumerate(RANK_ENVS)}
+        assert set(g[0].pids) == {gpus[0].procs[0]}  # NVML's own (host) pids are still shown
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait(10)
+
+
+def test_in_a_pid_namespace_a_rank_maps_by_device_before_nvml_lists_anything(monkeypatch):
+    """/proc says ddptop runs in a PID namespace of its own: NVML's pids cannot be
+    ours even before it lists one (a driver may list nothing in a container)."""
+    monkeypatch.setattr(procs_mod, "pid_namespace", lambda proc="/proc": True)
+    gpus = [fake_nvml.FakeGpu(uuid=UUIDS[i], util=30 + i) for i in range(2)]
+    k = start_rank({"CUDA_VISIBLE_DEVICES": UUIDS[1]})
+    try:
+        ev = Telemetry(NvmlBackend(fake_nvml.make(gpus))).tick([RankProc(rank=5, local_rank=0, pid=k.pid)])
+        (p,) = [e for e in ev if isinstance(e, ProcEvent)]
+        assert (p.gpu, p.gpu_mapping) == (1, "device")
+        assert gpus_of(ev)[1].ranks == (5,) and gpus_of(ev)[1].util == 31.0
+    finally:
+        k.kill()
+        k.wait(10)
+
+
+def test_in_a_namespace_a_host_pid_equal_to_a_ranks_by_chance_does_not_move_it(monkeypatch):
+    """NVML's pids are the host's: one that happens to be a rank's pid here is
+    believed only where the rank's device agrees (a driver that gives pids in
+    the caller's namespace)."""
+    monkeypatch.setattr(procs_mod, "pid_namespace", lambda proc="/proc": True)
+    a = start_rank({"CUDA_VISIBLE_DEVICES": UUIDS[1]})
+    b = start_rank({"CUDA_VISIBLE_DEVICES": UUIDS[0]})
+    try:
+        gpus = [fake_nvml.FakeGpu(uuid=UUIDS[0], procs=[a.pid, b.pid]), fake_nvml.FakeGpu(uuid=UUIDS[1])]
+        ev = Telemetry(NvmlBackend(fake_nvml.make(gpus))).tick([RankProc(0, 0, a.pid), RankProc(1, 0, b.pid)])
+        procs = {e.rank: (e.gpu, e.gpu_mapping) for e in ev if isinstance(e, ProcEvent)}
+        assert procs == {0: (1, "device"), 1: (0, "nvml")}
+    finally:
+        for k in (a, b):
+            k.kill()
+            k.wait(10)
+
+
+def test_outside_a_namespace_the_environment_is_env_and_nvml_pids_win(monkeypatch):
+    """On the host, a rank that is on NVML's list is mapped by its pid ("nvml"),
+    whatever its environment says; one not on it (yet) by its environment ("env"),
+    while NVML's other pids are processes here."""
+    monkeypatch.setattr(procs_mod, "pid_namespace", lambda proc="/proc": False)
+    on = start_rank({"CUDA_VISIBLE_DEVICES": UUIDS[0]})
+    off = start_rank({"CUDA_VISIBLE_DEVICES": UUIDS[1]})
+    try:
+        gpus = [fake_nvml.FakeGpu(uuid=UUIDS[0], procs=[os.getpid()]), fake_nvml.FakeGpu(uuid=UUIDS[1], procs=[on.pid])]
+        ev = Telemetry(NvmlBackend(fake_nvml.make(gpus))).tick([RankProc(0, 0, on.pid), RankProc(1, 1, off.pid)])
+        procs = {e.rank: (e.gpu, e.gpu_mapping) for e in ev if isinstance(e, ProcEvent)}
+        assert procs == {0: (1, "nvml"), 1: (1, "env")}
+        assert gpus_of(ev)[1].mapping == "env" and gpus_of(ev)[1].ranks == (0, 1)  # the weaker of its two
+    finally:
+        for k in (on, off):
+            k.kill()
+            k.wait(10)
+
+
+def test_what_the_environment_leaves_open_is_a_guess_and_what_it_hides_no_mapping(monkeypatch):
+    monkeypatch.setattr(procs_mod, "pid_namespace", lambda proc="/proc": True)
+    gpus = [fake_nvml.FakeGpu(name="NVIDIA H100 80GB HBM3", uuid=UUIDS[0]),
+            fake_nvml.FakeGpu(name="NVIDIA A100-SXM4-80GB", uuid=UUIDS[1])]
+    envs = [({"CUDA_VISIBLE_DEVICES": "1"}, 0),  # CUDA numbers mixed models fastest first, NVML by bus
+            ({"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, 0),  # ... unless told
+            ({"CUDA_VISIBLE_DEVICES": "0,1"}, 3),  # LOCAL_RANK past the list
+            ({"CUDA_VISIBLE_DEVICES": ""}, 0),  # no GPU
+            ({"CUDA_VISIBLE_DEVICES": "-1,0"}, 0),  # CUDA stops at -1: no GPU
+            ({"CUDA_VISIBLE_DEVICES": "GPU-ffff"}, 0),  # no such GPU here
+            ({"NVIDIA_VISIBLE_DEVICES": "none"}, 0)]
+    kids = [start_rank(env) for env, _ in envs]
+    try:
+        ev = Telemetry(NvmlBackend(fake_nvml.make(gpus))).tick([RankProc(r, lr, k.pid) for r, ((_, lr), k) in
+                                                                enumerate(zip(envs, kids))])
+        procs = {e.rank: (e.gpu, e.gpu_mapping) for e in ev if isinstance(e, ProcEvent)}
+        assert procs == {0: (1, "guess"), 1: (1, "device"), 2: (None, ""), 3: (None, ""), 4: (None, ""),
+                         5: (None, ""), 6: (None, "")}
+        assert gpus_of(ev)[1].mapping == "guess"
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait(10)
+
+
+def test_cuda_ids_and_uuid_prefixes_as_cuda_reads_them():
+    assert cuda_ids("0, 2 ,GPU-ab,MIG-cd") == ["0", "2", "GPU-ab", "MIG-cd"]
+    assert cuda_ids("0,2,-1,1") == ["0", "2"]  # CUDA's own example: device 1 is hidden
+    assert cuda_ids("") == [] and cuda_ids("NoDevFiles") == []
+    uuids = {u: i for i, u in enumerate(UUIDS)}
+    assert match_uuid(UUIDS[3], uuids) == 3 and match_uuid(UUIDS[3].upper(), uuids) == 3
+    assert match_uuid("GPU-8f3c9", uuids) == 1
+    assert match_uuid("GPU-8f3c", uuids) is None  # GPU 0 and 1 both start so: CUDA refuses it too
+    assert match_uuid("8f3c9b77", uuids) is None and match_uuid("GPU-", uuids) is None
+
+
+def test_rank_device_in_a_container_that_sees_only_its_own_gpus():
+    """NVIDIA_VISIBLE_DEVICES=5,7 on the host; inside, NVML sees two GPUs numbered 0 and 1."""
+    gpus = [Gpu(0, UUIDS[0], "H100"), Gpu(1, UUIDS[1], "H100")]
+    none = lambda ident: None
+    for lr in (0, 1):
+        d = rank_device({"NVIDIA_VISIBLE_DEVICES": "5,7"}, lr, gpus, none)
+        assert (d.index, d.sure, d.by) == (lr, True, "local_rank"), d
+    d = rank_device({"NVIDIA_VISIBLE_DEVICES": "5,7", "CUDA_VISIBLE_DEVICES": "1"}, 0, gpus, none)
+    assert (d.index, d.sure, d.by) == (1, True, "index")
+    one = rank_device({"NVIDIA_VISIBLE_DEVICES": "GPU-x"}, 1, gpus[:1], lambda i: 0)
+    assert (one.index, one.sure) == (0, False)  # two ranks on a one-GPU pod: the second may share it
+
+
+def test_pid_namespace_from_proc(tmp_path):
+    def fake_proc(nspid, ns):
+        d = tmp_path / str(len(list(tmp_path.iterdir())))
+        (d / "self" / "ns").mkdir(parents=True)
+        (d / "self" / "status").write_text(f"Name:\tpython\nNSpid:\t{nspid}\nNSpgid:\t1\n")
+        if ns is not None:
+            os.symlink(ns, d / "self" / "ns" / "pid")
+        return str(d)
+
+    assert procs_mod.pid_namespace(fake_proc("4486", "pid:[4026531836]")) is False  # the kernel's first
+    assert procs_mod.pid_namespace(fake_proc("1", "pid:[4026532179]")) is True  # a container's: NSpid is 1
+    assert procs_mod.pid_namespace(fake_proc("83412\t7", "pid:[4026531836]")) is True  # seen from outside
+    assert procs_mod.pid_namespace(fake_proc("7", None)) is None
+    assert procs_mod.pid_namespace(str(tmp_path / "none")) is None
+    assert procs_mod.pid_namespace() in (True, False)  # this machine's /proc says one or the other
 
 
 def test_proc_stats_of_real_processes_busy_and_sleeping():

@@ -286,7 +286,7 @@ class GpuEvent(Event):
     throttle: tuple[str, ...] = ()
     ranks: tuple[int, ...] = ()  # ranks running on this GPU
     pids: tuple[int, ...] = ()  # processes NVML sees on it
-    mapping: str = ""  # how ranks were mapped: nvml | env | guess
+    mapping: str = ""  # how ranks were mapped (the weakest of its ranks'): nvml | device | env | guess | sim
     simulated: bool = False
     lost: bool = False
     node: str = ""
@@ -306,7 +306,9 @@ class ProcEvent(Event):
     children: int | None = None  # data-loader workers and other descendants
     children_cpu: float | None = None  # % of one core, all descendants
     gpu: int | None = None  # GPU index the rank runs on
-    gpu_mapping: str = ""  # nvml | env | guess
+    # nvml: its pid on NVML's list; device: by the GPU its environment names, where NVML's pids are
+    # not ours (a container); env: the same, outside one (not on a GPU NVML lists yet); guess; sim
+    gpu_mapping: str = ""
     node: str = ""
 
 

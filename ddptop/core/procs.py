@@ -103,3 +103,34 @@ def alive(proc: psutil.Process) -> bool:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+# the inode of the kernel's first PID namespace (PROC_PID_INIT_INO): fixed, so any
+# other number in /proc/self/ns/pid is a namespace of its own (a container's)
+INIT_PID_NS_INODE = 0xEFFFFFFC
+
+
+def pid_namespace(proc: str = "/proc") -> bool | None:
+    """Whether this process runs in a PID namespace of its own (a container's,
+    a pod's), where the host's pids (NVML's, for one) name no process or
+    another one: True, False, or None when ``proc`` cannot say.
+
+    Read from ``/proc/self/status`` NSpid (more than one pid: a namespace seen
+    from an outer /proc) and ``/proc/self/ns/pid`` (inside a container NSpid
+    shows only the inner pid, but the namespace is not the kernel's first)."""
+    try:
+        with open(f"{proc}/self/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    if len(line.split()) > 2:
+                        return True
+                    break
+    except OSError:
+        pass
+    try:
+        link = os.readlink(f"{proc}/self/ns/pid")
+    except OSError:
+        return None
+    if link.startswith("pid:[") and link.endswith("]") and link[5:-1].isdigit():
+        return int(link[5:-1]) != INIT_PID_NS_INODE
+    return None

@@ -1,5 +1,15 @@
 """Per-tick telemetry: psutil per rank, GPUs per node, ranks mapped to GPUs.
 
+A rank is mapped to a GPU by its pid in NVML's process list (``nvml``);
+where NVML's pids cannot be ours -- ddptop in a PID namespace of its own (a
+container, a pod), or NVML's pids never a process here -- by its device: the
+GPU its environment gives it (CUDA_VISIBLE_DEVICES or NVIDIA_VISIBLE_DEVICES
+and LOCAL_RANK, see :mod:`ddptop.core.gpu.visible`), identified by UUID or
+index (``device``).  Elsewhere the environment's word is ``env`` (the rank
+is on no GPU NVML lists, yet), and ``guess`` where the environment leaves the
+GPU open (LOCAL_RANK past the list, an index among GPUs CUDA may number in
+another order, an environment that cannot be read).
+
 ``Telemetry.tick(ranks)`` returns the events of one sample.  It is called by
 the supervisor's sampler thread once a second (poll, then reschedule: ticks
 never overlap) and costs a few psutil reads per rank and one NVML read per
@@ -15,7 +25,8 @@ from typing import TYPE_CHECKING
 import psutil
 
 from ddptop.core import procs
-from ddptop.core.events import AlarmEvent, Event, GpuStatusEvent, ProcEvent
+from ddptop.core.events import AlarmEvent, Event, GpuEvent, GpuStatusEvent, ProcEvent
+from ddptop.core.gpu.visible import Gpu, RankDevice, rank_device
 
 if TYPE_CHECKING:
     from ddptop.core.gpu.backend import GpuBackend
@@ -47,25 +58,18 @@ def _descendants(pid: int, children_of: dict[int, list[int]]) -> list[int]:
     return out
 
 
-def gpu_from_env(env: dict[str, str], local_rank: int) -> int | None:
-    """The physical GPU a rank would use: CUDA_VISIBLE_DEVICES[LOCAL_RANK]."""
-    cvd = env.get("CUDA_VISIBLE_DEVICES")
-    if cvd is None:
-        return local_rank
-    ids = [x.strip() for x in cvd.split(",") if x.strip()]
-    if not ids:
-        return None
-    pick = ids[local_rank] if local_rank < len(ids) else ids[0]
-    return int(pick) if pick.isdigit() else None
-
-
 class Telemetry:
     def __init__(self, backend: GpuBackend, node: str = ""):
         self.backend = backend
         self.node = node
         self._procs: dict[int, psutil.Process] = {}
         self._child_procs: dict[int, psutil.Process] = {}
-        self._env_gpu: dict[int, int | None] = {}
+        self._env: dict[int, dict[str, str] | None] = {}  # pid -> its environment (None: unreadable), read once
+        self._device: dict[int, RankDevice] = {}  # pid -> the GPU its environment gives it, once GPUs are known
+        self._namespace = procs.pid_namespace()  # ddptop in a PID namespace of its own: NVML's pids are not ours
+        self._nvml_listed = False  # NVML has listed a process
+        self._nvml_pid_here = False  # ... and one of them was a process here
+        self._nvml_absent: set[int] = set()  # NVML pids that were no process here
         self._status_sent = False
         self._lost_reported: set[int] = set()
 
@@ -78,6 +82,36 @@ class Telemetry:
             except psutil.Error:
                 return None
         return p
+
+    def _foreign(self, nvml_pids: dict[int, int]) -> bool:
+        """NVML's pids cannot be ours: ddptop runs in a PID namespace of its own,
+        or NVML has listed processes and none of them was ever a process here."""
+        if self._namespace:
+            return True
+        if nvml_pids:
+            self._nvml_listed = True
+            if not self._nvml_pid_here:
+                if len(self._nvml_absent) > 4096:  # (a long run's host pids: forget the old ones)
+                    self._nvml_absent.clear()
+                for pid in nvml_pids.keys() - self._nvml_absent:
+                    if pid > 0 and psutil.pid_exists(pid):  # (psutil says pid 0 exists)
+                        self._nvml_pid_here = True
+                        break
+                    self._nvml_absent.add(pid)
+        return self._nvml_listed and not self._nvml_pid_here
+
+    def _rank_device(self, r: RankProc, gpus: list[GpuEvent]) -> RankDevice:
+        """The GPU the rank's environment gives it (worked out once per process)."""
+        dev = self._device.get(r.pid)
+        if dev is None:
+            env = self._env.get(r.pid)
+            dev = rank_device(env or {}, r.local_rank, [Gpu(g.index, g.uuid, g.name) for g in gpus],
+                              self.backend.device_index)
+            if env is None:  # unreadable: LOCAL_RANK alone says it
+                dev = replace(dev, sure=False)
+            if gpus:
+                self._device[r.pid] = dev
+        return dev
 
     def tick(self, ranks: list[RankProc], now: float | None = None) -> list[Event]:
         now = time.time() if now is None else now
@@ -119,14 +153,14 @@ class Telemetry:
                         kid_cpu += kp.cpu_percent(None)
                     except psutil.Error:
                         pass
-            if r.pid not in self._env_gpu:
+            if r.pid not in self._env:
                 try:
-                    self._env_gpu[r.pid] = gpu_from_env(p.environ(), r.local_rank)
+                    self._env[r.pid] = p.environ()
                 except psutil.Error:
-                    self._env_gpu[r.pid] = r.local_rank
+                    self._env[r.pid] = None
             stats[r.rank] = (r, cpu, rss, status, threads, len(kids), kid_cpu)
         # forget processes that are gone
-        for cache in (self._procs, self._child_procs):
+        for cache in (self._procs, self._child_procs, self._env, self._device):
             for pid in [pid for pid in cache if pid not in live]:
                 del cache[pid]
 
@@ -138,18 +172,25 @@ class Telemetry:
                 rank_gpu[rank] = (s[0].local_rank, "sim")
         else:
             nvml_pids = self.backend.processes() if gpus else {}
+            foreign = self._foreign(nvml_pids)
             known = {g.index for g in gpus}
             for rank, s in stats.items():
                 r = s[0]
                 idx = nvml_pids.get(r.pid)
+                dev = self._rank_device(r, gpus) if idx is None or foreign else None
+                if idx is not None and foreign and dev is not None and dev.sure and dev.index in known and dev.index != idx:
+                    idx = None  # in a namespace, a host pid that is our rank's number by chance: the device wins
                 if idx is not None:
                     rank_gpu[rank] = (idx, "nvml")
+                    continue
+                assert dev is not None
+                if dev.index is None or dev.index not in known:
+                    rank_gpu[rank] = (None, "")  # no GPU here by its environment: no mapping
+                elif not dev.sure:
+                    rank_gpu[rank] = (dev.index, "guess")
                 else:
-                    env_idx = self._env_gpu.get(r.pid)
-                    # NVML lists processes but not ours: pids from another
-                    # namespace (a container) -- the mapping is a guess
-                    how = "guess" if nvml_pids else "env"
-                    rank_gpu[rank] = (env_idx if env_idx in known else None, how)
+                    # NVML's pids cannot be ours: the device is all there is to go by
+                    rank_gpu[rank] = (dev.index, "device" if foreign else "env")
             by_gpu: dict[int, list[int]] = {}
             for rank, (idx, _) in rank_gpu.items():
                 if idx is not None:
@@ -182,10 +223,11 @@ class Telemetry:
 
 
 def _mapping(ranks_on_gpu, rank_gpu) -> str:
+    """A GPU's mapping: its weakest rank's."""
     hows = {rank_gpu[r][1] for r in ranks_on_gpu}
     if not hows:
         return ""
-    for h in ("guess", "env", "nvml"):
+    for h in ("guess", "env", "device", "nvml"):
         if h in hows:
             return h
     return ""

@@ -43,7 +43,8 @@ HELP_TEXT = """\
   [b]?[/b]              this help
   [b]q[/b] / [b]ctrl+c[/b]     quit: detach (job keeps running) or stop the job
 
-Rank table: GPU ("?" = mapping guessed), CPU % of one core, RSS,
+Rank table: GPU ("?" = mapping guessed; in a container, ranks map to
+  GPUs by device: CUDA_VISIBLE_DEVICES / LOCAL_RANK), CPU % of one core, RSS,
   process status, threads, workers (child processes and their CPU %).
 GPU pane: utilisation and its history, memory, power and its history,
   temperature, ranks on it ("r0?" = guessed), memory-bandwidth use,

@@ -19,7 +19,8 @@ from ddptop.ui.fmt import NA, fmt_gib, fmt_pct
 BLOCKS = "▁▂▃▄▅▆▇█"
 UTIL_SPARK = 24  # samples shown in the utilisation sparkline
 POWER_SPARK = 12
-GUESS_NOTE = "rank↔GPU mapping is a guess: NVML pids do not match (container?)"
+GUESS_NOTE = "rank↔GPU mapping is a guess: the ranks' environment leaves their GPU open"
+DEVICE_NOTE = "rank↔GPU by device (CUDA_VISIBLE_DEVICES / LOCAL_RANK → GPU UUID): NVML's pids are the host's"
 SIM_TITLE = "GPUs — SIMULATED (utilisation = rank CPU %)"
 
 GPU_COLUMNS = (  # most important first: narrow terminals cut the right-hand side
@@ -210,10 +211,11 @@ class GpuPane(Vertical):
             t = self.query_one("#gpu-title", Static)
             t.update(Text(title))
             t.set_class(simulated, "-sim")
-        guess = any(g.mapping == "guess" for g in model.gpus.values()) or any(
-            i.proc is not None and i.proc.gpu_mapping == "guess" for i in model.ranks.values())
+        hows = {g.mapping for g in model.gpus.values()} | {
+            i.proc.gpu_mapping for i in model.ranks.values() if i.proc is not None}
         fault = status.fault if status is not None and not model.gpus else ""
-        note = f"✗ {fault}" if fault else f"* {GUESS_NOTE}" if guess else ""
+        note = (f"✗ {fault}" if fault else f"* {GUESS_NOTE}" if "guess" in hows
+                else DEVICE_NOTE if "device" in hows else "")
         if note != self._note:
             self._note = note
             n = self.query_one("#gpu-note", Static)

@@ -26,6 +26,9 @@
  *   gpu 0 membus 5120 2619        (memory bus width in bits, max memory clock in MHz)
  *   gpu 0 fabric 3 0 2            (NVSwitch fabric: nvmlGpuFabricState_t, status, healthMask)
  *   gpu 0 pids 1234 5678          (compute processes on this GPU)
+ *   gpu 0 uuid GPU-8f3c...        (default GPU-00000000-0000-0000-0000-00000000000<i>)
+ *   gpu 0 mig MIG-ab12... MIG-cd34...   (the UUIDs of MIG devices on this GPU: nvmlDeviceGetHandleByUUID
+ *                                 finds them, nvmlDeviceGetDeviceHandleFromMigDeviceHandle their GPU)
  *   gpu 0 unsupported nvmlDeviceGetPowerUsage nvmlDeviceGetTemperature
  *   gpu 0 lost                    (every call on it: NVML_ERROR_GPU_IS_LOST)
  *   gpu 0 xid 79 1                (an Xid critical error event, delivered once per sequence number)
@@ -48,10 +51,11 @@
 #define EXPORT __attribute__((visibility("default")))
 #define MAXGPU 16
 #define MAXPIDS 64
+#define MAXMIG 7
 
 enum {
     SUCCESS = 0, UNINITIALIZED = 1, INVALID_ARGUMENT = 2, NOT_SUPPORTED = 3,
-    INSUFFICIENT_SIZE = 7, TIMEOUT = 10, GPU_IS_LOST = 15, UNKNOWN = 999
+    NOT_FOUND = 6, INSUFFICIENT_SIZE = 7, TIMEOUT = 10, GPU_IS_LOST = 15, UNKNOWN = 999
 };
 
 typedef struct {
@@ -62,9 +66,14 @@ typedef struct {
     int cc_major, cc_minor, lost, npids, xid, xid_seq, registered, fabric, fabric_state, fabric_status;
     unsigned fabric_health;
     unsigned pids[MAXPIDS];
+    char mig[MAXMIG][96];
+    int nmig;
 } dev_t_;
 
 static dev_t_ devs[MAXGPU];
+/* MIG device handles: migs[i][k] is MIG device k of GPU i */
+typedef struct { int parent, k; } mig_t_;
+static mig_t_ migs[MAXGPU][MAXMIG];
 static int ngpus, init_error, initialised, cuda = 12040;
 static int p2p[MAXGPU][MAXGPU][3], level[MAXGPU][MAXGPU];
 static char driver[64] = "550.54.15";
@@ -160,6 +169,14 @@ static int load(void) {
             else if (!strcmp(key, "lost")) d->lost = 1;
             else if (!strcmp(key, "xid")) sscanf(v, "%d %d", &d->xid, &d->xid_seq);
             else if (!strcmp(key, "unsupported")) snprintf(d->unsupported, sizeof d->unsupported, " %s ", v);
+            else if (!strcmp(key, "mig")) {
+                int off = 0, k;
+                d->nmig = 0;
+                while (d->nmig < MAXMIG && sscanf(v + off, "%95s%n", d->mig[d->nmig], &k) == 1) {
+                    d->nmig++;
+                    off += k;
+                }
+            }
             else if (!strcmp(key, "pids")) {
                 char *s = (char *)v, *end;
                 d->npids = 0;
@@ -209,6 +226,7 @@ EXPORT const char *nvmlErrorString(int r) {
     case UNINITIALIZED: return "Uninitialized";
     case NOT_SUPPORTED: return "Not Supported";
     case GPU_IS_LOST: return "GPU is lost";
+    case NOT_FOUND: return "Not Found";
     case 9: return "Driver Not Loaded";
     default: return "Unknown Error";
     }
@@ -241,7 +259,47 @@ EXPORT int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **h) {
 #define D ((dev_t_ *)h)
 
 EXPORT int nvmlDeviceGetName(void *h, char *buf, unsigned len) { DEVCALL(h); snprintf(buf, len, "%s", D->name); return 0; }
-EXPORT int nvmlDeviceGetUUID(void *h, char *buf, unsigned len) { DEVCALL(h); snprintf(buf, len, "%s", D->uuid); return 0; }
+static mig_t_ *as_mig(void *h) {
+    mig_t_ *m = (mig_t_ *)h;
+    return (m >= &migs[0][0] && m < &migs[0][0] + MAXGPU * MAXMIG) ? m : NULL;
+}
+EXPORT int nvmlDeviceGetUUID(void *h, char *buf, unsigned len) {
+    mig_t_ *m = as_mig(h);
+    if (m) { /* a MIG device's own UUID */
+        trace(__func__);
+        if (!initialised) return UNINITIALIZED;
+        snprintf(buf, len, "%s", devs[m->parent].mig[m->k]);
+        return 0;
+    }
+    DEVCALL(h);
+    snprintf(buf, len, "%s", D->uuid);
+    return 0;
+}
+/* NVML takes a whole UUID, a GPU's or a MIG device's (CUDA_VISIBLE_DEVICES also takes a leading part) */
+EXPORT int nvmlDeviceGetHandleByUUID(const char *uuid, void **h) {
+    trace(__func__);
+    if (!initialised) return UNINITIALIZED;
+    load();
+    if (!uuid) return INVALID_ARGUMENT;
+    for (int i = 0; i < ngpus; i++) {
+        if (!strcmp(devs[i].uuid, uuid)) { *h = &devs[i]; return devs[i].lost ? GPU_IS_LOST : SUCCESS; }
+        for (int k = 0; k < devs[i].nmig; k++)
+            if (!strcmp(devs[i].mig[k], uuid)) {
+                migs[i][k].parent = i; migs[i][k].k = k;
+                *h = &migs[i][k];
+                return SUCCESS;
+            }
+    }
+    return NOT_FOUND;
+}
+EXPORT int nvmlDeviceGetDeviceHandleFromMigDeviceHandle(void *mig, void **h) {
+    trace(__func__);
+    if (!initialised) return UNINITIALIZED;
+    mig_t_ *m = as_mig(mig);
+    if (!m) return INVALID_ARGUMENT;
+    *h = &devs[m->parent];
+    return SUCCESS;
+}
 
 typedef struct { unsigned long long total, free, used; } mem_t;
 EXPORT int nvmlDeviceGetMemoryInfo(void *h, mem_t *m) {

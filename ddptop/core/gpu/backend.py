@@ -58,7 +58,15 @@ class GpuBackend(Protocol):
         the GPUs themselves and leaves it)."""
 
     def processes(self) -> dict[int, int]:
-        """pid -> GPU index of the processes the driver sees on a GPU; {} when it cannot say."""
+        """pid -> GPU index of the processes the driver sees on a GPU; {} when it cannot say.
+        The pids are the driver's, the host's: inside a container they name no
+        process of its own (see :func:`ddptop.core.gpu.visible.rank_device`)."""
+
+    def device_index(self, ident: str) -> int | None:
+        """The index of the GPU a CUDA device id names: its UUID as NVML reports
+        it (``GPU-8f3c...``, the ``uuid`` of its ``GpuEvent``), a leading part of
+        one that names one GPU, or a MIG device's id (``MIG-...``: the GPU it is
+        on).  None when it names no GPU here."""
 
     def lost_gpus(self) -> Sequence[int]:
         """The GPUs that fell off the bus since the start, in the order they did."""

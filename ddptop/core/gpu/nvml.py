@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ddptop.core.events import GpuEvent
+from ddptop.core.gpu.visible import match_uuid
 
 if TYPE_CHECKING:
     from ddptop.core.gpu.backend import RankLoad
@@ -133,6 +134,7 @@ class NvmlBackend:
         self._by_handle: dict[int, int] = {}  # _handle_key -> GPU index, for events
         self._alt: dict[str, int] = {}  # field -> which of its _ALTERNATIVES works here
         self._lost: list[int] = []  # GPUs that fell off the bus, in that order
+        self._named: dict[str, int] = {}  # CUDA device id -> GPU index, as device_index found it
 
     # -- start-up -------------------------------------------------------------
 
@@ -327,6 +329,32 @@ class NvmlBackend:
                 for p in self._field(d, name) or ():
                     out.setdefault(p.pid, d.index)
         return out
+
+    def device_index(self, ident: str) -> int | None:
+        """The GPU a CUDA device id names (see the protocol): a GPU's UUID or a
+        leading part of one, matched against the UUIDs read at start; a MIG
+        device's ``MIG-<uuid>`` through NVML (its handle by UUID, then its
+        parent GPU's); the ``MIG-GPU-<uuid>/<gi>/<ci>`` of drivers before R470
+        by the GPU UUID inside it."""
+        if not self.init():
+            return None
+        s = ident.strip()
+        if s in self._named:
+            return self._named[s]
+        uuids = {d.uuid: d.index for d in self.devices if d.uuid}
+        idx: int | None = None
+        if s.upper().startswith("MIG-GPU-"):
+            idx = match_uuid(s[4:].split("/")[0], uuids)
+        elif s.upper().startswith("MIG-"):
+            mig = self._call("nvmlDeviceGetHandleByUUID", s)
+            parent = self._call("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", mig) if mig is not None else None
+            uuid = self._call("nvmlDeviceGetUUID", parent) if parent is not None else None
+            idx = uuids.get(_str(uuid)) if uuid is not None else None
+        else:
+            idx = match_uuid(s, uuids)
+        if idx is not None:  # (a MIG device made later may still be found)
+            self._named[s] = idx
+        return idx
 
     def xid_errors(self) -> list[XidError]:
         """Xid critical errors since the last call (non-blocking)."""

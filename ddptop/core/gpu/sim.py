@@ -69,6 +69,11 @@ class SimBackend:
     def processes(self) -> dict[int, int]:
         return {}
 
+    def device_index(self, ident: str) -> int | None:
+        """A simulated GPU's UUID (``SIM-<local rank>``) names it; nothing else does."""
+        s = ident.strip().upper()
+        return int(s[4:]) if s.startswith("SIM-") and s[4:].isdigit() else None
+
     def lost_gpus(self) -> list[int]:
         return []
 
