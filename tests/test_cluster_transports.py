@@ -303,3 +303,49 @@ def test_logs_only_follows_pods_without_ddptop_and_analyses_them_here(tmp_path, 
     crashes = [e for e in ev if e["kind"] == "alarm" and e["type"] == "crash"]
     assert crashes and 1 in crashes[0]["ranks"], [e for e in ev if e["kind"] == "alarm"]
     assert ev[-1]["kind"] == "state" and ev[-1]["state"] == "ended"
+
+
+@needs_pid_namespaces
+def test_a_cross_pod_hang_names_the_culprit_and_its_pod(tmp_path, cluster):
+    """Two pods of one 2-node job (one rank each, each pod in its own PID namespace, ddptop in each); rank 1,
+    in the second pod, hangs in its data loading.  The merged view raises one stall alarm, naming rank 1 and
+    the second pod's node (worker-0) in its fields."""
+    import json as _json
+    import threading
+
+    from conftest import journal_events
+
+    port = free_port()
+    for i, role in enumerate(("master", "worker")):
+        labels = {**PYTORCHJOB, "training.kubeflow.org/replica-type": role, "training.kubeflow.org/replica-index": "0"}
+        cluster.pod(f"bert-{role}-0", labels, [
+            *ddptop_words(), "--headless", "--gpu", "sim", "torchrun", "--nnodes", "2", "--node-rank", str(i),
+            "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), EXAMPLE,
+            "--steps", "100000", "--step-time", "0.05", "--fault", "hang", "--fault-rank", "1", "--fault-step", "30"],
+            tmp_path / f"runs-{i}")
+    w = subprocess.Popen(ddptop_cmd("--json", "attach", "--k8s", "bert", "--remote-ddptop", REMOTE), cwd=ROOT,
+                         env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    seen: list[dict] = []
+    threading.Thread(target=lambda: seen.extend(_json.loads(ln) for ln in w.stdout if ln.endswith(b"\n")),
+                     daemon=True).start()
+
+    def stalls():
+        return [e for e in seen if e["kind"] == "alarm" and e["type"] == "stall"]
+    try:
+        wait_for(lambda: stalls() or w.poll() is not None, timeout=TIMEOUT, what="the stall alarm")
+        alarm = stalls()[0]
+        assert alarm["culprits"] == [1], alarm
+        assert alarm["node"] == "worker-0", alarm  # the culprit's pod, as the merged view names it
+        assert not [e for e in stalls() if e["node"] == "master-0"]
+    finally:
+        if w.poll() is None:
+            os.killpg(w.pid, signal.SIGKILL)  # (the attachment only: it started nothing)
+        w.wait(timeout=30)
+        cluster.close()  # each pod's ddptop stops its own job
+    # each pod's ranks are gone: a PID namespace whose first process has exited has no process left (the
+    # journal's pids are the pod's own, which mean other processes out here)
+    for pod, rt in cluster.data["k8s"]["runtime"].items():
+        assert not os.path.exists(f"/proc/{rt['pid']}"), f"{pod} still runs"
+    for i in range(2):
+        (run,) = (tmp_path / f"runs-{i}").glob("*/meta.json")
+        assert {e["state"] for e in journal_events(run.parent) if e["kind"] == "state"} & {"stopped", "failed"}
