@@ -33,7 +33,7 @@ def _ppid_map() -> dict[int, int]:
     if fn is not None:
         try:
             return fn()
-        except Exception:
+        except (OSError, psutil.Error):  # /proc refused it: ask process by process
             pass
     return {p.pid: p.info["ppid"] for p in psutil.process_iter(["ppid"])}
 

@@ -354,7 +354,7 @@ def rank_state(threads: Iterable[Thread], source_line: SourceLine | None = None)
     if user is not None and source_line is not None:
         try:
             code = (source_line(user.file, user.line) or "").strip()
-        except Exception:  # the caller's reader failed: just no source
+        except (OSError, ValueError):  # the caller's reader failed (unreadable, undecodable): just no source
             code = ""
     # the call made from the user frame: the frame just inside it, else the call on its source line
     call = frames[user_i - 1].function if user_i else (_call_in(code) if user_i == 0 else "")

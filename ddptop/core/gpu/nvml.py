@@ -502,7 +502,7 @@ class NvmlBackend:
         if self._ready:
             try:
                 self._lib.nvmlShutdown()
-            except Exception:
+            except self._lib.NVMLError:  # the driver went away: nothing left to release
                 pass
             self._ready = False
 
