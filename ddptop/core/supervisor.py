@@ -6,6 +6,11 @@ with SIGKILL) does not touch it, so the job and its journal carry on.
 SIGTERM or SIGINT to the supervisor stops the job: SIGTERM to torchrun and to
 every rank's process group (torchrun starts each rank in its own session),
 then SIGKILL after a grace period, and never a process it did not start.
+
+One module, though over 500 lines: it is one process, the job's owner; its threads
+(the watcher, the flight-recorder capture) and its signal handlers share that
+process's state (the ranks it found, the stop and relaunch requests), and the
+analysis it runs lives in ``ddptop.core.analysis``.
 """
 
 from __future__ import annotations

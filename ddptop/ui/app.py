@@ -20,6 +20,10 @@ Data flow: a thread worker calls ``session.poll()`` and hands events over in a
 list; at most one ``EventsReady`` message is in flight at a time, and the UI
 takes the whole accumulated batch per message.  Each log pane writes a bounded
 number of lines per batch, in one call.
+
+One module, though over 500 lines: it is the app class, the one owner of the
+screen's state and of the key bindings; every part that could stand alone (the
+list above) already does, and what is left here is the wiring between them.
 """
 
 from __future__ import annotations

@@ -24,6 +24,10 @@ which alone reads like a rank working in a loop.  It is read as waiting on
 the GPU when its native frames (``py-spy --native``) come from the CUDA
 runtime, the driver or NCCL, or, without native frames, when its GPU is busy
 (``gpu_busy``: the caller's telemetry) while it sits on that line.
+
+One module, though over 500 lines: it is one pure function of py-spy's output,
+``verdict``; the parser, the frame classification and the per-rank state are its
+steps, and their shapes (``Frame``, ``Thread``, ``RankStack``) change together.
 """
 
 from __future__ import annotations
