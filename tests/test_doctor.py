@@ -585,6 +585,7 @@ def _nvml_here():
     return ok, b.error
 
 
+@pytest.mark.own_pids  # (the CPU budget counts the newest running torchrun's workers: twice, compared)
 def test_real_doctor_on_this_machine(runs_dir):
     t0 = time.monotonic()
     r = run_ddptop("doctor", "--json", timeout=120)
