@@ -29,7 +29,7 @@ class RankProc:
     pid: int
 
 
-def _runnable_ns(pid: int) -> dict[str, int] | None:
+def runnable_ns(pid: int) -> dict[str, int] | None:
     """thread id -> nanoseconds it spent on a CPU plus waiting in a run queue for one (the first
     two fields of ``/proc/PID/task/TID/schedstat``); None where the kernel does not say."""
     try:
@@ -106,7 +106,7 @@ class Telemetry:
         the cores, not its demand); a sleeping rank ~0%.  ``cpu`` (its CPU use) where the kernel
         does not say (no schedstat), and on the first look."""
         now = time.monotonic()
-        threads = _runnable_ns(pid)
+        threads = runnable_ns(pid)
         if threads is None:
             return cpu
         before = self._runnable.get(pid)
