@@ -8,7 +8,8 @@ _beat = {"fd": None, "off": False}
 def beat(step: int) -> None:
     """Tell ddptop this rank reached ``step``.  A no-op outside ddptop.
 
-    Zero dependencies and one ``pwrite`` per call; never raises.
+    Zero dependencies and one ``pwrite`` per call; never raises for an
+    unwritable directory or a step that is not a number (it turns itself off).
     """
     if _beat["off"]:
         return
@@ -25,5 +26,5 @@ def beat(step: int) -> None:
         import time
 
         os.pwrite(_beat["fd"], b"%020d %.6f\n" % (int(step), time.time()), 0)
-    except Exception:
+    except (OSError, TypeError, ValueError, OverflowError):  # unwritable, or not a step number
         _beat["off"] = True

@@ -32,15 +32,23 @@ def no_cuda_outside_tests_gpu(request, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
 
 
+@pytest.fixture(autouse=True)
+def own_port_and_state(monkeypatch, tmp_path_factory):
+    """What tests running side by side (``pytest -n``) would otherwise share: each test's torchrun
+    gets a rendezvous port of its own (torchrun reads --master-port from PET_MASTER_PORT), so jobs
+    never meet on 29500; and ddptop's state directory (the default runs directory, where
+    ``latest`` is looked up) is the test's own, never ~/.local/state.  A test that sets either
+    itself (the ``runs_dir`` fixture, an explicit --master-port) wins."""
+    from helpers import free_port
+
+    monkeypatch.setenv("PET_MASTER_PORT", str(free_port()))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+
+
 @pytest.fixture
 def runs_dir(tmp_path, monkeypatch):
     d = tmp_path / "runs"
     monkeypatch.setenv("DDPTOP_RUNS_DIR", str(d))
-    # each test's torchrun gets a rendezvous port of its own (torchrun reads --master-port from
-    # PET_MASTER_PORT), so jobs of tests running side by side never meet on 29500
-    from helpers import free_port
-
-    monkeypatch.setenv("PET_MASTER_PORT", str(free_port()))
     yield d
     # a test that failed midway must not leave its job running: stop it through
     # its supervisor, and check that no rank survives
@@ -161,5 +169,63 @@ def _tier(path: Path) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
+    import os
+
+    skip = None
+    if _in_xdist_worker(config) and not os.environ.get("DDPTOP_TEST_PIDNS"):
+        skip = pytest.mark.skip(reason="own_pids: under -n this test needs its worker's own PID namespace, which "
+                                       "`unshare --pid` refused here; run `python3 -m pytest -m own_pids` (no -n)")
     for item in items:
         item.add_marker(getattr(pytest.mark, _tier(Path(item.path))))
+        if skip is not None and item.get_closest_marker("own_pids"):
+            item.add_marker(skip)
+
+
+# -- pytest -n: each worker in a PID namespace of its own ---------------------------------------------
+# Tests that look for torchrun processes (`ddptop attach` with no target, the doctor's CPU budget) must
+# find their own job only, never another worker's. Each xdist worker runs as the child of a small init
+# (tests/pidns_init.py) in a PID namespace of its own, with its own /proc: it sees its tests' processes
+# only, and whatever its tests leave running dies with it. Tests run one at a time in a worker, so a
+# test sees its own jobs. Where namespaces are refused (not root, no unshare), the `own_pids` tests are
+# skipped under -n, saying how to run them.
+_PIDNS = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
+_pidns_ok: bool | None = None
+
+
+def _may_make_pid_namespaces() -> bool:
+    global _pidns_ok
+    if _pidns_ok is None:
+        import shutil
+
+        try:
+            _pidns_ok = bool(shutil.which("unshare")) and subprocess.run(
+                [*_PIDNS, "true"], capture_output=True, timeout=30).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            _pidns_ok = False
+    return _pidns_ok
+
+
+def _in_xdist_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_configure(config):
+    import os
+
+    tx = getattr(config.option, "tx", None) or []
+    if _in_xdist_worker(config) or not tx or any(spec != "popen" for spec in tx):
+        return  # not pytest -n N (or a hand-made --tx: left as it is)
+    if _may_make_pid_namespaces():
+        init = ROOT / "tests" / "pidns_init.py"
+        os.environ["DDPTOP_TEST_PIDNS"] = "1"  # the workers inherit it: they are in their own
+        config.option.tx = [f"popen//python={' '.join(_PIDNS)} {sys.executable} {init} {sys.executable}"] * len(tx)
+        config._ddptop_pidns = True
+
+
+def pytest_report_header(config):
+    tx = getattr(config.option, "tx", None) or []
+    if tx and not _in_xdist_worker(config):
+        how = ("each in a PID namespace of its own" if getattr(config, "_ddptop_pidns", False) else
+               "without PID namespaces (refused here): the own_pids tests are skipped")
+        return f"xdist workers: {len(tx)}, {how}"
+    return None

@@ -207,7 +207,10 @@ def test_many_lines_are_bounded(tmp_path):
     async def go():
         app = make_app(Session.open(run_dir), poll_interval=0.02)
         async with app.run_test(size=SIZE) as pilot:
-            await wait_until(pilot, lambda: "rank0 step 2" in log_text(app, "merged"), what="first lines")
+            # the first frame painted: from now on a pane renders what is new (before it, a screenful, then whole);
+            # a slow first frame (a loaded machine) would otherwise turn the burst's tick below into a re-render
+            await wait_until(pilot, lambda: app.logs.first_frame_done and "rank0 step 2" in log_text(app, "merged"),
+                             what="first lines, and the first frame painted")
             now = time.time()
             app.ingest([logs(now, 0, *(f"flood {i}" for i in range(50_000))),
                         logs(now, 0, "bad \x00\x07 control \x1b[999;;m chars " + "x" * 100_000)])

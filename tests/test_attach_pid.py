@@ -305,6 +305,7 @@ def test_ui_refuses_to_stop_or_relaunch_a_foreign_job(procs, tmp_path):
 # -- real torchrun jobs ---------------------------------------------------------------
 
 
+@pytest.mark.own_pids  # (attach with no target: the only torchrun not launched by ddptop)
 def test_attach_by_pid_follows_the_job_to_its_end(procs, tmp_path):
     job = start_job(procs, tmp_path, "--steps", "40", "--step-time", "0.1")
     ranks = wait_ranks(procs, job)

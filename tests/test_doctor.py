@@ -1,6 +1,7 @@
 """`ddptop doctor`: every row against fixture data (a fake NVML, fake sysfs trees,
 fake statvfs / rlimits, env dicts), the exit code, --json, and a real run here."""
 
+import importlib.metadata
 import json
 import os
 import resource
@@ -123,7 +124,7 @@ class FakeMetadata:
 
     def version(self, name):
         if name not in self.versions:
-            raise LookupError(name)
+            raise importlib.metadata.PackageNotFoundError(name)
         return self.versions[name]
 
     def distribution(self, name):
@@ -584,6 +585,7 @@ def _nvml_here():
     return ok, b.error
 
 
+@pytest.mark.own_pids  # (the CPU budget counts the newest running torchrun's workers: twice, compared)
 def test_real_doctor_on_this_machine(runs_dir):
     t0 = time.monotonic()
     r = run_ddptop("doctor", "--json", timeout=120)

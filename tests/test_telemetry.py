@@ -319,13 +319,17 @@ def test_proc_stats_of_real_processes_busy_and_sleeping():
 
         def busy_seen():
             # each tick's CPU % is over the time since the last one: on a loaded
-            # machine the busy process may take a while to get half a core
+            # machine the busy process may take a while to get half a core, and the
+            # idle one's start-up (on a CPU or waiting for one) may still be in the
+            # interval its simulated GPU reads
             ev = tel.tick(ranks)
             procs = {e.rank: e for e in ev if isinstance(e, ProcEvent)}
             gpus = gpus_of(ev)
-            return (procs[0].cpu or 0) > 50 and (gpus[0].util or 0) > 50 and (procs, gpus)
+            return ((procs[0].cpu or 0) > 50 and (gpus[0].util or 0) > 50 and procs[1].cpu is not None
+                    and procs[1].cpu < 10 and gpus[1].util is not None and gpus[1].util < 10 and (procs, gpus))
 
-        procs, gpus = wait_for(busy_seen, timeout=60, interval=1.0, what="the busy process at over 50% CPU")
+        procs, gpus = wait_for(busy_seen, timeout=60, interval=1.0,
+                               what="the busy process at over 50% CPU, the sleeping one under 10%")
         assert procs[0].cpu > 50 and procs[1].cpu < 10
         assert procs[0].rss > 1_000_000 and procs[0].threads >= 1 and procs[0].status in ("running", "sleeping")
         assert procs[1].status == "sleeping"

@@ -199,7 +199,7 @@ def _allreduce_rank(rank: int, n: int, backend: str, nbytes: int, port: int, q) 
         q.join_thread()  # the result is with the parent before a crash in the teardown could lose it
         done = True
         dist.destroy_process_group()
-    except BaseException as e:  # reported, never a silent hang of the parent
+    except BaseException as e:  # noqa: BLE001 - the worker process's boundary: reported, never a silent hang of the parent
         if not done:
             q.put({"rank": rank, "error": f"{type(e).__name__}: {e}"})
 

@@ -29,7 +29,7 @@ def _ddptop_install():
         try:
             with open(os.path.join(beat_dir, f"note.{rank}"), "a") as f:
                 f.write(msg + "\n")
-        except Exception:
+        except OSError:  # the journal is gone or full: nowhere left to say it
             pass
 
     def on_step(optimizer, args, kwargs):
@@ -40,14 +40,14 @@ def _ddptop_install():
             if state["fd"] is None:
                 state["fd"] = os.open(os.path.join(beat_dir, f"hook.{rank}"), os.O_WRONLY | os.O_CREAT, 0o600)
             os.pwrite(state["fd"], b"%020d %.6f\n" % (state["n"], time.time()), 0)
-        except Exception as e:  # never break the training loop
+        except Exception as e:  # noqa: BLE001 - the user's process: never break the training loop; noted
             state["off"] = True
             note(f"step hook disabled on rank {rank}: {e!r}")
 
     def register(module):
         try:
             module.register_optimizer_step_post_hook(on_step)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - torch's internals in the user's process; noted
             note(f"step hook not installed on rank {rank}: {e!r}")
 
     batches = {"fd": None, "n": 0, "last": 0.0, "phase": b"train", "off": False}
@@ -59,7 +59,7 @@ def _ddptop_install():
             if batches["fd"] is None:
                 batches["fd"] = os.open(os.path.join(beat_dir, f"batch.{rank}"), os.O_WRONLY | os.O_CREAT, 0o600)
             os.pwrite(batches["fd"], b"%020d %.6f %-5s\n" % (batches["n"], now, batches["phase"]), 0)
-        except Exception as e:  # never break the training loop
+        except Exception as e:  # noqa: BLE001 - the user's process: never break the training loop; noted
             batches["off"] = True
             note(f"batch hook disabled on rank {rank}: {e!r}")
 
@@ -99,7 +99,7 @@ def _ddptop_install():
                 return item
 
             cls.__next__ = __next__
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - torch's internals in the user's process; noted
             note(f"batch hook not installed on rank {rank}: {e!r}")
 
     def patch_module(module):
@@ -123,7 +123,7 @@ def _ddptop_install():
                         set_phase(b"train" if mode else b"eval")
 
             cls.train = train
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - torch's internals in the user's process; noted
             note(f"phase hook not installed on rank {rank}: {e!r}")
 
     def patch_save(module):
@@ -141,7 +141,7 @@ def _ddptop_install():
 
             save.__doc__, save.__name__, save.__wrapped__ = real_save.__doc__, "save", real_save
             module.save = save
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - torch's internals in the user's process; noted
             note(f"save hook not installed on rank {rank}: {e!r}")
 
     force_backend = os.environ.get("DDPTOP_PG_BACKEND")
@@ -180,13 +180,13 @@ def _ddptop_install():
                         v = torch.cuda.nccl.version()
                         v = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
                         note(f"process group on {backend}: NCCL version {v}")
-                except Exception:
-                    pass
+                except Exception as e:  # noqa: BLE001 - inside the user's init_process_group: noted, never raised
+                    note(f"which NCCL the process group uses is unknown on rank {rank}: {e!r}")
                 return out
 
             c10d.init_process_group = init_process_group
             module.init_process_group = init_process_group
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - torch's internals in the user's process; noted
             note(f"init_process_group override failed on rank {rank}: {e!r}")
 
     fr_dir = os.environ.get("DDPTOP_FR_DIR")
@@ -223,12 +223,12 @@ def _ddptop_install():
                     with open(tmp, "wb") as f:
                         f.write(data)
                     os.replace(tmp, os.path.join(fr_dir, f"rank_{rank}"))
-                except Exception as e:
+                except Exception as e:  # noqa: BLE001 - this thread's boundary in the user's process; noted
                     note(f"flight recorder dump failed on rank {rank}: {e!r}")
 
         try:
             threading.Thread(target=loop, name="ddptop-flight", daemon=True).start()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - torch's internals in the user's process; noted
             note(f"flight recorder dumps not available on rank {rank}: {e!r}")
 
     hooks = {"torch.optim.optimizer": [register], "torch.utils.data.dataloader": [patch_loader],
@@ -265,8 +265,8 @@ def _ddptop_install():
 
 try:
     _ddptop_install()
-except Exception:
-    pass
+except Exception as e:  # noqa: BLE001 - Python's start-up in the user's process: said on stderr, never raised
+    sys.stderr.write(f"ddptop: step hooks not installed: {e!r}\n")
 
 
 def _ddptop_chain():
@@ -282,8 +282,8 @@ def _ddptop_chain():
     except ImportError:
         if mod is not None:
             sys.modules["sitecustomize"] = mod
-    except Exception:
-        pass
+    except Exception as e:  # noqa: BLE001 - the user's own sitecustomize: said as Python's site.py says it
+        sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(e).__name__}: {e}\n")
     finally:
         sys.path[:] = saved
 

@@ -126,7 +126,7 @@ def main(argv: list[str]) -> int:
                 send(_command(session, raw))
             try:
                 events = session.poll()
-            except Exception as e:  # a bug, not bad data (the session skips that): say it, never loop on it
+            except Exception as e:  # noqa: BLE001 - the agent process's loop: a bug, not bad data (the session skips that); said, never looped on
                 send({"kind": "error", "message": f"{journal.hostname()}: reading the run failed: "
                                                   f"{type(e).__name__}: {e}"})
                 return 1
@@ -178,5 +178,5 @@ def _command(session, raw: bytes) -> dict:
         else:
             return wire.reply(name, False, f"unknown command {name!r}")
         return wire.reply(name, r.ok, r.message, r.refused)
-    except Exception as e:  # a bad profile name, a journal error: answer, never die
+    except Exception as e:  # noqa: BLE001 - every command is answered (a bad profile name, a journal error), never the agent's death
         return wire.reply(name, False, str(e))

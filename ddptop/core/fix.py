@@ -19,6 +19,7 @@ from pathlib import Path
 from ddptop.core import journal
 from ddptop.core.events import AlarmEvent
 from ddptop.core.job_state import JobState
+from ddptop.core.launcher import LaunchError
 from ddptop.core.profiles import Profile, load_all
 from ddptop.core.session import Session
 
@@ -46,7 +47,7 @@ def smoke(cmd: list[str], profiles: list[Profile], run_dir: Path, *, steps: int,
     t0 = time.time()
     try:
         s = Session.launch(cmd, run_dir, gpu=gpu, on_stall="kill", stall_after=stall_after, profiles=profiles)
-    except Exception as e:
+    except (LaunchError, journal.JournalError, OSError) as e:  # nothing was started: this attempt's outcome
         a.outcome, a.detail = "error", str(e)
         return a
     model = JobState()
@@ -101,7 +102,7 @@ def _nproc(cmd: list[str]) -> int | None:
     try:
         v = parse_torchrun_args(cmd[1:]).values.get("--nproc-per-node")
         return int(v) if v else None
-    except Exception:
+    except (LaunchError, ValueError):  # not a torchrun command line, or "--nproc-per-node gpu"
         return None
 
 

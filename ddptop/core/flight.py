@@ -29,6 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PREFIX = "rank_"
+# what reading a damaged or foreign dump raises: the file, its JSON, or the unpickler on bytes that are not a
+# pickle of plain data (truncated: EOFError; garbage opcodes: UnpicklingError, or the others the pickle docs name)
+DUMP_ERRORS = (OSError, ValueError, EOFError, pickle.UnpicklingError, TypeError, KeyError, IndexError,
+               OverflowError, RecursionError)
 
 
 class _PlainData(pickle.Unpickler):
@@ -62,7 +66,7 @@ def load_dir(d: Path) -> tuple[dict[int, dict], list[str]]:
             continue
         try:
             dumps[int(m.group(1))] = load_dump(Path(d) / name)
-        except Exception as e:
+        except DUMP_ERRORS as e:
             problems.append(f"{name}: unreadable ({type(e).__name__}: {e})")
     return dumps, problems
 

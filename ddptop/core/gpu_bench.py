@@ -198,17 +198,15 @@ def link_rates(facts: dict) -> LinkRates:
 
 
 def _link_rates() -> LinkRates:
-    """The link rates of this machine's GPUs (empty without a driver)."""
-    try:
-        from ddptop.core.gpu.nvml import NvmlBackend
+    """The link rates of this machine's GPUs (empty without a driver: the
+    backend answers every NVML failure itself, as ``doctor`` relies on too)."""
+    from ddptop.core.gpu.nvml import NvmlBackend
 
-        b = NvmlBackend()
-        try:
-            return link_rates(b.links())
-        finally:
-            b.shutdown()
-    except Exception:
-        return LinkRates()
+    b = NvmlBackend()
+    try:
+        return link_rates(b.links())
+    finally:
+        b.shutdown()
 
 
 def run(sizes: list[int] | None = None, timeout: float = 60.0, ranks: int | None = None,

@@ -6,6 +6,11 @@ with SIGKILL) does not touch it, so the job and its journal carry on.
 SIGTERM or SIGINT to the supervisor stops the job: SIGTERM to torchrun and to
 every rank's process group (torchrun starts each rank in its own session),
 then SIGKILL after a grace period, and never a process it did not start.
+
+One module, though over 500 lines: it is one process, the job's owner; its threads
+(the watcher, the flight-recorder capture) and its signal handlers share that
+process's state (the ranks it found, the stop and relaunch requests), and the
+analysis it runs lives in ``ddptop.core.analysis``.
 """
 
 from __future__ import annotations
@@ -93,7 +98,7 @@ class Watcher(threading.Thread):
             pipe = Pipeline(node=sup.meta.host, stall_after=sup.meta.stall_after,
                             on_alarm=sup.notify, on_stall=sup.on_stall, sampler=sup.samples.request,
                             ras=sup.ras, ras_always="NCCL_RAS_ADDR" in os.environ)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the detection thread's start: said, and the job runs on unwatched
             sup.emit(NoteEvent(time.time(), "warning", f"detection disabled: {e!r}"))
             return
         while True:
@@ -106,7 +111,7 @@ class Watcher(threading.Thread):
                 pipe.ask_ras()
             try:
                 alarms = pipe.process(session.poll())
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - the detection thread's tick: said, and the next one comes
                 sup.emit(NoteEvent(time.time(), "warning", f"detection tick failed: {e!r}"))
                 alarms = []
             if alarms:
@@ -351,13 +356,13 @@ class Supervisor:
             names, reason = self.relaunch_request, self.relaunch_reason
             self.relaunch_request = None
             try:
-                from ddptop.core.launcher import plan_launch
-                from ddptop.core.profiles import resolve
+                from ddptop.core.launcher import LaunchError, plan_launch
+                from ddptop.core.profiles import ProfileError, resolve
 
                 plan = plan_launch(self.user_command, self.run_dir, cwd=self.meta.cwd,
                                    inject=self.meta.inject, profiles=resolve(names),
                                    ras_addr=first_env.get("NCCL_RAS_ADDR"))
-            except Exception as e:
+            except (LaunchError, ProfileError, OSError) as e:  # an unknown profile, a command it cannot apply to
                 self.emit(NoteEvent(time.time(), "error", f"relaunch with {names} impossible: {e}"))
                 break
             command, env_set, env_unset = plan.command, plan.env_set, plan.env_unset
@@ -455,7 +460,7 @@ class Supervisor:
             if dumps:
                 out, said = flight.run_torchfrtrace(d)
                 self.emit(NoteEvent(time.time(), "info", said + (f" (full output: {out})" if out else "")))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the ddptop-flight thread's boundary: said, and the job goes on
             self.emit(NoteEvent(time.time(), "warning", f"flight recorder capture failed: {e!r}"))
         finally:
             self._flight_busy.release()
@@ -537,7 +542,7 @@ class Supervisor:
                     pid, info = current[r]
                     self.emit(RankEvent(time.time(), pid=pid, alive=False, exit_code=code,
                                         **{k: v for k, v in info.items() if k != "ended"}))
-        except Exception as e:  # never let this take the job's end down
+        except OSError as e:  # torchrun's log is unreadable: the job's end is recorded all the same
             self.emit(NoteEvent(time.time(), "warning", f"could not read the ranks' exit codes: {e!r}"))
 
     def _ranks_running(self) -> bool:

@@ -18,6 +18,7 @@ field per GPU.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -39,12 +40,30 @@ class RankProc:
     pid: int
 
 
+def runnable_ns(pid: int) -> dict[str, int] | None:
+    """thread id -> nanoseconds it spent on a CPU plus waiting in a run queue for one (the first
+    two fields of ``/proc/PID/task/TID/schedstat``); None where the kernel does not say."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    out = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                run, wait = f.read().split()[:2]
+            out[tid] = int(run) + int(wait)
+        except (OSError, ValueError):  # a thread gone since the listing; no schedstat here
+            continue
+    return out or None
+
+
 def _ppid_map() -> dict[int, int]:
     fn = getattr(psutil, "_ppid_map", None)
     if fn is not None:
         try:
             return fn()
-        except Exception:
+        except (OSError, psutil.Error):  # /proc refused it: ask process by process
             pass
     return {p.pid: p.info["ppid"] for p in psutil.process_iter(["ppid"])}
 
@@ -72,6 +91,7 @@ class Telemetry:
         self._nvml_absent: set[int] = set()  # NVML pids that were no process here
         self._status_sent = False
         self._lost_reported: set[int] = set()
+        self._runnable: dict[int, tuple[float, dict[str, int]]] = {}  # pid -> (when, thread -> run+wait ns)
 
     def _proc(self, pid: int, cache: dict) -> psutil.Process | None:
         p = cache.get(pid)
@@ -112,6 +132,23 @@ class Telemetry:
             if gpus:
                 self._device[r.pid] = dev
         return dev
+
+    def _busy(self, pid: int, cpu: float) -> float:
+        """How busy a rank wants to be, in %: the share of the last interval its threads were
+        runnable (on a CPU, or waiting in a run queue for one).  A rank spinning in a collective
+        reads ~100% even where other processes share its cores (its CPU use there is its share of
+        the cores, not its demand); a sleeping rank ~0%.  ``cpu`` (its CPU use) where the kernel
+        does not say (no schedstat), and on the first look."""
+        now = time.monotonic()
+        threads = runnable_ns(pid)
+        if threads is None:
+            return cpu
+        before = self._runnable.get(pid)
+        self._runnable[pid] = (now, threads)
+        if before is None or now <= before[0]:
+            return cpu
+        ns = sum(max(0, v - before[1].get(tid, 0)) for tid, v in threads.items())
+        return max(0.0, min(100.0, 100.0 * ns / ((now - before[0]) * 1e9)))
 
     def tick(self, ranks: list[RankProc], now: float | None = None) -> list[Event]:
         now = time.time() if now is None else now
@@ -166,7 +203,13 @@ class Telemetry:
 
         # map ranks to GPUs
         rank_gpu: dict[int, tuple[int | None, str]] = {}
-        gpus = self.backend.sample(now, {s[0].local_rank: (rank, s[1], s[2]) for rank, s in stats.items()})
+        if self.backend.simulated:  # a simulated GPU is as busy as its rank wants to be (see _busy)
+            for pid in [pid for pid in self._runnable if pid not in live]:
+                del self._runnable[pid]
+            load = {s[0].local_rank: (rank, self._busy(s[0].pid, s[1]), s[2]) for rank, s in stats.items()}
+        else:
+            load = {s[0].local_rank: (rank, s[1], s[2]) for rank, s in stats.items()}
+        gpus = self.backend.sample(now, load)
         if self.backend.simulated:
             for rank, s in stats.items():
                 rank_gpu[rank] = (s[0].local_rank, "sim")

@@ -63,7 +63,7 @@ class FileWaker:
             if not watched:
                 raise FileNotFoundError(f"none of {', '.join(self.paths)} exists")
             self._notify = RustNotify(watched, False, False, 50, True, True)
-        except Exception as e:
+        except (ImportError, OSError, RuntimeError) as e:  # no watchfiles; no inotify (limits: RuntimeError)
             self._fall_back(f"file events are not available here ({type(e).__name__}: {e})")
 
     @property
@@ -187,6 +187,6 @@ class FileWaker:
         if self._notify is not None:
             try:
                 self._notify.close()
-            except Exception:
+            except (OSError, RuntimeError):  # already closed by watchfiles
                 pass
             self._notify = None

@@ -20,6 +20,10 @@ Data flow: a thread worker calls ``session.poll()`` and hands events over in a
 list; at most one ``EventsReady`` message is in flight at a time, and the UI
 takes the whole accumulated batch per message.  Each log pane writes a bounded
 number of lines per batch, in one call.
+
+One module, though over 500 lines: it is the app class, the one owner of the
+screen's state and of the key bindings; every part that could stand alone (the
+list above) already does, and what is left here is the wiring between them.
 """
 
 from __future__ import annotations
@@ -221,15 +225,12 @@ class DdptopApp(App[str]):
         try:
             self.logs.render_active()
             self._refresh_table()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a UI callback must not take the monitor down: said once
             self._ui_error("the screen in this theme", e)
 
     def _update_palette(self) -> None:
-        try:
-            th = self.current_theme
-            self.logs.palette = [c for c in (th.primary, th.accent, th.success, th.secondary, th.warning) if c]
-        except Exception:
-            self.logs.palette = []
+        th = self.current_theme  # (textual falls back to its default theme: never raises)
+        self.logs.palette = [c for c in (th.primary, th.accent, th.success, th.secondary, th.warning) if c]
 
     # -- polling (thread) -----------------------------------------------------
 
@@ -242,7 +243,7 @@ class DdptopApp(App[str]):
         while not worker.is_cancelled:
             try:
                 events = session.poll()
-            except Exception as e:  # keep the UI alive; say what happened
+            except Exception as e:  # noqa: BLE001 - the poll thread's boundary: the UI stays alive and says what happened
                 self.post_message(PollFailed(f"{type(e).__name__}: {e}"))
                 time.sleep(max(self.poll_interval, 1.0))
                 continue
@@ -282,7 +283,7 @@ class DdptopApp(App[str]):
         """Apply one batch of events (also usable directly from tests)."""
         try:
             self.model.apply(events)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a UI callback must not take the monitor down: said in the log
             self._add_line(Line(-1, "note", f"could not apply events: {e}", "bold"))
         new_ranks = False
         for ev in events:
@@ -308,7 +309,7 @@ class DdptopApp(App[str]):
                     if said is not None:
                         style = "bold" if isinstance(ev, StateEvent) else _STYLE.get(said.level, "dim")
                         self._add_line(Line(-1, "note", said.line(), style))
-            except Exception as e:  # one bad event must not take the monitor down
+            except Exception as e:  # noqa: BLE001 - one bad event must not take the monitor down; said in the log
                 self._add_line(Line(-1, "note", f"could not show an event: {e}", "dim"))
         if any(isinstance(ev, LogBatch) and ev.rank is None for ev in events):
             self.logs.ensure("torchrun")
@@ -405,13 +406,13 @@ class DdptopApp(App[str]):
                 self.bell()
         try:
             self.query_one("#alarms", AlarmBox).show(self.model)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a UI callback must not take the monitor down: said once
             self._ui_error("the alarm box", e)
 
     def _refresh_gpus(self) -> None:
         try:
             self.query_one("#gpu-pane", GpuPane).show(self.model, self.current_theme)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a UI callback must not take the monitor down: said once
             if not self._gpu_error_shown:
                 self._gpu_error_shown = True
                 self._add_line(Line(-1, "note", f"could not show GPUs: {e}", "dim"))
@@ -422,7 +423,7 @@ class DdptopApp(App[str]):
             ui = HeaderState(self._run_label(), started=meta.started if meta is not None else None,
                              relaunching=self._relaunching, stopping=self._stopping, filter=self.logs.filter)
             self.query_one("#header", HeaderBar).show(self.model, ui, time.time())
-        except Exception as e:  # the header keeps its last text; say why, once
+        except Exception as e:  # noqa: BLE001 - a UI callback: the header keeps its last text; said once
             self._ui_error("the header", e)
 
     def _ui_error(self, where: str, e: Exception) -> None:
@@ -503,7 +504,7 @@ class DdptopApp(App[str]):
             panel = self.query_one("#envpanel", Static)
             if panel.has_class("-on"):
                 panel.update(Content.from_markup(env_markup(self.model)))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a UI callback must not take the monitor down: said once
             self._ui_error("the launch panel", e)
 
     def action_toggle_env(self) -> None:
@@ -527,10 +528,10 @@ class DdptopApp(App[str]):
             self.notify(f"a relaunch ({self._relaunching}) is on its way", timeout=3)
             return
         try:
-            from ddptop.core.profiles import load_all
+            from ddptop.core.profiles import ProfileError, load_all
 
             profiles = load_all()
-        except Exception as e:
+        except (ProfileError, OSError) as e:  # a broken or unreadable profiles file
             self.notify(f"could not read the profiles: {e}", severity="error")
             return
         choices = picker_choices(self.model, profiles)
@@ -556,7 +557,7 @@ class DdptopApp(App[str]):
             import shlex
 
             cmd_s = shlex.join(cmd)
-        except Exception:
+        except TypeError:  # a damaged meta.json with arguments that are not strings
             cmd_s = " ".join(map(str, cmd))
         flags = "".join(f"--profile {n} " for n in names)
         return f"the job has ended: re-run `ddptop {flags}{cmd_s}`"
@@ -622,7 +623,7 @@ class DdptopApp(App[str]):
         try:
             r = self.session.dump_stacks()
             ok, msg = r.ok, r.message
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the stacks worker thread's boundary: said in a notification
             ok, msg = False, f"stack capture failed: {type(e).__name__}: {e}"
         self.call_from_thread(self._stacks_done, ok, msg)
 
@@ -637,7 +638,7 @@ class DdptopApp(App[str]):
         try:
             r = self.session.relaunch(names, reason)
             ok, err, why = r.ok, None, r.message
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the relaunch worker thread's boundary: said in the log
             ok, err, why = False, f"{type(e).__name__}: {e}", ""
         self.call_from_thread(self._relaunch_done, names, ok, err, why)
 

@@ -184,11 +184,12 @@ class LogPanes:
             if pane.live_changed or full:
                 pane.live_changed = False
                 self._render_live(pane, live)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a pane's render: one bad frame must not take the monitor down; said in the pane
+            said = f"could not render lines: {type(e).__name__}: {e}"
             try:
-                log.write(Text(f"<could not render lines: {e}>", style="dim"))
-            except Exception:
-                pass
+                log.write(Text(f"<{said}>", style="dim"))
+            except Exception:  # noqa: BLE001 - the pane itself is broken: said in a notification instead
+                self.app.notify(said, severity="error")
 
     def _render_live(self, pane: PaneBuffer, live: Static) -> None:
         needle = self.filter.lower()

@@ -134,17 +134,17 @@ class RankTable(DataTable):
                     if wider:
                         self._col_width[col] = len(sval)
                     self.update_cell(key, col, val, update_width=wider)
-            except Exception as e:  # this row keeps its last values; say why, once
+            except Exception as e:  # noqa: BLE001 - a UI refresh: this row keeps its last values; said once
                 on_error(f"rank {r}'s row", e)
         if added:
             try:
                 self.sort("rank")
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - a UI refresh must not take the monitor down; said once
                 on_error("the rank table's order", e)
         if culprits and culprits != self._shown_culprits and str(min(culprits)) in self.rows:
             # a new odd one out: bring its row into view (64 ranks do not fit on the screen)
             try:
                 self.move_cursor(row=self.get_row_index(str(min(culprits))), scroll=True)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - a UI refresh must not take the monitor down; said once
                 on_error("the odd rank's row", e)
         self._shown_culprits = culprits

@@ -113,7 +113,7 @@ class DoctorScreen(ModalScreen[None]):
         try:
             rows = run_checks()
             err = None
-        except Exception as e:  # a broken check must not take the monitor down
+        except Exception as e:  # noqa: BLE001 - the doctor worker thread: a broken check must not take the monitor down; shown
             rows, err = [], f"{type(e).__name__}: {e}"
         self.app.call_from_thread(self._show, rows, summary(rows) if rows else None, err)
 
@@ -204,7 +204,7 @@ class BenchScreen(ModalScreen[None]):
         try:
             rep = run(self.sizes, self.timeout, progress=lambda row: self.app.call_from_thread(self._add, row))
             self.app.call_from_thread(self._done, rep.device, None, rep.links)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the bench worker thread's boundary: the error is shown
             self.app.call_from_thread(self._done, "", f"{type(e).__name__}: {e}")
 
     def _add(self, r) -> None:

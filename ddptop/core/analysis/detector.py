@@ -12,6 +12,10 @@ checkpoint line) counts as life and holds the alarm off.  The job is stalled
 when every rank that reports progress is stalled; then the stall is classified
 with telemetry (hot: GPUs busy with no progress, the NCCL hang signature;
 idle; CPU-bound) and the odd rank out is named, with the evidence.
+
+One module, though over 500 lines: it is one decision, made by one class over one
+per-rank state (the learned interval, the silence, the classification of the stall
+and the odd rank out all read the same state at the same tick).
 """
 
 from __future__ import annotations

@@ -24,6 +24,10 @@ which alone reads like a rank working in a loop.  It is read as waiting on
 the GPU when its native frames (``py-spy --native``) come from the CUDA
 runtime, the driver or NCCL, or, without native frames, when its GPU is busy
 (``gpu_busy``: the caller's telemetry) while it sits on that line.
+
+One module, though over 500 lines: it is one pure function of py-spy's output,
+``verdict``; the parser, the frame classification and the per-rank state are its
+steps, and their shapes (``Frame``, ``Thread``, ``RankStack``) change together.
 """
 
 from __future__ import annotations
@@ -354,7 +358,7 @@ def rank_state(threads: Iterable[Thread], source_line: SourceLine | None = None)
     if user is not None and source_line is not None:
         try:
             code = (source_line(user.file, user.line) or "").strip()
-        except Exception:  # the caller's reader failed: just no source
+        except (OSError, ValueError):  # the caller's reader failed (unreadable, undecodable): just no source
             code = ""
     # the call made from the user frame: the frame just inside it, else the call on its source line
     call = frames[user_i - 1].function if user_i else (_call_in(code) if user_i == 0 else "")

@@ -94,11 +94,11 @@ def run_checks(*, workers: int | None = None, master_port: int = 29500, root: Pa
     job = running_job_workers() if workers is None else None
     rows.append(check_cpu(cores, n_gpus, workers, job))
     ifaces: list[str] | str
-    try:
-        import psutil
+    import psutil
 
+    try:
         ifaces = sorted(psutil.net_if_addrs())
-    except Exception as e:  # not an empty list: "matches no interface" would be a false FAIL
+    except (OSError, psutil.Error) as e:  # not an empty list: "matches no interface" would be a false FAIL
         ifaces = f"{type(e).__name__}: {e}"
     rows += [check_infiniband(ib), check_nccl_net(env, ifaces, ib), check_master_port(master_port)]
     needed = {k for p in problems if p.id in kp.data.get("worked_around", []) for k in p.workaround_env}

@@ -106,9 +106,9 @@ def check_nccl_net(env: dict[str, str], ifaces: list[str] | str, ib: dict[str, l
 
 
 def port_owner(port: int) -> str | None:
-    try:
-        import psutil
+    import psutil
 
+    try:
         for c in psutil.net_connections(kind="tcp"):
             if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN:
                 if c.pid:
@@ -117,7 +117,7 @@ def port_owner(port: int) -> str | None:
                     except psutil.Error:
                         return f"pid {c.pid}"
                 return "another process"
-    except Exception:  # AccessDenied on some systems
+    except (OSError, psutil.Error):  # AccessDenied on some systems
         return None
     return None
 

@@ -38,7 +38,7 @@ class Packages:
 def _dist_version(name: str, metadata) -> str | None:
     try:
         return metadata.version(name)
-    except Exception:  # PackageNotFoundError, or broken metadata
+    except (ImportError, OSError, ValueError):  # PackageNotFoundError (an ImportError), or unreadable metadata
         return None
 
 
@@ -59,7 +59,7 @@ def read_packages(metadata=None, probe: Callable[[], dict] | None = None) -> Pac
             p.torch_cuda, p.torch_cuda_from = ("cpu" if local == "cpu" else local), f"torch version suffix +{local}"
     try:
         requires = (metadata.distribution("torch").requires or []) if p.torch else []
-    except Exception:
+    except (ImportError, OSError, ValueError):  # as in _dist_version
         requires = []
     for req in requires:
         m = re.match(r"\s*(nvidia-cuda-runtime-cu\d+)\s*==\s*([\d.]+)", req)

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 __all__ = ["GpuBackend", "RankLoad"]
 
-# a rank on this node, as the simulator makes a GPU of it: (global rank, CPU %, RSS bytes)
+# a rank on this node, as the simulator makes a GPU of it: (global rank, busy %, RSS bytes); busy: the share of
+# the last interval the rank was runnable (on a CPU or waiting for one), else its CPU use
 RankLoad = tuple[int, Optional[float], Optional[int]]
 
 

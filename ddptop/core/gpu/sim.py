@@ -1,8 +1,10 @@
 """A simulated GPU per local rank, for machines without one (demo, tests).
 
-Its "utilisation" is the rank process's CPU use, so a rank spinning in a
-collective reads ~100% (as an NCCL kernel spinning on a GPU would) and a
-sleeping rank reads ~0%.  Every sample says ``simulated=True`` and every
+Its "utilisation" is how busy the rank process wants to be: the share of the
+last interval it was runnable (on a CPU or waiting for one; its CPU use where
+the kernel does not say), so a rank spinning in a collective reads ~100% (as an
+NCCL kernel spinning on its own GPU would), even where other processes share
+its cores, and a sleeping rank reads ~0%.  Every sample says ``simulated=True`` and every
 front end labels it SIMULATED.
 """
 
@@ -35,14 +37,14 @@ class SimBackend:
         self.driver: str | None = None
 
     def status(self) -> tuple[str, str]:
-        return "sim", "SIMULATED GPUs: one per local rank, utilisation = that rank's CPU use"
+        return "sim", "SIMULATED GPUs: one per local rank, utilisation = that rank's CPU demand"
 
     def gpu_count(self) -> int:
         """0: a simulated GPU is made per rank as it is sampled, none is found up front."""
         return 0
 
     def sample(self, now: float | None = None, ranks: Mapping[int, RankLoad] | None = None) -> list[GpuEvent]:
-        """A GPU per local rank in ``ranks`` (local rank -> (global rank, cpu %, rss bytes))."""
+        """A GPU per local rank in ``ranks`` (local rank -> (global rank, busy %, rss bytes))."""
         now = time.time() if now is None else now
         out = []
         for local_rank, (rank, cpu, rss) in sorted((ranks or {}).items()):

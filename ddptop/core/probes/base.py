@@ -85,7 +85,7 @@ class Job:
     def _guarded(self, *args: Any) -> None:
         try:
             self._run(*args)
-        except Exception as e:  # the thread's boundary: said, never lost, and the watching goes on
+        except Exception as e:  # noqa: BLE001 - the thread's boundary: said, never lost, and the watching goes on
             self.emit(self._failed(e, *args))
         finally:
             self._release()
@@ -134,7 +134,7 @@ class Loop:
     def _guarded(self) -> None:
         try:
             self._loop()
-        except Exception as e:  # the thread's boundary: said, never lost, and the watching goes on
+        except Exception as e:  # noqa: BLE001 - the thread's boundary: said, never lost, and the watching goes on
             self.emit(self._failed(e))
 
     def _loop(self) -> None:

@@ -41,11 +41,11 @@ class TelemetryLoop(Loop):
                 t0 = time.monotonic()
                 try:
                     self.emit(tel.tick(self.ranks()))
-                except Exception as e:  # one tick's boundary: a failed tick is said, and the next one comes
+                except Exception as e:  # noqa: BLE001 - one tick of the thread's loop: a failed tick is said, and the next one comes
                     self.emit([NoteEvent(time.time(), "warning", f"telemetry tick failed: {e!r}")])
                 self._stopped.wait(max(0.05, self.interval - (time.monotonic() - t0)))
         finally:
             try:
                 tel.backend.shutdown()
-            except Exception as e:  # (the thread's end: the samples are already out)
+            except Exception as e:  # noqa: BLE001 - the thread's end: said (the samples are already out)
                 self.emit([NoteEvent(time.time(), "warning", f"telemetry shutdown failed: {e!r}")])

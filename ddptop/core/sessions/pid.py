@@ -27,6 +27,12 @@ not start it, so it sends it no signal at all), and report an exit code
 
 Finding torchrun processes and reading their options is
 :mod:`ddptop.core.torchrun`'s.
+
+One module, though over 500 lines: it is one session implementation (the
+``JobSession`` protocol for a job seen from outside), and its parts (the target's
+ranks, the files their output goes to, where to read each from) exist only to
+feed its ``poll()``; process discovery and option parsing live in
+``ddptop.core.torchrun``.
 """
 
 from __future__ import annotations

@@ -445,5 +445,5 @@ def _meta(d):
         return None
     try:
         return journal.Meta.from_dict(d)
-    except Exception:
+    except TypeError:  # a field missing (a newer or damaged agent's meta)
         return None
