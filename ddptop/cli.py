@@ -479,22 +479,20 @@ def _main(argv: list[str] | None = None) -> int:
         except FileNotFoundError as e:
             return _err(str(e))
     if os.path.basename(cmd[0]) == "torchrun":
-        from ddptop.core import journal
-        from ddptop.core.launcher import LaunchError
+        from ddptop.core.factory import OpenError, open_launch
         from ddptop.core.profiles import ProfileError, resolve
-        from ddptop.core.session import Session
 
         try:
             profiles = resolve(args.profile)
         except ProfileError as e:
             return _err(str(e))
         try:
-            session = Session.launch(cmd, args.run_dir, gpu=args.gpu, sample_interval=args.sample_interval,
-                                     stall_after=args.stall_after, on_stall=args.on_stall,
-                                     inject=not args.no_inject,
-                                     notify_cmd=shlex.split(args.notify_cmd) if args.notify_cmd else None,
-                                     profiles=profiles, max_relaunches=args.max_relaunches)
-        except (LaunchError, journal.JournalError) as e:
+            session = open_launch(cmd, args.run_dir, gpu=args.gpu, sample_interval=args.sample_interval,
+                                  stall_after=args.stall_after, on_stall=args.on_stall,
+                                  inject=not args.no_inject,
+                                  notify_cmd=shlex.split(args.notify_cmd) if args.notify_cmd else None,
+                                  profiles=profiles, max_relaunches=args.max_relaunches).session
+        except OpenError as e:
             return _err(str(e))
         if not (args.headless or args.json):
             print(f"ddptop: run {session.location}", file=sys.stderr)

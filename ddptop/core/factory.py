@@ -63,6 +63,20 @@ def parse_pid_ref(ref: str) -> int | None:
     return None
 
 
+def open_launch(cmd: list[str], run_dir: str | None = None, **launch_options: object) -> Opened:
+    """A job ddptop launches now (``torchrun ...``): its supervisor started, its
+    run journal opened.  ``launch_options``: those of ``Session.launch``
+    (gpu, profiles, on_stall ...)."""
+    from ddptop.core import journal
+    from ddptop.core.launcher import LaunchError
+    from ddptop.core.session import Session
+
+    try:
+        return Opened(Session.launch(cmd, Path(run_dir) if run_dir else None, **launch_options))
+    except (LaunchError, journal.JournalError) as e:
+        raise OpenError(str(e)) from None
+
+
 def open_local(ref: str = "", *, pid: int | None = None, options: WatchOptions = WatchOptions(),
                resume: dict[str, int] | None = None) -> Opened:
     """A job on this machine: a run id, a run directory, ``latest``, ``pid:N``,
