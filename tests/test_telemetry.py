@@ -1,5 +1,7 @@
 """NVML layer against a fake pynvml; psutil and the simulator on real processes."""
 
+import pytest
+
 import os
 import subprocess
 import sys
@@ -15,6 +17,19 @@ from ddptop.core.gpu.sim import SimBackend
 from ddptop.core import procs as procs_mod
 from ddptop.core.gpu.visible import Gpu, cuda_ids, match_uuid, rank_device
 from ddptop.core.telemetry import RankProc, Telemetry
+
+
+
+@pytest.fixture(autouse=True)
+def _on_the_host(monkeypatch):
+    """ddptop as on a host (not in a PID namespace), whatever the test runs in (an xdist worker runs in a PID
+    namespace of its own); the tests about namespaces say otherwise themselves."""
+    from ddptop.core import procs as procs_mod
+
+    monkeypatch.setattr(procs_mod, "pid_namespace", lambda proc="/proc": False)
+
+
+_REAL_PID_NAMESPACE = procs_mod.pid_namespace
 
 
 def gpus_of(events):
@@ -301,12 +316,12 @@ def test_pid_namespace_from_proc(tmp_path):
             os.symlink(ns, d / "self" / "ns" / "pid")
         return str(d)
 
-    assert procs_mod.pid_namespace(fake_proc("4486", "pid:[4026531836]")) is False  # the kernel's first
-    assert procs_mod.pid_namespace(fake_proc("1", "pid:[4026532179]")) is True  # a container's: NSpid is 1
-    assert procs_mod.pid_namespace(fake_proc("83412\t7", "pid:[4026531836]")) is True  # seen from outside
-    assert procs_mod.pid_namespace(fake_proc("7", None)) is None
-    assert procs_mod.pid_namespace(str(tmp_path / "none")) is None
-    assert procs_mod.pid_namespace() in (True, False)  # this machine's /proc says one or the other
+    assert _REAL_PID_NAMESPACE(fake_proc("4486", "pid:[4026531836]")) is False  # the kernel's first
+    assert _REAL_PID_NAMESPACE(fake_proc("1", "pid:[4026532179]")) is True  # a container's: NSpid is 1
+    assert _REAL_PID_NAMESPACE(fake_proc("83412\t7", "pid:[4026531836]")) is True  # seen from outside
+    assert _REAL_PID_NAMESPACE(fake_proc("7", None)) is None
+    assert _REAL_PID_NAMESPACE(str(tmp_path / "none")) is None
+    assert _REAL_PID_NAMESPACE() in (True, False)  # this machine's /proc says one or the other
 
 
 def test_proc_stats_of_real_processes_busy_and_sleeping():
