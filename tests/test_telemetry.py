@@ -5,9 +5,10 @@ import subprocess
 import sys
 
 import pynvml
+import pytest
 
 import fake_nvml
-from helpers import wait_for
+from helpers import favour, wait_for
 from ddptop.core.events import AlarmEvent, GpuEvent, GpuStatusEvent, ProcEvent
 from ddptop.core.gpu.nvml import NvmlBackend
 from ddptop.core.gpu.sim import SimBackend
@@ -107,8 +108,10 @@ def test_gpu_from_env():
     assert gpu_from_env({"CUDA_VISIBLE_DEVICES": "GPU-abc"}, 0) is None
 
 
+@pytest.mark.serial  # a busy loop's CPU use over 50% of a core: not with other workers' jobs on the cores
 def test_proc_stats_of_real_processes_busy_and_sleeping():
     busy = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<120: pass"])
+    favour(busy.pid)
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         tel = Telemetry(SimBackend("n"), "n")
