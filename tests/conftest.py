@@ -179,6 +179,13 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(getattr(pytest.mark, _tier(Path(item.path))))
         if skip is not None and item.get_closest_marker("own_pids"):
             item.add_marker(skip)
+    if _in_xdist_worker(config):
+        # a test that measures a process's share of the CPU needs the cores without other workers'
+        # jobs on them: left to the pass of its own that follows (`pytest -m serial`, no -n)
+        serial = [item for item in items if item.get_closest_marker("serial")]
+        if serial:
+            config.hook.pytest_deselected(items=serial)
+            items[:] = [item for item in items if not item.get_closest_marker("serial")]
 
 
 # -- pytest -n: each worker in a PID namespace of its own ---------------------------------------------
@@ -227,5 +234,6 @@ def pytest_report_header(config):
     if tx and not _in_xdist_worker(config):
         how = ("each in a PID namespace of its own" if getattr(config, "_ddptop_pidns", False) else
                "without PID namespaces (refused here): the own_pids tests are skipped")
-        return f"xdist workers: {len(tx)}, {how}"
+        return (f"xdist workers: {len(tx)}, {how}; the serial tests are left out "
+                "(then: python3 -m pytest -q -m serial)")
     return None

@@ -8,9 +8,10 @@ import sys
 
 import psutil
 import pynvml
+import pytest
 
 import fake_nvml
-from helpers import wait_for
+from helpers import favour, wait_for
 from ddptop.core.events import AlarmEvent, GpuEvent, GpuStatusEvent, ProcEvent
 from ddptop.core.gpu.nvml import NvmlBackend
 from ddptop.core.gpu.sim import SimBackend
@@ -324,8 +325,10 @@ def test_pid_namespace_from_proc(tmp_path):
     assert _REAL_PID_NAMESPACE() in (True, False)  # this machine's /proc says one or the other
 
 
+@pytest.mark.serial  # a busy loop's CPU use over 50% of a core: not with other workers' jobs on the cores
 def test_proc_stats_of_real_processes_busy_and_sleeping():
     busy = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<120: pass"])
+    favour(busy.pid)
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         tel = Telemetry(SimBackend("n"), "n")
