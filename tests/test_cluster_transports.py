@@ -16,6 +16,7 @@ import pytest
 from conftest import EXAMPLE, ROOT, TIMEOUT, ddptop_cmd, json_events, rank_started, wait_for, write_run
 from fake_cluster import BIN, FakeCluster, ddptop_words, unshare_works
 from helpers import free_port, per_line
+from test_attach_ssh import drain
 
 from ddptop.core import k8s
 from ddptop.core.session import Session
@@ -247,24 +248,15 @@ def test_dropped_links_lose_and_duplicate_no_line(tmp_path, cluster, request, mo
     drops = 0
     evs: list = []
 
-    def until(cond, what):
-        got: list = []
-
-        def done():
-            got.extend(rs.poll())
-            return cond(got)
-        wait_for(done, TIMEOUT, interval=0.05, what=lambda: f"{what}; last events: {got[-5:]}")
-        return got
-
     try:
-        evs += until(lambda es: rs.link == "up" and any(e.kind == "logs" and e.rank is not None for e in es),
-                     "the first rank line")
+        evs += drain(rs, lambda es: rs.link == "up" and any(e.kind == "logs" and e.rank is not None for e in es),
+                     what="the first rank line")
         while not rs.finished:
             time.sleep(0.6)
             evs += rs.poll()
             if not rs.finished and rs.link == "up":
                 drops += drop()
-        evs += until(lambda es: rs.finished, "the end")
+        evs += drain(rs, lambda es: rs.finished, what="the end")
     finally:
         rs.close()
         if job is not None:

@@ -31,7 +31,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 
-from ddptop.core.sessions.transports import _K8S_CONTEXT, _K8S_NAME, checked
+from ddptop.core.sessions.transports import _K8S_NAME, checked, kubectl_base as base
 
 _SELECTOR = re.compile(r"[A-Za-z0-9_./-]+(?:(?:=|==|!=)[A-Za-z0-9_.-]*)?(?:,[A-Za-z0-9_./-]+(?:(?:=|==|!=)[A-Za-z0-9_.-]*)?)*")
 
@@ -65,14 +65,6 @@ def selector_ok(selector: str) -> str:
     if not _SELECTOR.fullmatch(selector) or selector.startswith("-"):
         raise K8sError(f"label selector {selector!r} is not one kubectl takes (key=value[,key=value]): refused")
     return selector
-
-
-def base(kubectl: tuple[str, ...] = ("kubectl",), namespace: str = "", context: str = "") -> list[str]:
-    if namespace:
-        checked(namespace, _K8S_NAME, "namespace")
-    if context:
-        checked(context, _K8S_CONTEXT, "context")
-    return [*kubectl, *(["--context", context] if context else []), *(["--namespace", namespace] if namespace else [])]
 
 
 def get_pods(selector: str, *, kubectl: tuple[str, ...] = ("kubectl",), namespace: str = "", context: str = "",

@@ -145,6 +145,15 @@ class Srun:
         return f"Install it where the job's nodes can run it: {hint}"
 
 
+def kubectl_base(kubectl: tuple[str, ...] = ("kubectl",), namespace: str = "", context: str = "") -> list[str]:
+    """kubectl with the person's context and namespace (both checked: never an option)."""
+    if namespace:
+        checked(namespace, _K8S_NAME, "namespace")
+    if context:
+        checked(context, _K8S_CONTEXT, "context")
+    return [*kubectl, *(["--context", context] if context else []), *(["--namespace", namespace] if namespace else [])]
+
+
 @dataclass(frozen=True)
 class Kubectl:
     """A command in a pod's container (``kubectl exec``), with the person's
@@ -170,8 +179,7 @@ class Kubectl:
 
     def base(self) -> list[str]:
         """kubectl with the person's context and namespace."""
-        return [*self.kubectl, *(["--context", self.context] if self.context else []),
-                *(["--namespace", self.namespace] if self.namespace else [])]
+        return kubectl_base(self.kubectl, self.namespace, self.context)
 
     def argv(self, words: list[str]) -> list[str]:
         pod = self.pod
