@@ -249,6 +249,9 @@ def cmd_attach(rest: list[str], args) -> int:
                          "without ddptop: no GPU pane, no stacks)")
     ap.add_argument("-c", "--container", metavar="NAME", default="",
                     help="the training container (default: pytorch, node or trainer, else the pod's first)")
+    ap.add_argument("--restart-wait", metavar="S", type=float, default=None,
+                    help="with --k8s/-l: how long a pod whose run failed is waited for to start its next attempt "
+                         "when the cluster does not say one is coming (default 120)")
     ap.add_argument("--ssh", metavar="CMD", help="ssh command line (default: ssh, or $DDPTOP_SSH)")
     ap.add_argument("--remote-ddptop", metavar="CMD",
                     help="ddptop on the remote nodes (default: ddptop, or $DDPTOP_REMOTE)")
@@ -278,9 +281,13 @@ def cmd_attach(rest: list[str], args) -> int:
     if a.via != "auto" and not a.slurm:
         return _err("--via chooses how to reach a --slurm job's nodes")
     k8s_req = K8sRequest(name=a.k8s or "", selector=a.selector or "", namespace=a.namespace, context=a.context,
-                         container=a.container, logs_only=a.logs_only) if (a.k8s or a.selector) else None
-    if k8s_req is None and (a.namespace or a.context or a.container or a.logs_only):
-        return _err("-n, --context, -c and --logs-only go with --k8s NAME or -l SELECTOR")
+                         container=a.container, logs_only=a.logs_only,
+                         **({"restart_wait": a.restart_wait} if a.restart_wait is not None else {})
+                         ) if (a.k8s or a.selector) else None
+    if k8s_req is None and (a.namespace or a.context or a.container or a.logs_only or a.restart_wait is not None):
+        return _err("-n, --context, -c, --logs-only and --restart-wait go with --k8s NAME or -l SELECTOR")
+    if a.restart_wait is not None and not 0 <= a.restart_wait <= 86400:
+        return _err(f"--restart-wait {a.restart_wait:g}: seconds, from 0 to 86400")
     req = AttachRequest(targets=tuple(a.targets), pid=a.pid, run=a.run, hosts=tuple(hosts),
                         ssh=tuple(shlex.split(a.ssh)) if a.ssh else None, remote_cmd=a.remote_ddptop,
                         options=WatchOptions(gpu=args.gpu, stall_after=args.stall_after,

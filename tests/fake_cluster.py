@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from helpers import wait_for
@@ -67,28 +69,68 @@ class FakeCluster:
 
     def pod(self, name: str, labels: dict[str, str], cmd: list[str], runs: Path, *, container: str = "pytorch",
             namespace: str = "default", has_ddptop: bool = True, env: dict | None = None,
-            annotations: dict | None = None, restarts: int = 0) -> subprocess.Popen:
-        """A running pod whose container runs ``cmd`` in its own PID namespace (its output is the pod's log)."""
-        log = self.root / f"{name}.log"
+            annotations: dict | None = None, restarts: int = 0, restart_policy: str = "OnFailure") -> subprocess.Popen:
+        """A running pod whose container runs ``cmd`` in its own PID namespace (its output is the pod's log).
+        The container's state is the process's (the kubectl stand-in reads it): running while it lives, then
+        terminated with its exit code, and the pod's phase as ``restart_policy`` makes it (the kubelet's
+        restart itself is ``restart``)."""
         pod_env = {"DDPTOP_RUNS_DIR": str(runs), **(env or {})}
-        with open(log, "wb") as out:
-            p = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--", *cmd], stdout=out,
-                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                 env={**os.environ, **pod_env}, cwd=Path(__file__).parent.parent)
-        self._pods.append(p)
-        init = wait_for(lambda: _child(p.pid), timeout=30, what=f"pod {name}'s first process")
         self.data["k8s"]["pods"].append({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations or {},
-                         "uid": f"uid-{name}"},
+                         "uid": f"uid-{name}-{len(self.data['k8s']['pods'])}"},
             "spec": {"containers": [{"name": container, "image": "trainer:latest"},
-                                    {"name": "sidecar", "image": "proxy:1"}], "nodeName": "kind-worker"},
+                                    {"name": "sidecar", "image": "proxy:1"}], "nodeName": "kind-worker",
+                     "restartPolicy": restart_policy},
             "status": {"phase": "Running", "podIP": "10.244.0.7",
                        "containerStatuses": [{"name": container, "ready": True, "restartCount": restarts},
                                              {"name": "sidecar", "ready": True, "restartCount": 0}]}})
-        self.data["k8s"]["runtime"][name] = {"pid": init, "env": pod_env, "has_ddptop": has_ddptop, "log": str(log)}
+        self.data["k8s"]["runtime"][name] = {"env": pod_env, "has_ddptop": has_ddptop, "container": container,
+                                             "log": str(self.root / f"{name}.log"), "runs": str(runs), "cmd": cmd,
+                                             "exit": str(self.root / f"{name}.exit")}
+        return self._start(name)
+
+    def _start(self, name: str) -> subprocess.Popen:
+        """The pod's container process (again, after a restart)."""
+        rt = self.data["k8s"]["runtime"][name]
+        Path(rt["exit"]).unlink(missing_ok=True)
+        with open(rt["log"], "ab") as out:
+            p = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--", *rt["cmd"]], stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True,
+                                 env={**os.environ, **rt["env"]}, cwd=Path(__file__).parent.parent)
+        self._pods.append(p)
+        rt["pid"] = wait_for(lambda: _child(p.pid), timeout=30, what=f"pod {name}'s first process")
         self.save()
+
+        def runtime():  # (as a container runtime: the container's exit code, once it ends; 128+N for signal N)
+            code = p.wait()
+            Path(rt["exit"]).write_text(str(code if code >= 0 else 128 - code))
+        threading.Thread(target=runtime, daemon=True).start()
         return p
+
+    def _pod(self, name: str) -> dict:
+        return next(p for p in self.data["k8s"]["pods"] if p["metadata"]["name"] == name)
+
+    def restart(self, name: str, *, keep_runs: bool, cmd: list[str] | None = None, oom: bool = False) -> None:
+        """The kubelet restarts the pod's container (after it ended, or killing it first: ``oom``, as the
+        kernel's OOM killer would).  ``keep_runs``: ddptop's runs directory outlives the container (an emptyDir
+        or a volume), else it went with the container's own filesystem."""
+        rt = self.data["k8s"]["runtime"][name]
+        if oom and os.path.exists(f"/proc/{rt['pid']}"):
+            rt["oom"] = True
+            self.save()
+            os.killpg(os.getpgid(rt["pid"]), signal.SIGKILL)
+        wait_for(lambda: os.path.exists(rt["exit"]), timeout=60, what=f"pod {name}'s container to end")
+        code = int(Path(rt["exit"]).read_text())
+        st = next(c for c in self._pod(name)["status"]["containerStatuses"] if c["name"] == rt["container"])
+        st["restartCount"] += 1
+        st["lastState"] = {"terminated": {"exitCode": code, "reason": "OOMKilled" if rt.pop("oom", False) else
+                                          "Completed" if code == 0 else "Error"}}
+        if not keep_runs:
+            shutil.rmtree(rt["runs"], ignore_errors=True)
+        if cmd is not None:
+            rt["cmd"] = cmd
+        self._start(name)
 
     def drop_links(self) -> int:
         """Cut every live link an srun or kubectl stand-in carries (as a network drop would): how many."""

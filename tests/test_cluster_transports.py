@@ -341,3 +341,107 @@ def test_a_cross_pod_hang_names_the_culprit_and_its_pod(tmp_path, cluster):
     for i in range(2):
         (run,) = (tmp_path / f"runs-{i}").glob("*/meta.json")
         assert {e["state"] for e in journal_events(run.parent) if e["kind"] == "state"} & {"stopped", "failed"}
+
+
+# ---- a pod that restarts is a new attempt of its node -------------------------------------------------------
+
+def _pod(phase="Running", state=None, last=None, restarts=0, policy="OnFailure", uid="u1", deleting=False):
+    st = {"name": "pytorch", "restartCount": restarts, **({"state": state} if state else {}),
+          **({"lastState": last} if last else {})}
+    return k8s.describe({"metadata": {"name": "bert-worker-0", "uid": uid, "labels": {
+        **PYTORCHJOB, "training.kubeflow.org/replica-type": "worker", "training.kubeflow.org/replica-index": "0"},
+        **({"deletionTimestamp": "2026-11-26T05:00:00Z"} if deleting else {})},
+        "spec": {"containers": [{"name": "pytorch"}], "restartPolicy": policy},
+        "status": {"phase": phase, "containerStatuses": [st]}})
+
+
+def test_the_cluster_says_whether_a_node_gets_another_attempt():
+    """What `kubectl get pods -o json` says of a node whose run ended, read the kubelet's way."""
+    running = {"running": {"startedAt": "2026-11-26T05:00:00Z"}}
+    oom = {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}
+    before = _pod(state=running)
+    assert k8s.outlook(_pod(state=running), before).kind == "same"
+    # OnFailure, crashed: the kubelet backs off, then restarts it; the attempt's end is lastState
+    look = k8s.outlook(_pod(state={"waiting": {"reason": "CrashLoopBackOff"}}, last=oom), before)
+    assert (look.kind, look.exit_code, look.reason) == ("restarting", 137, "OOMKilled"), look
+    assert "CrashLoopBackOff" in look.message
+    look = k8s.outlook(_pod(state=running, last=oom, restarts=1), before)
+    assert (look.kind, look.exit_code) == ("restarting", 137) and "restart 1" in look.message
+    # a recreated pod (another uid) is the same node's next attempt
+    assert k8s.outlook(_pod(uid="u2", phase="Pending"), before).kind == "restarting"
+    # the pod completed: no next attempt
+    done = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+    assert (k8s.outlook(_pod("Succeeded", done), before).kind, k8s.outlook(_pod("Succeeded", done), before).exit_code) \
+        == ("ended", 0)
+    # failed for good (Never): only the job's controller may make another pod
+    look = k8s.outlook(_pod("Failed", {"terminated": {"exitCode": 1, "reason": "Error"}}, policy="Never"), before)
+    assert (look.kind, look.exit_code) == ("unsure", 1) and "Never" in look.message
+    assert k8s.outlook(None, before).kind == "unsure"
+    assert k8s.outlook(_pod(state=running, deleting=True), before).kind == "unsure"
+
+
+def _restart_job(steps: int, *fault) -> list[str]:
+    return [*ddptop_words(), "--headless", "--gpu", "sim", "torchrun", "--nproc-per-node", "1", EXAMPLE,
+            "--steps", str(steps), "--step-time", "0.02", *fault]
+
+
+@needs_pid_namespaces
+@pytest.mark.parametrize("how", ["failed", "oom-killed"])
+def test_a_restarted_container_is_the_next_attempt_of_its_node(tmp_path, cluster, how):
+    """A PyTorchJob's master pod (restartPolicy OnFailure), whose container the kubelet restarts; ddptop in it
+    begins a new run, which succeeds.  The attachment follows the node through it: attempt 0's lines and its
+    end, a new attempt of the same node (not a new node), attempt 1's lines, and the job's success at the end.
+
+    ``failed``: the first run fails at step 15 on its own, and ddptop's runs directory outlives the container
+    (an emptyDir): attempt 0's end is read from its journal, and the view says it waits while the container is
+    in CrashLoopBackOff.  ``oom-killed``: the container is killed mid-run as the OOM killer would, and the runs
+    directory went with it: the cluster's word (OOMKilled, exit code 137) is attempt 0's end."""
+    import json as _json
+    import threading
+
+    labels = {**PYTORCHJOB, "training.kubeflow.org/replica-type": "master", "training.kubeflow.org/replica-index": "0"}
+    env = {"PET_MASTER_PORT": str(free_port())}
+    fault = ("--fault", "die", "--fault-rank", "0", "--fault-step", "15") if how == "failed" else ()
+    cluster.pod("bert-master-0", labels, _restart_job(2000, *fault), tmp_path / "runs", env=env)
+    wait_for(lambda: any((tmp_path / "runs").glob("*/meta.json")), what="the first run")
+    w = subprocess.Popen(ddptop_cmd("--json", "attach", "--k8s", "bert", "--remote-ddptop", REMOTE, "--restart-wait",
+                                    "60"), cwd=ROOT, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True)
+    seen: list[dict] = []
+    threading.Thread(target=lambda: seen.extend(_json.loads(ln) for ln in w.stdout if ln.endswith(b"\n")),
+                     daemon=True).start()
+    try:
+        if how == "failed":
+            # the container ended; the kubelet has not restarted it yet: the view says it waits for it
+            wait_for(lambda: any(e["kind"] == "link" and "CrashLoopBackOff" in e.get("message", "") for e in seen)
+                     or w.poll() is not None, timeout=TIMEOUT, what="the view to wait for the restart")
+        else:
+            wait_for(lambda: any(e["kind"] == "log" and e["text"].startswith("step 5 ") for e in seen)
+                     or w.poll() is not None, timeout=TIMEOUT, what="step 5")
+        assert w.poll() is None, w.stderr.read().decode()[-3000:]
+        cluster.restart("bert-master-0", keep_runs=how == "failed", oom=how == "oom-killed", cmd=_restart_job(30))
+        w.wait(timeout=TIMEOUT)
+    finally:
+        if w.poll() is None:
+            os.killpg(w.pid, signal.SIGKILL)  # (the attachment only: it started nothing)
+            w.wait(timeout=30)
+    err = w.stderr.read().decode()
+    assert w.returncode == 0, err[-3000:]
+    ev = list(seen)
+    restarts = [i for i, e in enumerate(ev) if e["kind"] == "launch" and e.get("node_restart")]
+    assert len(restarts) == 1, [e for e in ev if e["kind"] == "launch"]
+    launch = ev[restarts[0]]
+    assert launch["node"] == "master-0" and launch["node_restart"] == 1
+    logs = [(i, e["text"]) for i, e in enumerate(ev) if e["kind"] == "log" and e["node"] == "master-0"]
+    first = [t for i, t in logs if i < restarts[0] and t.startswith("step ")]
+    second = [t for i, t in logs if i > restarts[0] and t.startswith("step ")]
+    assert first and not any(t.startswith("step 30 ") for t in first), first[-3:]
+    assert any(t.startswith("step 30 ") for t in second), second[-3:]
+    assert {e["node"] for e in ev if e["kind"] == "log"} == {"master-0"}  # one node, two attempts
+    ended = [e["message"] for e in ev if e["kind"] == "note" and "attempt 0 " in e["message"]]
+    if how == "failed":
+        assert ended and "master-0: attempt 0 failed, exit code 1" in ended[0], ended
+    else:
+        assert ended and "master-0: attempt 0 failed, exit code 137" in ended[0], ended
+        assert "as the cluster tells it" in ended[0] and "OOMKilled" in ended[0] and "memory limit" in ended[0]
+    assert ev[-1]["kind"] == "state" and ev[-1]["state"] == "succeeded", ev[-1]

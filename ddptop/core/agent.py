@@ -72,6 +72,9 @@ def main(argv: list[str]) -> int:
                         "which ddptop did not launch")
     p.add_argument("--gpu", default="auto", help="telemetry for a job ddptop did not launch (auto|sim|none)")
     p.add_argument("--resume", default="", help="a cursor from an earlier connection (opaque)")
+    p.add_argument("--after", type=float, default=None, metavar="T",
+                   help="instead of --run: the first run begun after time T (this node's clock), the next attempt "
+                        "of a node whose container restarted; none yet: the error code not-yet")
     p.add_argument("--interval", type=float, default=INTERVAL)
     args = p.parse_args(argv)
 
@@ -87,12 +90,22 @@ def main(argv: list[str]) -> int:
 
     hello = wire.hello(host=journal.hostname(), ddptop=__version__, pid=os.getpid(), t=time.time(),
                        versions=software_versions())
+    ref = args.run
+    if args.after is not None:
+        nxt = journal.first_run_after(args.after)
+        if nxt is None:
+            send({**hello, "run": None})
+            send({"kind": "error", "code": "not-yet", "message": f"{journal.hostname()}: no run has begun here after "
+                  f"{time.strftime('%H:%M:%S', time.localtime(args.after))} (under {journal.runs_home()})"})
+            return 3
+        ref = str(nxt)
     try:
         resume = decode_cursor(args.resume) if args.resume else None
-        session = open_local(args.run, options=WatchOptions(gpu=args.gpu), resume=resume).session
+        session = open_local(ref, options=WatchOptions(gpu=args.gpu), resume=resume).session
     except (OpenError, ValueError) as e:
         send({**hello, "run": None})
-        send({"kind": "error", "message": f"{journal.hostname()}: {e}"})
+        send({"kind": "error", "message": f"{journal.hostname()}: {e}",
+              **({"code": e.code} if isinstance(e, OpenError) and e.code else {})})
         return 2
     loc = session.location
     if isinstance(loc, AttachedPid):

@@ -57,6 +57,8 @@ def describe(ev: Event, *, nodes: bool = False) -> Said | None:
             what = exit_words(ev.exit_code)
         return Said(f"rank {ev.rank} (local {ev.local_rank}, pid {ev.pid}, attempt {ev.attempt}) {what}")
     if isinstance(ev, LaunchEvent):
+        if ev.node_restart:
+            return Said(f"{ev.node}: attempt {ev.node_restart} ({ev.reason})", "warning")
         if ev.generation == 0:
             return None
         return Said(f"relaunch #{ev.generation} with profiles {', '.join(ev.profiles) or 'default'}"

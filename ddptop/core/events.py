@@ -218,7 +218,9 @@ class NoteEvent(Event):
 
 @dataclass(frozen=True)
 class LaunchEvent(Event):
-    """torchrun was (re)started by ddptop: generation 0 is the first launch.
+    """torchrun was (re)started by ddptop (generation 0 is the first launch),
+    or a node's cluster restarted it (``node_restart``: a new attempt of that
+    node, whose generations an attached client counts on from the last).
 
     ``env_diff`` is what this launch's environment changes relative to the
     first one (secret values masked); ``profiles`` the profiles applied.
@@ -231,6 +233,9 @@ class LaunchEvent(Event):
     env_diff: dict = field(default_factory=dict)
     reason: str = ""
     node: str = ""
+    # the node's restart by its cluster that began this launch (1, 2, ...: its container or pod was restarted,
+    # and ddptop in it began a new run, seen through ``attach --k8s``); 0: a launch by ddptop
+    node_restart: int = 0
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,12 @@ from ddptop.core.sessions.protocol import JobSession
 
 
 class OpenError(Exception):
-    """What the person named cannot be watched; the message says why (and what to do)."""
+    """What the person named cannot be watched; the message says why (and what to do).
+    ``code``: ``no-run`` when a run named is not there."""
+
+    def __init__(self, message: str, code: str = ""):
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,7 @@ def open_local(ref: str = "", *, pid: int | None = None, options: WatchOptions =
         try:
             return Opened(Session.open(journal.resolve_run(ref), resume=resume))
         except journal.JournalError as e:
-            raise OpenError(str(e)) from None
+            raise OpenError(str(e), "no-run" if isinstance(e, journal.NoSuchRun) else "") from None
     try:
         newest: Path | None = journal.resolve_run("latest")
     except journal.JournalError:
@@ -147,6 +152,7 @@ class K8sRequest:
     context: str = ""
     container: str = ""
     logs_only: bool = False  # follow the pods' logs (kubectl logs), for an image without ddptop
+    restart_wait: float = 120.0  # seconds a pod whose run failed is waited for to come back (a next attempt)
 
 
 def open_target(req: AttachRequest) -> Opened:
@@ -228,9 +234,10 @@ def _pods(req: AttachRequest) -> Opened:
         what, pods = k8s.find_pods(k.name, k.selector, container=k.container, namespace=k.namespace,
                                    context=k.context)
         opened = [RemoteSession(p.node, req.run or "latest", remote_cmd=req.remote_cmd, gpu=req.options.gpu,
+                                restart_wait=k.restart_wait,
                                 transport=Kubectl(p.name, p.container, k.namespace, k.context,
-                                                  current_pod=k8s.current_pod(p, namespace=k.namespace,
-                                                                              context=k.context)))
+                                                  watch=k8s.PodWatch(p, k.selector, namespace=k.namespace,
+                                                                     context=k.context)))
                   for p in pods]
     except (k8s.K8sError, ValueError) as e:
         raise OpenError(str(e)) from None

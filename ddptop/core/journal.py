@@ -98,6 +98,10 @@ class JournalError(Exception):
     pass
 
 
+class NoSuchRun(JournalError):
+    """The run named is not there (on a node whose container restarted: gone with it)."""
+
+
 def create_run_dir(run_dir: Path | None) -> Path:
     """Create a fresh run directory, mode 0700.  Refuses to reuse a journal."""
     if run_dir is None:
@@ -135,7 +139,21 @@ def resolve_run(ref: str) -> Path:
         return runs[-1]
     if (home / ref / META).is_file():
         return home / ref
-    raise JournalError(f"no ddptop run called {ref!r} (looked for {p} and under {home})")
+    raise NoSuchRun(f"no ddptop run called {ref!r} (looked for {p} and under {home})")
+
+
+def first_run_after(t: float) -> Path | None:
+    """The first run begun after ``t`` (its meta's ``started``, this machine's
+    clock), None when none has yet: the next attempt of a node whose
+    container restarted.  Runs are taken in the order they began, so that
+    no attempt is skipped."""
+    found: list[tuple[float, Path]] = []
+    for d in runs_home().glob("*"):
+        meta = read_json(d / META)
+        started = meta.get("started") if isinstance(meta, dict) else None
+        if isinstance(started, (int, float)) and not isinstance(started, bool) and started > t:
+            found.append((float(started), d))
+    return min(found)[1] if found else None
 
 
 def write_json(path: Path, obj: Any) -> None:

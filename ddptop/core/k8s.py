@@ -59,6 +59,83 @@ class Pod:
     restarts: int
     selector: str  # the labels that find this pod again (after it is recreated)
     order: tuple = ()
+    uid: str = ""
+    restart_policy: str = "Always"  # the pod's spec.restartPolicy (Always is the API's default)
+    state: str = ""  # the training container's: running | waiting | terminated ("": not reported yet)
+    reason: str = ""  # why it waits or ended (CrashLoopBackOff, ContainerCreating, OOMKilled, Error, Completed)
+    exit_code: int | None = None  # how it ended (state terminated)
+    last_reason: str = ""  # how the container before it ended (lastState.terminated), after a restart
+    last_exit_code: int | None = None
+    deleting: bool = False  # metadata.deletionTimestamp: the pod is on its way out
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """What the cluster says of a node whose run ended or could not be reached.
+
+    ``kind``: ``same`` (the container that ran the attempt still runs),
+    ``restarting`` (the cluster is restarting or has restarted it: a next
+    attempt is on its way), ``ended`` (the pod completed: no next attempt),
+    ``unsure`` (the pod failed for good, or is gone: its job's controller may
+    yet make another, or may not).  ``exit_code``/``reason``: how the
+    attempt's container ended, where the cluster says."""
+
+    kind: str
+    message: str
+    exit_code: int | None = None
+    reason: str = ""
+
+
+def _state(status: dict) -> tuple[str, str, int | None]:
+    for k in ("running", "waiting", "terminated"):
+        v = status.get(k)
+        if isinstance(v, dict):
+            return k, str(v.get("reason") or ""), _int(v.get("exitCode"))
+    return "", "", None
+
+
+def outlook(now: Pod | None, before: Pod | None) -> Outlook:
+    """Whether a node gets another attempt: ``before`` is its pod as the
+    attempt began, ``now`` as the cluster lists it now (None: no pod)."""
+    if now is None:
+        return Outlook("unsure", "no pod of this node is listed now (being recreated, or deleted with its job)")
+    if before is not None and now.uid and before.uid and now.uid != before.uid:
+        return Outlook("restarting", f"pod recreated as {now.name} ({now.phase or 'no phase yet'})")
+    newer = before is not None and now.restarts > before.restarts
+    if now.state == "terminated":
+        ended = (now.exit_code, now.reason)
+    elif newer or now.state == "waiting":  # (the last container's end: the attempt's, as the kubelet recorded it)
+        ended = (now.last_exit_code, now.last_reason)
+    else:
+        ended = (None, "")
+    if now.deleting:
+        return Outlook("unsure", f"pod {now.name} is being deleted", *ended)
+    if now.phase == "Succeeded":
+        return Outlook("ended", f"pod {now.name} completed", *ended)
+    if now.phase == "Failed":
+        return Outlook("unsure", f"pod {now.name} failed" + _how(*ended) + " (restartPolicy "
+                       f"{now.restart_policy}): its job's controller may start another pod, or give up", *ended)
+    if newer:
+        return Outlook("restarting", f"container {now.container} restarted (restart {now.restarts}; the last one "
+                       "ended" + _how(*ended) + ")", *ended)
+    if now.state == "waiting" or now.phase == "Pending":
+        return Outlook("restarting", f"container {now.container} is waiting to start ({now.reason or now.phase}; "
+                       "the last one ended" + _how(*ended) + ")" if ended != (None, "") else
+                       f"container {now.container} is waiting to start ({now.reason or now.phase})", *ended)
+    if now.state == "terminated":
+        if now.restart_policy == "Always" or now.restart_policy == "OnFailure" and now.exit_code != 0:
+            return Outlook("restarting", f"container {now.container} ended" + _how(*ended) + ": the kubelet "
+                           f"restarts it (restartPolicy {now.restart_policy})", *ended)
+        return Outlook("ended" if now.exit_code == 0 else "unsure", f"container {now.container} ended"
+                       + _how(*ended) + f" and will not restart (restartPolicy {now.restart_policy})", *ended)
+    return Outlook("same", f"container {now.container} of pod {now.name} still runs (restart {now.restarts})")
+
+
+def _how(code: int | None, reason: str) -> str:
+    parts = [reason] if reason else []
+    if code is not None:
+        parts.append(f"exit code {code}")
+    return f": {', '.join(parts)}" if parts else ""
 
 
 def selector_ok(selector: str) -> str:
@@ -109,7 +186,10 @@ def describe(pod: dict, container: str = "") -> Pod:
     if pick:
         checked(pick, _K8S_NAME, "container")
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    restarts = sum(_int(s.get("restartCount")) or 0 for s in statuses if isinstance(s, dict) and s.get("name") == pick)
+    mine = next((s for s in statuses if isinstance(s, dict) and s.get("name") == pick), {})
+    restarts = _int(mine.get("restartCount")) or 0
+    state, reason, code = _state(mine.get("state") or {})
+    _, last_reason, last_code = _state(mine.get("lastState") or {})
     if "jobset.sigs.k8s.io/jobset-name" in labels:
         role = labels.get("jobset.sigs.k8s.io/replicatedjob-name", "node")
         idx = (_int(labels.get("jobset.sigs.k8s.io/job-index")) or 0, _int(labels.get(
@@ -142,7 +222,10 @@ def describe(pod: dict, container: str = "") -> Pod:
         checked(v, re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?"), f"label {k}")
     selector = ",".join(f"{k}={v}" for k, v in keys.items())
     return Pod(name, checked(node, _K8S_NAME, "node name") if node != name else name, pick,
-               str((pod.get("status") or {}).get("phase", "")), restarts, selector, (*idx, name))
+               str((pod.get("status") or {}).get("phase", "")), restarts, selector, (*idx, name),
+               uid=str(meta.get("uid") or ""), restart_policy=str((pod.get("spec") or {}).get("restartPolicy") or "Always"),
+               state=state, reason=reason, exit_code=code, last_reason=last_reason, last_exit_code=last_code,
+               deleting=bool(meta.get("deletionTimestamp")))
 
 
 def find_pods(name: str = "", selector: str = "", *, container: str = "", kubectl: tuple[str, ...] = ("kubectl",),
@@ -182,15 +265,36 @@ def job_selector(what: str, name: str) -> str:
     return next(f"{label}={name}" for w, label in CONVENTIONS if w == what)
 
 
-def current_pod(pod: Pod, *, kubectl: tuple[str, ...] = ("kubectl",), namespace: str = "", context: str = ""):
-    """A function giving this node's pod now (a recreated pod has a new name)."""
-    def ask() -> str:
-        if not pod.selector:
-            return pod.name
+@dataclass(frozen=True)
+class PodWatch:
+    """One node's pod as the cluster lists it now (``kubectl get pods -l``
+    with the node's own labels, else ``found_by``, the selector the pods were
+    found with): a recreated pod has a new name; and what the cluster says of
+    the node's next attempt (``outlook``).  The kubectl transport asks it."""
+
+    pod: Pod
+    found_by: str = ""
+    kubectl: tuple[str, ...] = ("kubectl",)
+    namespace: str = ""
+    context: str = ""
+
+    def _ask(self) -> Pod | None:
+        found = _nodes(get_pods(self.pod.selector or self.found_by, kubectl=self.kubectl, namespace=self.namespace,
+                                context=self.context), self.pod.container)
+        return next((p for p in found if p.node == self.pod.node), None)
+
+    def now(self) -> Pod | None:
+        """The node's pod now (None: none is listed, or kubectl could not say)."""
         try:
-            found = _nodes(get_pods(pod.selector, kubectl=kubectl, namespace=namespace, context=context),
-                           pod.container)
-        except K8sError:
-            return pod.name
-        return next((p.name for p in found if p.node == pod.node), pod.name)
-    return ask
+            return self._ask()
+        except (K8sError, ValueError):
+            return None
+
+    def outlook(self, before: object) -> Outlook | None:
+        """``outlook`` of the node against its pod ``before`` (as the attempt
+        began); None: the cluster could not be asked."""
+        try:
+            now = self._ask()
+        except (K8sError, ValueError):
+            return None
+        return outlook(now, before if isinstance(before, Pod) else None)

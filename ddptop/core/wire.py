@@ -11,7 +11,9 @@ One JSON object a line, UTF-8, over the person's own ssh:
   once its cursor has arrived, and reconnects with ``--resume`` set to the
   last cursor: no line is lost and none is repeated, whenever the link drops;
 * ``{"kind": "reply", "cmd", "ok", "refused", "message"}`` answers a
-  command; ``{"kind": "error", "message"}`` is fatal (no such run);
+  command; ``{"kind": "error", "message", "code"}`` ends the connection
+  (``code`` since minor 4: ``no-run``, the run named is not there;
+  ``not-yet``, asked ``--after T``, no run has begun since);
   ``{"kind": "bye", "exit_code", "exit": {"code", "reason", "exit_with"}}``
   ends a finished run's stream.
 
@@ -39,7 +41,8 @@ from typing import Any
 
 PROTO_NAME = "ddptop-agent"
 MAJOR = 1  # a client and an agent of different majors cannot talk
-MINOR = 3  # 1: exit status in bye, typed replies, location in hello; 2: "ras" events; 3: "logs" batches
+MINOR = 4  # 1: exit status in bye, typed replies, location in hello; 2: "ras" events; 3: "logs" batches;
+# 4: error codes, and `agent --after T` (the next attempt of a node whose container restarted)
 BATCHES_SINCE = 3  # the first minor whose agent sends "logs" batches when asked
 PROTOCOL = MAJOR  # (the "version" field: what protocol 1 agents and clients compare)
 CONTROL = frozenset({"hello", "cursor", "bye", "reply", "error"})

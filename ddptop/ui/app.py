@@ -355,12 +355,16 @@ class DdptopApp(App[str]):
             self._generation = ev.generation
             self._relaunching = None
             profs = ", ".join(ev.profiles) or "no profile"
-            text = f"──── relaunch #{ev.generation} with profiles {profs} ────"
+            if ev.node_restart:  # the node's cluster restarted it: a new attempt of that node
+                text = f"──── {ev.node}: attempt {ev.node_restart}, restarted by the cluster ────"
+            else:
+                text = f"──── relaunch #{ev.generation} with profiles {profs} ────"
             if ev.reason:
                 reason = ev.reason if len(ev.reason) <= 60 else ev.reason[:59] + "…"
                 text += f"  ({reason})"
             self.logs.separator(Line(-1, "sep", text, "bold"))
-            self.notify(f"relaunch #{ev.generation} started with profiles: {profs}", timeout=4)
+            self.notify(f"{ev.node}: attempt {ev.node_restart} started (restarted by the cluster)" if ev.node_restart
+                        else f"relaunch #{ev.generation} started with profiles: {profs}", timeout=4)
         self._refresh_env()
         self._refresh_header()
 

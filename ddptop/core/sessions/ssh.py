@@ -7,6 +7,15 @@ port), reads the agent's JSON lines in a thread, and hands events to
 the link drops it reconnects with backoff and resumes from the last cursor, so
 every line arrives exactly once.  Several nodes as one: ``cross_node``.
 
+A node whose cluster restarts it (``transport.follows_restarts``: a pod's
+container restarted, or the pod recreated) is followed: when its run ends
+without success, or cannot be read any more, the session asks the cluster
+(``transport.outlook``) and the agent (``--after``: the first run begun
+since) for the node's next attempt, shows it as one (a ``LaunchEvent`` with
+``node_restart``, the run's generations counted on) and follows it; it ends
+when the cluster says no attempt will come, or none has come within
+``restart_wait`` seconds while the cluster does not say one is on its way.
+
 ``ddptop doctor --host HOST`` goes over the same ssh (``doctor.hosts``:
 ``SSH_OPTIONS``, ``check_host``, ``remote_command``, ``install_hint``).
 """
@@ -25,8 +34,10 @@ import time
 
 from ddptop import __version__
 from ddptop.core import journal, wire
-from ddptop.core.events import (FINAL_STATES, LOST, BadEvent, Event, LinkEvent, LogBatch, LogEvent, NoteEvent, StateEvent,
-                                UnknownKind, from_dict)
+from dataclasses import replace
+
+from ddptop.core.events import (FAILED, FINAL_STATES, LOST, STARTING, SUCCEEDED, BadEvent, Event, LaunchEvent, LinkEvent,
+                                LogBatch, LogEvent, NoteEvent, StateEvent, UnknownKind, from_dict)
 from ddptop.core.sessions.protocol import CommandResult, Control, ExitStatus, RemoteRun
 from ddptop.core.sessions.transports import NOT_FOUND, Ssh, Transport, check_host
 from ddptop.core.wire import encode_cursor
@@ -38,6 +49,10 @@ MAX_LINE = 16 * 1024 * 1024
 SKEW_MIN = 1.0  # seconds: a node clock further than this from ours has its event times moved onto ours
 CONTROL = wire.CONTROL
 FIX_ELSEWHERE = "ddptop fix runs the job again on this machine: run it on the node where the job runs"
+RESTART_WAIT = 120.0  # seconds a node whose run failed is waited for, when its cluster does not say it restarts it
+_OVER = object()  # on the queue: the node's attempt has ended, its next one is waited for
+
+
 def install_hint() -> str:
     return f"pip install 'ddptop=={__version__}'"
 
@@ -70,7 +85,7 @@ class RemoteSession:
     def __init__(self, host: str, run: str = "latest", *, ssh: list[str] | None = None,
                  remote_cmd: str | None = None, node: str | None = None, clock=time.time,
                  backoff: tuple[float, ...] = BACKOFF, silence: float = SILENCE, gpu: str | None = None,
-                 transport: Transport | None = None):
+                 transport: Transport | None = None, restart_wait: float = RESTART_WAIT):
         self.host = check_host(host)
         self.node = node or host
         self.run = run
@@ -87,6 +102,17 @@ class RemoteSession:
         self.clock = clock
         self.backoff = backoff
         self.silence = silence
+        self.restart_wait = restart_wait
+        # following a node's attempts (a cluster that restarts it): the node's restarts followed so far; the pod
+        # as the current attempt began; the next attempt's run must have begun after _after (None: not waiting)
+        self.attempt = 0
+        self._pinned = False
+        self._node_before: object = None
+        self._after: float | None = None
+        self._waiting_since = 0.0
+        self._run_final: StateEvent | None = None  # (the reader's: the final state the current run's stream gave)
+        self._gen_base = 0  # added to the current run's launch generations (its node's earlier attempts' come first)
+        self._gen_top = 0
         self.meta: journal.Meta | None = None
         self._remote_dir = ""  # the run's directory on the node, once the agent has said
         self._cursor: dict[str, int] = {}
@@ -175,10 +201,22 @@ class RemoteSession:
                 if self._final is not None:
                     out.append(self._final)  # the job's final state is the stream's last event
                 break
+            if batch is _OVER:  # this attempt of the node ended; its cluster restarts it: the next is waited for
+                f = self._final
+                if f is not None:
+                    out.append(NoteEvent(f.t, "info" if f.state == SUCCEEDED else "warning",
+                                         f"{self.node}: attempt {self.attempt} {f.state}"
+                                         + (f", exit code {f.exit_code}" if f.exit_code is not None else "")
+                                         + (f" ({f.message})" if f.message else ""), node=self.node))
+                out.append(StateEvent(self.clock(), STARTING, None, f"{self.node}: waiting for its next attempt",
+                                      node=self.node))
+                continue
             for ev in batch:
                 if isinstance(ev, StateEvent) and ev.state in FINAL_STATES:
                     self._final = ev
                 else:
+                    if isinstance(ev, LaunchEvent) and ev.node_restart:
+                        self._final = None  # a new attempt: the last one's end is history
                     out.append(ev)
         return out
 
@@ -237,6 +275,8 @@ class RemoteSession:
                               connects=self.connects)])
 
     def _argv(self) -> list[str]:
+        if self._after is not None:  # the node's next attempt: the first run begun after the last one
+            return self.transport.argv([*shlex.split(self.remote_cmd), "agent", "--after", repr(self._after)])
         remote = [*shlex.split(self.remote_cmd), "agent", "--run", self.run]
         if self.run.startswith("pid:") and self.gpu:
             remote += ["--gpu", self.gpu]  # the agent samples a job ddptop did not launch itself
@@ -272,9 +312,21 @@ class RemoteSession:
                     self._proc = None
                     self.link = "down"
             if outcome == "bye":
+                if self._attempt_over(self._run_final):
+                    failures = 0
+                    continue  # (at once: the next attempt may be there already)
                 self._q.put(None)
                 return
-            if outcome == "fatal":
+            if self._follows():
+                outcome, message = self._follow(outcome, message)
+                if outcome == "next":
+                    failures = 0
+                    continue
+                if outcome == "end":
+                    self._emit([NoteEvent(self.clock(), "warning", f"{self.node}: {message}", node=self.node)])
+                    self._q.put(None)
+                    return
+            if outcome in ("fatal", "gone", "not-yet"):
                 return self._fail(message)
             if self._closed.is_set():
                 return
@@ -286,6 +338,88 @@ class RemoteSession:
             if self._closed.wait(delay):
                 return
             self._set_link("connecting", f"{self.transport.label()} (try {failures + 1})")
+
+    # -- a node whose cluster restarts it: its attempts, one after another ---------
+
+    def _follows(self) -> bool:
+        """Whether this node's attempts are followed: a cluster that says when it
+        restarts the node, and a run ddptop launched (whose start time the next
+        attempt's run is found after)."""
+        return (self.transport.follows_restarts and self._pinned and self.meta is not None
+                and isinstance(self.meta.started, (int, float)))
+
+    def _attempt_over(self, final: StateEvent | None) -> bool:
+        """The current attempt's run ended (``final``: how): True when its next
+        attempt is to be waited for (not after a success, nor for a cluster
+        that says nothing of restarts)."""
+        if not self._follows() or final is None or final.state == SUCCEEDED:
+            return False
+        assert self.meta is not None
+        self._after = float(self.meta.started)
+        self._waiting_since = time.monotonic()
+        self._q.put(_OVER)
+        return True
+
+    def _follow(self, outcome: str, message: str) -> tuple[str, str]:
+        """A connection of a followed node failed (``outcome``, ``message``):
+        ``next`` (look for the next attempt at once), ``end`` (none will come:
+        ``message`` says why), or the outcome to go on with (``lost``: retry
+        after the backoff; ``fatal``)."""
+        if outcome in ("lost", "hello") and self._after is None:
+            return outcome, message  # (the link dropped: the run is read on from where it was)
+        look = self.transport.outlook(self._node_before)
+        if look is None:  # (the cluster could not be asked: as if it said nothing)
+            return ("lost" if outcome in ("not-yet", "gone") else outcome), message
+        if self._after is None:
+            # the run being read could not be reached (fatal), or is not there any more (gone)
+            if outcome != "gone" and look.kind == "same":
+                return outcome, message  # (the node is as it was: kubectl's own failure)
+            if outcome != "gone" and look.kind == "restarting":
+                return "lost", f"{message} ({look.message}: its run is read on once it is back)"
+            # the attempt ended, and its run cannot be read: its end as the cluster says
+            final = self._final_from(look)
+            self._emit([final])
+            if look.kind == "ended" or not self._attempt_over(final):
+                return "end", look.message
+            return "next", ""
+        # waiting for the next attempt
+        if look.kind == "ended":
+            return "end", f"no next attempt: {look.message}"
+        if look.kind == "restarting":
+            self._waiting_since = time.monotonic()  # the cluster says one is on its way: wait on
+            return "lost", f"waiting for the next attempt: {look.message}"
+        waited = time.monotonic() - self._waiting_since
+        if waited >= self.restart_wait:
+            return "end", f"no next attempt came within {self.restart_wait:.0f} s ({look.message})"
+        return "lost", (f"waiting up to {self.restart_wait - waited:.0f} s more for the next attempt "
+                        f"({look.message})")
+
+    def _final_from(self, look) -> StateEvent:
+        """An attempt's end as its cluster tells it (its run's record could not be read)."""
+        code = look.exit_code
+        state = SUCCEEDED if code == 0 else FAILED if code is not None else LOST
+        detail = look.reason or look.message
+        if look.reason == "OOMKilled":
+            detail += (": the container reached its memory limit (fewer data-loader workers, or a larger "
+                       "resources.limits.memory)")
+        return StateEvent(self.clock(), state, code, f"as the cluster tells it: {detail}; the run's own record "
+                          "could not be read", node=self.node)
+
+    def _next_attempt(self, d: dict) -> None:
+        """The hello of the node's next attempt: its run is followed from its start."""
+        self.attempt += 1
+        self._gen_base = self._gen_top + 1
+        self._gen_top = self._gen_base
+        self._cursor = {}
+        self._after = None
+        self._run_final = None
+        self._exit = None
+        self._node_before = self.transport.node_now()
+        meta = self.meta
+        self._emit([LaunchEvent(self.clock(), generation=self._gen_base, node_restart=self.attempt, node=self.node,
+                                profiles=tuple(meta.profiles or ()) if meta is not None else (),
+                                command=tuple(meta.command) if meta is not None else (),
+                                reason=f"run {d.get('run')} on {d.get('host', self.host)}")])
 
     def _fail(self, message: str) -> None:
         self.error = message
@@ -336,14 +470,21 @@ class RemoteSession:
                         return "fatal", problem
                     got_hello = True
                     self.connects += 1
-                    self.meta = _meta(d.get("meta"))
+                    if d.get("run"):  # (a hello without a run comes before an error: the last run's meta stays)
+                        self.meta = _meta(d.get("meta"))
                     if isinstance(d.get("versions"), dict):
                         self.versions = {str(k): str(v) for k, v in d["versions"].items()}
                     self._measure_skew(d.get("t"))
                     if isinstance(d.get("run"), str) and d["run"]:
                         self.run = d["run"]  # pin the run: a reconnect must not jump to a newer one
                         self._remote_dir = str(d.get("run_dir") or d["run"])
-                    self._set_link("up", f"{d.get('host', self.host)}, ddptop {d.get('ddptop')}, run {d.get('run')}")
+                        if self._after is not None:
+                            self._next_attempt(d)
+                        elif not self._pinned and self.transport.follows_restarts:
+                            self._node_before = self.transport.node_now()
+                        self._pinned = True
+                    if d.get("run"):  # (else an error follows)
+                        self._set_link("up", f"{d.get('host', self.host)}, ddptop {d.get('ddptop')}, run {d['run']}")
                     minor = d.get("minor")
                     if isinstance(minor, int) and minor >= wire.BATCHES_SINCE:
                         self._command({"cmd": "accept", "kinds": ["logs"]}, "send log batches")
@@ -370,7 +511,10 @@ class RemoteSession:
                         self._emit(pending)
                     return "bye", ""
                 elif kind == "error":
-                    return "fatal", str(d.get("message", "the agent reported an error"))
+                    why = str(d.get("message", "the agent reported an error"))
+                    if d.get("code") == "not-yet":
+                        return "not-yet", why
+                    return ("gone" if d.get("code") == "no-run" and self._pinned else "fatal"), why
                 elif kind == "reply" and d.get("cmd") == "accept":
                     continue  # (logs batches from now on: nothing to tell the person)
                 elif kind == "reply":
@@ -383,6 +527,12 @@ class RemoteSession:
                 else:
                     try:
                         ev = _event(d, self.node, self.skew)
+                        if isinstance(ev, StateEvent) and ev.state in FINAL_STATES:
+                            self._run_final = ev
+                        elif isinstance(ev, LaunchEvent) and self._gen_base:
+                            ev = replace(ev, generation=ev.generation + self._gen_base)
+                        if isinstance(ev, LaunchEvent):
+                            self._gen_top = max(self._gen_top, ev.generation)
                         pending.append(LogBatch.of_line(ev) if isinstance(ev, LogEvent) else ev)
                     except UnknownKind:
                         continue  # a newer agent's kind: ignored
@@ -426,7 +576,7 @@ class RemoteSession:
         if rc == 127 or any(s in err for s in NOT_FOUND) and (cmd0 in err or "ddptop" in err):
             return "fatal", (f"ddptop is not installed {t.where()} (`{self.remote_cmd}` was not found: {what}). "
                              f"{t.install(install_hint())} -- or name it with --remote-ddptop '/path/to/venv/bin/ddptop'")
-        if "invalid choice" in err or "unknown command 'agent'" in err:
+        if "invalid choice" in err or "unknown command 'agent'" in err or "unrecognized arguments: --after" in err:
             return "fatal", (f"the ddptop {t.where()} is too old for `ddptop agent` ({what}). "
                              f"Install this version there: {install_hint()}")
         fix = t.fatal(rc, err)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Protocol
 
 # a host as ssh gets it; a SLURM node; a SLURM job id (an array task: 123_4, a het job: 123+1); a Kubernetes
 # object name (DNS-1123) and a context name (kubeconfig allows more, but never a leading '-' or a space)
@@ -89,6 +89,7 @@ class Ssh:
     host: str
     ssh: tuple[str, ...] = ("ssh",)
     kind: str = field(default="ssh", init=False)
+    follows_restarts: bool = field(default=False, init=False)  # (a host is a host: nothing tells of a restart)
 
     def __post_init__(self) -> None:
         check_host(self.host)
@@ -110,6 +111,12 @@ class Ssh:
     def install(self, hint: str) -> str:
         return f"Install it there: {hint}"
 
+    def node_now(self) -> None:
+        return None
+
+    def outlook(self, before: object) -> None:
+        return None
+
 
 @dataclass(frozen=True)
 class Srun:
@@ -121,6 +128,7 @@ class Srun:
     node: str
     srun: tuple[str, ...] = ("srun",)
     kind: str = field(default="srun", init=False)
+    follows_restarts: bool = field(default=False, init=False)  # (a requeued job is a new allocation: attach again)
 
     def __post_init__(self) -> None:
         checked(self.jobid, _SLURM_JOB, "SLURM job id")
@@ -144,6 +152,12 @@ class Srun:
     def install(self, hint: str) -> str:
         return f"Install it where the job's nodes can run it: {hint}"
 
+    def node_now(self) -> None:
+        return None
+
+    def outlook(self, before: object) -> None:
+        return None
+
 
 def kubectl_base(kubectl: tuple[str, ...] = ("kubectl",), namespace: str = "", context: str = "") -> list[str]:
     """kubectl with the person's context and namespace (both checked: never an option)."""
@@ -154,18 +168,31 @@ def kubectl_base(kubectl: tuple[str, ...] = ("kubectl",), namespace: str = "", c
     return [*kubectl, *(["--context", context] if context else []), *(["--namespace", namespace] if namespace else [])]
 
 
+class NodeWatch(Protocol):
+    """What a cluster says of one node (``k8s.PodWatch``)."""
+
+    def now(self) -> Any:
+        """The node's pod now (its ``name``), or None."""
+
+    def outlook(self, before: object) -> Any:
+        """Whether the node gets another attempt (a ``k8s.Outlook``), or None."""
+
+
 @dataclass(frozen=True)
 class Kubectl:
     """A command in a pod's container (``kubectl exec``), with the person's
-    kubeconfig, ``--context`` and namespace.  ``pod``, when given, is asked
-    again at each connection (a pod that was recreated has a new name)."""
+    kubeconfig, ``--context`` and namespace.  ``watch``, when given, lists
+    the node's pod as it is now (``k8s.PodWatch``): asked at each connection (a
+    pod that was recreated has a new name), and for the node's ``outlook``
+    when its run ends or cannot be reached (the container restarts: the next
+    attempt of the node)."""
 
     pod: str
     container: str = ""
     namespace: str = ""
     context: str = ""
     kubectl: tuple[str, ...] = ("kubectl",)
-    current_pod: Callable[[], str] | None = field(default=None, compare=False)
+    watch: NodeWatch | None = field(default=None, compare=False)
     kind: str = field(default="kubectl", init=False)
 
     def __post_init__(self) -> None:
@@ -181,10 +208,25 @@ class Kubectl:
         """kubectl with the person's context and namespace."""
         return kubectl_base(self.kubectl, self.namespace, self.context)
 
+    @property
+    def follows_restarts(self) -> bool:
+        """The cluster can say when the node's container restarts (a next attempt to follow)."""
+        return self.watch is not None
+
+    def node_now(self) -> Any:
+        """The node's pod now (None: not known)."""
+        return self.watch.now() if self.watch is not None else None
+
+    def outlook(self, before: object) -> Any:
+        """What the cluster says of the node against its pod ``before``, as the
+        attempt began (``k8s.Outlook``); None: the cluster could not be asked."""
+        return self.watch.outlook(before) if self.watch is not None else None
+
     def argv(self, words: list[str]) -> list[str]:
         pod = self.pod
-        if self.current_pod is not None:
-            pod = checked(self.current_pod() or self.pod, _K8S_NAME, "pod")
+        if self.watch is not None:
+            now = self.watch.now()
+            pod = checked(now.name if now is not None else self.pod, _K8S_NAME, "pod")
         return [*self.base(), "exec", "-i", pod, *(["-c", self.container] if self.container else []), "--",
                 *check_command(words)]
 
