@@ -11,6 +11,7 @@ stand-ins.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
@@ -91,18 +92,26 @@ class FakeCluster:
         return self._start(name)
 
     def _start(self, name: str) -> subprocess.Popen:
-        """The pod's container process (again, after a restart)."""
+        """The pod's container process (again, after a restart), its output kept as the kubelet keeps a
+        container's log: a file of its own per container instance, each line "TIME STREAM F TEXT" (CRI)."""
         rt = self.data["k8s"]["runtime"][name]
         Path(rt["exit"]).unlink(missing_ok=True)
-        with open(rt["log"], "ab") as out:
-            p = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--", *rt["cmd"]], stdout=out,
-                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                 env={**os.environ, **rt["env"]}, cwd=Path(__file__).parent.parent)
+        rt["instance"] = rt.get("instance", -1) + 1
+        rt["log"] = str(self.root / f"{name}.{rt['instance']}.log")
+        p = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--", *rt["cmd"]], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **rt["env"]},
+                             cwd=Path(__file__).parent.parent)
         self._pods.append(p)
+        log = open(rt["log"], "ab", buffering=0)
         rt["pid"] = wait_for(lambda: _child(p.pid), timeout=30, what=f"pod {name}'s first process")
         self.save()
 
-        def runtime():  # (as a container runtime: the container's exit code, once it ends; 128+N for signal N)
+        def runtime():  # (as a container runtime: its log, then its exit code; 128+N for signal N)
+            assert p.stdout is not None
+            with log:
+                for line in p.stdout:
+                    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                    log.write(stamp.encode() + b" stdout " + (b"F " + line if line.endswith(b"\n") else b"P " + line + b"\n"))
             code = p.wait()
             Path(rt["exit"]).write_text(str(code if code >= 0 else 128 - code))
         threading.Thread(target=runtime, daemon=True).start()
@@ -131,6 +140,19 @@ class FakeCluster:
         if cmd is not None:
             rt["cmd"] = cmd
         self._start(name)
+
+    def recreate(self, name: str, new_name: str, runs: Path, *, cmd: list[str]) -> None:
+        """The job's controller replaces a pod (after it ended, as JobSet does): the old pod is deleted and a
+        new one, with the same labels and a new name and uid, starts with a fresh filesystem (``runs``)."""
+        old = self._pod(name)
+        rt = self.data["k8s"]["runtime"][name]
+        wait_for(lambda: os.path.exists(rt["exit"]), timeout=60, what=f"pod {name}'s container to end")
+        self.data["k8s"]["pods"].remove(old)
+        del self.data["k8s"]["runtime"][name]
+        self.pod(new_name, old["metadata"]["labels"], cmd, runs, container=rt["container"],
+                 namespace=old["metadata"]["namespace"], env={k: v for k, v in rt["env"].items()
+                                                              if k != "DDPTOP_RUNS_DIR"},
+                 restart_policy=old["spec"]["restartPolicy"])
 
     def drop_links(self) -> int:
         """Cut every live link an srun or kubectl stand-in carries (as a network drop would): how many."""

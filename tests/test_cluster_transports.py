@@ -284,9 +284,9 @@ def test_logs_only_follows_pods_without_ddptop_and_analyses_them_here(tmp_path, 
            "--fault-step", "20"]
     labels = {**PYTORCHJOB, "training.kubeflow.org/replica-type": "master", "training.kubeflow.org/replica-index": "0"}
     cluster.pod("bert-master-0", labels, job, tmp_path / "runs", has_ddptop=False,
-                env={"PET_MASTER_PORT": str(free_port())})
-    r = subprocess.run(ddptop_cmd("--json", "attach", "--k8s", "bert", "--logs-only"), capture_output=True,
-                       text=True, timeout=TIMEOUT, cwd=ROOT, env=cluster.env())
+                env={"PET_MASTER_PORT": str(free_port())}, restart_policy="Never")
+    r = subprocess.run(ddptop_cmd("--json", "attach", "--k8s", "bert", "--logs-only", "--restart-wait", "0"),
+                       capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT, env=cluster.env())
     assert "LOGS ONLY" in r.stderr, r.stderr
     ev = json_events(r.stdout)
     lines = [e for e in ev if e["kind"] == "log"]
@@ -294,7 +294,9 @@ def test_logs_only_follows_pods_without_ddptop_and_analyses_them_here(tmp_path, 
     assert {e["rank"] for e in lines if e["text"].startswith("step ")} == {0, 1}  # (torchrun's --tee prefixes)
     crashes = [e for e in ev if e["kind"] == "alarm" and e["type"] == "crash"]
     assert crashes and 1 in crashes[0]["ranks"], [e for e in ev if e["kind"] == "alarm"]
-    assert ev[-1]["kind"] == "state" and ev[-1]["state"] == "ended"
+    # the job's end is the pod's own (restartPolicy Never: Failed, with torchrun's exit code)
+    assert ev[-1]["kind"] == "state" and ev[-1]["state"] == "failed" and ev[-1]["exit_code"] == 1, ev[-1]
+    assert "pod bert-master-0 failed" in ev[-1]["message"] and r.returncode == 1
 
 
 @needs_pid_namespaces
@@ -444,4 +446,117 @@ def test_a_restarted_container_is_the_next_attempt_of_its_node(tmp_path, cluster
     else:
         assert ended and "master-0: attempt 0 failed, exit code 137" in ended[0], ended
         assert "as the cluster tells it" in ended[0] and "OOMKilled" in ended[0] and "memory limit" in ended[0]
+    assert ev[-1]["kind"] == "state" and ev[-1]["state"] == "succeeded", ev[-1]
+
+
+JOBSET = {"jobset.sigs.k8s.io/jobset-name": "llama", "jobset.sigs.k8s.io/replicatedjob-name": "node",
+          "jobset.sigs.k8s.io/job-index": "0", "batch.kubernetes.io/job-completion-index": "0"}
+
+
+def _attach_json(cluster, *args):
+    """``ddptop --json attach ...`` started, and its events as they come (a list a thread fills)."""
+    import json as _json
+    import threading
+
+    w = subprocess.Popen(ddptop_cmd("--json", "attach", *args, "--remote-ddptop", REMOTE), cwd=ROOT,
+                         env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    seen: list[dict] = []
+    threading.Thread(target=lambda: seen.extend(_json.loads(ln) for ln in w.stdout if ln.endswith(b"\n")),
+                     daemon=True).start()
+    return w, seen
+
+
+@needs_pid_namespaces
+def test_a_recreated_pod_is_the_next_attempt_of_the_same_node(tmp_path, cluster):
+    """A JobSet's pod (restartPolicy Never) whose run fails: the pod is Failed, and the view waits for the job's
+    controller; the JobSet recreates it under a new name, with a fresh filesystem.  It is the same node
+    (node-0), its attempt 1, followed to its success."""
+    env = {"PET_MASTER_PORT": str(free_port())}
+    cluster.pod("llama-node-0-0-x7k2p", JOBSET, _restart_job(2000, "--fault", "die", "--fault-rank", "0",
+                                                            "--fault-step", "15"),
+                tmp_path / "runs-1", env=env, container="node", restart_policy="Never")
+    wait_for(lambda: any((tmp_path / "runs-1").glob("*/meta.json")), what="the first run")
+    w, seen = _attach_json(cluster, "--k8s", "llama", "--restart-wait", "120")
+    try:
+        wait_for(lambda: any(e["kind"] == "link" and "its job's controller may start another pod" in e.get("message", "")
+                             for e in seen) or w.poll() is not None, timeout=TIMEOUT, what="the wait for the controller")
+        assert w.poll() is None, w.stderr.read().decode()[-3000:]
+        cluster.recreate("llama-node-0-0-x7k2p", "llama-node-0-0-q9w4z", tmp_path / "runs-2", cmd=_restart_job(30))
+        w.wait(timeout=TIMEOUT)
+    finally:
+        if w.poll() is None:
+            os.killpg(w.pid, signal.SIGKILL)  # (the attachment only: it started nothing)
+            w.wait(timeout=30)
+    assert w.returncode == 0, w.stderr.read().decode()[-3000:]
+    ev = list(seen)
+    (launch,) = [e for e in ev if e["kind"] == "launch" and e.get("node_restart")]
+    assert launch["node"] == "node-0" and launch["node_restart"] == 1
+    assert {e["node"] for e in ev if e["kind"] == "log"} == {"node-0"}
+    assert any(e["kind"] == "log" and e["text"].startswith("step 30 ") for e in ev)
+    assert any(e["kind"] == "note" and e["message"].startswith("node-0: attempt 0 failed, exit code 1") for e in ev)
+    assert "in pod llama-node-0-0-q9w4z's container node" in launch["reason"], launch
+    assert ev[-1]["kind"] == "state" and ev[-1]["state"] == "succeeded", ev[-1]
+
+
+@needs_pid_namespaces
+def test_a_pod_that_fails_for_good_ends_the_view_after_the_restart_wait(tmp_path, cluster):
+    """restartPolicy Never, and no controller makes another pod: the view waits --restart-wait seconds, says
+    so, and ends with the attempt's failure (ddptop exits with the job's code)."""
+    cluster.pod("bert-master-0", {**PYTORCHJOB, "training.kubeflow.org/replica-type": "master",
+                                  "training.kubeflow.org/replica-index": "0"},
+                _restart_job(2000, "--fault", "die", "--fault-rank", "0", "--fault-step", "15"), tmp_path / "runs",
+                env={"PET_MASTER_PORT": str(free_port())}, restart_policy="Never")
+    wait_for(lambda: any((tmp_path / "runs").glob("*/meta.json")), what="the run")
+    w, seen = _attach_json(cluster, "--k8s", "bert", "--restart-wait", "3")
+    try:
+        w.wait(timeout=TIMEOUT)
+    finally:
+        if w.poll() is None:
+            os.killpg(w.pid, signal.SIGKILL)
+            w.wait(timeout=30)
+    ev = list(seen)
+    assert w.returncode == 1, w.stderr.read().decode()[-3000:]
+    assert not [e for e in ev if e["kind"] == "launch" and e.get("node_restart")]
+    gave_up = [e["message"] for e in ev if e["kind"] == "note" and "no next attempt came within 3 s" in e["message"]]
+    assert gave_up and "pod bert-master-0 failed" in gave_up[0], gave_up
+    assert ev[-1]["kind"] == "state" and ev[-1]["state"] == "failed" and ev[-1]["exit_code"] == 1, ev[-1]
+
+
+@needs_pid_namespaces
+def test_logs_only_follows_a_restarted_container_as_its_nodes_next_attempt(tmp_path, cluster):
+    """Logs only, two pods (an image without ddptop).  The master's torchrun fails; the kubelet restarts its
+    container (restartPolicy OnFailure) and the new one succeeds.  The master's next attempt is announced and
+    its log followed from its start, while the worker's stream goes on: each of the worker's lines once."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--tee", "3", EXAMPLE,
+                "--step-time", "0.02"]
+    master = {**PYTORCHJOB, "training.kubeflow.org/replica-type": "master", "training.kubeflow.org/replica-index": "0"}
+    worker = {**PYTORCHJOB, "training.kubeflow.org/replica-type": "worker", "training.kubeflow.org/replica-index": "0"}
+    env = {"PET_MASTER_PORT": str(free_port())}
+    cluster.pod("bert-master-0", master, [*torchrun, "--steps", "400", "--fault", "die", "--fault-rank", "0",
+                                          "--fault-step", "15"], tmp_path / "runs-m", has_ddptop=False, env=env)
+    cluster.pod("bert-worker-0", worker, ["sh", "-c", 'for i in $(seq 1 300); do echo "worker line $i"; sleep 0.1; '
+                                          "done"], tmp_path / "runs-w", has_ddptop=False)
+    w, seen = _attach_json(cluster, "--k8s", "bert", "--logs-only")
+    try:
+        wait_for(lambda: any(e["kind"] == "link" and e["node"] == "master-0" and "CrashLoopBackOff" in
+                             e.get("message", "") for e in seen) or w.poll() is not None, timeout=TIMEOUT,
+                 what="the view to wait for the master's restart")
+        assert w.poll() is None, w.stderr.read().decode()[-3000:]
+        cluster.restart("bert-master-0", keep_runs=False, cmd=[*torchrun, "--steps", "30"])
+        w.wait(timeout=TIMEOUT)
+    finally:
+        if w.poll() is None:
+            os.killpg(w.pid, signal.SIGKILL)  # (the attachment only: it started nothing)
+            w.wait(timeout=30)
+    assert w.returncode == 0, w.stderr.read().decode()[-3000:]
+    ev = list(seen)
+    (launch,) = [e for e in ev if e["kind"] == "launch" and e.get("node_restart")]
+    assert launch["node"] == "master-0" and launch["node_restart"] == 1
+    at = ev.index(launch)
+    steps = [(i, e["text"]) for i, e in enumerate(ev) if e["kind"] == "log" and e["node"] == "master-0"
+             and e["text"].startswith("step ")]
+    assert any(i < at for i, _ in steps) and not any(t.startswith("step 30 ") for i, t in steps if i < at)
+    assert any(t.startswith("step 30 ") for i, t in steps if i > at)
+    lines = [e["text"] for e in ev if e["kind"] == "log" and e["node"] == "worker-0"]
+    assert lines == [f"worker line {i}" for i in range(1, 301)], (len(lines), lines[:3], lines[-3:])
     assert ev[-1]["kind"] == "state" and ev[-1]["state"] == "succeeded", ev[-1]

@@ -246,12 +246,11 @@ def _pods(req: AttachRequest) -> Opened:
         from ddptop.core.sessions.protocol import PodLogs
 
         selector = k8s.job_selector(what, k.name) if k.name else k.selector
-        containers = {p.container for p in pods}
-        argv = [*k8s.base(namespace=k.namespace, context=k.context), "logs", "-f", "--prefix", "-l", selector,
-                f"--max-log-requests={max(5, len(pods))}",
-                *([f"--container={containers.pop()}"] if len(containers) == 1 and "" not in containers else [])]
-        return Opened(PodLogsSession(argv, PodLogs(selector, k.namespace, k.context), {p.name: p.node for p in pods}),
-                      (f"following the logs of {what} {k.name or k.selector} ({len(pods)} pods) through kubectl logs: "
+        watch = k8s.JobWatch(selector, k.container, namespace=k.namespace, context=k.context)
+        return Opened(PodLogsSession(k8s.base(namespace=k.namespace, context=k.context),
+                                     PodLogs(selector, k.namespace, k.context), pods, watch=watch.now,
+                                     outlook=k8s.outlook, restart_wait=k.restart_wait),
+                      (f"following the logs of {what} {k.name or k.selector} ({len(pods)} pods, each through kubectl logs -f): "
                        "LOGS ONLY (no GPU pane, no stacks, no stall alarm from silence)",))
     note = (f"attaching to {what} {k.name or k.selector}: "
             + ", ".join(f"{p.node} (pod {p.name}, container {p.container or '?'})" for p in pods)

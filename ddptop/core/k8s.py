@@ -298,3 +298,23 @@ class PodWatch:
         except (K8sError, ValueError):
             return None
         return outlook(now, before if isinstance(before, Pod) else None)
+
+
+@dataclass(frozen=True)
+class JobWatch:
+    """A job's pods as the cluster lists them now (``kubectl get pods -l
+    SELECTOR``), for the logs-only view's restarts."""
+
+    selector: str
+    container: str = ""
+    kubectl: tuple[str, ...] = ("kubectl",)
+    namespace: str = ""
+    context: str = ""
+
+    def now(self) -> list[Pod] | None:
+        """The pods in node order (None: kubectl could not say)."""
+        try:
+            return _nodes(get_pods(self.selector, kubectl=self.kubectl, namespace=self.namespace,
+                                   context=self.context), self.container)
+        except (K8sError, ValueError):
+            return None

@@ -419,7 +419,7 @@ class RemoteSession:
         self._emit([LaunchEvent(self.clock(), generation=self._gen_base, node_restart=self.attempt, node=self.node,
                                 profiles=tuple(meta.profiles or ()) if meta is not None else (),
                                 command=tuple(meta.command) if meta is not None else (),
-                                reason=f"run {d.get('run')} on {d.get('host', self.host)}")])
+                                reason=f"run {d.get('run')} {self.transport.where()}")])
 
     def _fail(self, message: str) -> None:
         self.error = message

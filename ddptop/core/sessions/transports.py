@@ -194,6 +194,12 @@ class Kubectl:
     kubectl: tuple[str, ...] = ("kubectl",)
     watch: NodeWatch | None = field(default=None, compare=False)
     kind: str = field(default="kubectl", init=False)
+    _used: list = field(default_factory=list, compare=False, repr=False)  # the pod the last argv named
+
+    @property
+    def current(self) -> str:
+        """The pod the last connection went to (a recreated pod has a new name)."""
+        return self._used[-1] if self._used else self.pod
 
     def __post_init__(self) -> None:
         checked(self.pod, _K8S_NAME, "pod")
@@ -227,19 +233,20 @@ class Kubectl:
         if self.watch is not None:
             now = self.watch.now()
             pod = checked(now.name if now is not None else self.pod, _K8S_NAME, "pod")
+        self._used[:] = [pod]
         return [*self.base(), "exec", "-i", pod, *(["-c", self.container] if self.container else []), "--",
                 *check_command(words)]
 
     def label(self) -> str:
-        return f"kubectl exec {self.pod}" + (f" -c {self.container}" if self.container else "")
+        return f"kubectl exec {self.current}" + (f" -c {self.container}" if self.container else "")
 
     def fatal(self, rc: int, err: str) -> str | None:
         if any(s in err for s in _KUBECTL_FATAL):
-            return "check that `" + shlex.join([*self.base(), "exec", self.pod, "--", "true"]) + "` works"
+            return "check that `" + shlex.join([*self.base(), "exec", self.current, "--", "true"]) + "` works"
         return None
 
     def where(self) -> str:
-        return f"in pod {self.pod}'s container{' ' + self.container if self.container else ''}"
+        return f"in pod {self.current}'s container{' ' + self.container if self.container else ''}"
 
     def install(self, hint: str) -> str:
         return (f"Add it to the training image ({hint} in its Dockerfile), or follow the pods' logs without it: "
