@@ -18,6 +18,13 @@ when the cluster says no attempt will come, or none has come within
 
 ``ddptop doctor --host HOST`` goes over the same ssh (``doctor.hosts``:
 ``SSH_OPTIONS``, ``check_host``, ``remote_command``, ``install_hint``).
+
+One module, though over 500 lines: it is one session implementation, the
+client end of the agent protocol; its parts (the reader thread, reconnect and
+resume, the follow of a node the cluster restarts) all feed the one stream
+that ``poll()`` hands out, and share its state (the pinned run, the cursor,
+the held final state).  How a node is reached lives in ``transports``, what
+a cluster says of its pods in ``k8s``.
 """
 
 from __future__ import annotations
@@ -31,11 +38,10 @@ import signal
 import subprocess
 import threading
 import time
+from dataclasses import replace
 
 from ddptop import __version__
 from ddptop.core import journal, wire
-from dataclasses import replace
-
 from ddptop.core.events import (FAILED, FINAL_STATES, LOST, STARTING, SUCCEEDED, BadEvent, Event, LaunchEvent, LinkEvent,
                                 LogBatch, LogEvent, NoteEvent, StateEvent, UnknownKind, from_dict)
 from ddptop.core.sessions.protocol import CommandResult, Control, ExitStatus, RemoteRun
@@ -323,7 +329,9 @@ class RemoteSession:
                     failures = 0
                     continue
                 if outcome == "end":
-                    self._emit([NoteEvent(self.clock(), "warning", f"{self.node}: {message}", node=self.node)])
+                    ok = self._run_final is not None and self._run_final.state == SUCCEEDED
+                    self._emit([NoteEvent(self.clock(), "info" if ok else "warning", f"{self.node}: {message}",
+                                          node=self.node)])
                     self._q.put(None)
                     return
             if outcome in ("fatal", "gone", "not-yet"):
@@ -377,7 +385,7 @@ class RemoteSession:
             if outcome != "gone" and look.kind == "restarting":
                 return "lost", f"{message} ({look.message}: its run is read on once it is back)"
             # the attempt ended, and its run cannot be read: its end as the cluster says
-            final = self._final_from(look)
+            final = self._run_final = self._final_from(look)
             self._emit([final])
             if look.kind == "ended" or not self._attempt_over(final):
                 return "end", look.message
