@@ -149,6 +149,31 @@ def test_picker_on_an_ended_job_says_how_to_rerun(tmp_path):
     run_async(go())
 
 
+
+def test_a_nodes_restart_by_its_cluster_is_shown_as_its_next_attempt(tmp_path):
+    """A pod restarted by its cluster (attach --k8s): the header and the separator say whose attempt it is,
+    not a relaunch ddptop made."""
+    session = Session.open(make_run(tmp_path))
+
+    async def go():
+        app = make_app(session, poll_interval=0.02)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: len(app.model.ranks) == 2, what="the ranks")
+            app.ingest([LaunchEvent(time.time(), generation=1, node_restart=1, node="worker-1",
+                                    reason="run R2 in pod bert-worker-1's container pytorch")])
+            await wait_until(pilot, lambda: "worker-1: attempt 1, restarted by the cluster" in header_text(app),
+                             what="the header")
+            assert "launch #" not in header_text(app)
+            await wait_until(pilot, lambda: "──── worker-1: attempt 1, restarted by the cluster ────"
+                             in log_text(app, "merged"), what="the separator")
+            assert "relaunch #" not in log_text(app, "merged")
+            # a relaunch by ddptop after it is a launch again
+            app.ingest([LaunchEvent(time.time(), generation=2, profiles=("p2p-off",), reason="asked for")])
+            await wait_until(pilot, lambda: "launch #2" in header_text(app), what="the header after a relaunch")
+
+    run_async(go())
+
+
 def _rank_pids_gen0(run_dir: Path) -> set[int]:
     pids, launches = set(), 0
     for line in (run_dir / "events.jsonl").read_text().splitlines():

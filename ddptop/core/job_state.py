@@ -64,6 +64,7 @@ class JobState:
     gpus: dict[tuple[str, int], GpuEvent] = field(default_factory=dict)  # (node, index) -> latest
     gpu_history: dict[tuple[str, int], deque] = field(default_factory=dict)  # -> deque[(t, util, power_w)]
     generation: int = 0  # ddptop relaunches (torchrun's own restarts are `attempt`)
+    node_restart: tuple[str, int] | None = None  # the latest launch was a node's restart by its cluster: (node, attempt)
     profiles: tuple[str, ...] = ()  # profiles of the current launch
     env_diff: dict = field(default_factory=dict)  # current launch vs the first
     alarms: list[AlarmEvent] = field(default_factory=list)
@@ -129,6 +130,9 @@ class JobState:
                         info.alive = None
                     self.alarms = []
                     self.ras = None
+                if ev.generation > self.generation or ev.node_restart:
+                    # (the node whose cluster restarted it, and its attempt; none for ddptop's own launches)
+                    self.node_restart = (ev.node, ev.node_restart) if ev.node_restart else None
                 self.generation = ev.generation
                 self.profiles = ev.profiles
                 self.env_diff = ev.env_diff

@@ -53,7 +53,10 @@ def header_markup(m: JobState, ui: HeaderState, now: float) -> str:
         f"ranks {len(m.ranks)}",
         f"restarts {m.attempt}",
     ]
-    if m.generation > 0 or m.profiles:
+    if m.node_restart is not None:
+        node, n = m.node_restart
+        parts.append(f"[b $accent]{escape(node)}: attempt {n}, restarted by the cluster[/]")
+    elif m.generation > 0 or m.profiles:
         parts.append(f"[b $accent]launch #{m.generation}[/]")
         parts.append(f"profiles: [b]{escape(', '.join(m.profiles) or 'none')}[/b]")
     if ui.relaunching is not None:

@@ -116,6 +116,7 @@ class RemoteSession:
         self._node_before: object = None
         self._after: float | None = None
         self._waiting_since = 0.0
+        self._look_said = ""  # what the cluster said of the node, last written as a note
         self._run_final: StateEvent | None = None  # (the reader's: the final state the current run's stream gave)
         self._gen_base = 0  # added to the current run's launch generations (its node's earlier attempts' come first)
         self._gen_top = 0
@@ -378,6 +379,9 @@ class RemoteSession:
         look = self.transport.outlook(self._node_before)
         if look is None:  # (the cluster could not be asked: as if it said nothing)
             return ("lost" if outcome in ("not-yet", "gone") else outcome), message
+        if look.kind != "same" and look.message != self._look_said:  # (what the cluster says, once, in the log)
+            self._look_said = look.message
+            self._emit([NoteEvent(self.clock(), "info", f"{self.node}: {look.message}", node=self.node)])
         if self._after is None:
             # the run being read could not be reached (fatal), or is not there any more (gone)
             if outcome != "gone" and look.kind == "same":
