@@ -82,13 +82,15 @@ def procs():
         assert not left, f"processes left behind: {left}"
 
 
-def start_job(procs: Procs, tmp_path: Path, *script_args, log_dir: bool = True, stdout=None):
-    """torchrun --standalone --nproc-per-node 2 [--log-dir D --redirects 3] train_ddp.py ARGS."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+def start_job(procs: Procs, tmp_path: Path, *script_args, log_dir: bool = True, stdout=None, torchrun=()):
+    """torchrun --standalone --nproc-per-node 2 [--log-dir D --redirects 3] [TORCHRUN] train_ddp.py ARGS."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", *torchrun]
     if log_dir:
         argv += ["--log-dir", str(tmp_path / "logs"), "--redirects", "3"]
     argv += [EXAMPLE, *script_args]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    if "--virtual-local-rank" in torchrun:  # (one entry of it per worker; "-1" is no device, as every test's job has)
+        env["CUDA_VISIBLE_DEVICES"] = "-1,-1"
     env.pop("DDPTOP_BEAT_DIR", None)
     if stdout is None:
         out = open(tmp_path / "torchrun.out", "wb")
@@ -345,6 +347,25 @@ def test_attach_by_pid_follows_the_job_to_its_end(procs, tmp_path):
     else:
         assert f"ddptop: attaching to torchrun pid {job.pid} (not launched by ddptop)" in d_err, d_err
         assert by_default.returncode == EXIT_UNKNOWN and "[r1] step 40 loss" in d_out
+
+
+def test_virtual_local_ranks_are_told_apart(procs, tmp_path):
+    """torchrun --virtual-local-rank gives every worker LOCAL_RANK=0 (each sees its GPU as device 0); each
+    rank's log is still its own (torchrun's attempt_0/<local rank>/ directories), the local rank taken from
+    RANK, GROUP_RANK and LOCAL_WORLD_SIZE."""
+    job = start_job(procs, tmp_path, "--steps", "20", "--step-time", "0.1", torchrun=("--virtual-local-rank",))
+    ranks = wait_ranks(procs, job)
+    assert {psutil.Process(p).environ()["LOCAL_RANK"] for p in ranks.values()} == {"0"}  # (as torchrun sets it)
+    w = attach(procs, "--json", "--gpu", "sim", "attach", "--pid", str(job.pid),
+               env=dict(os.environ, DDPTOP_RUNS_DIR=str(tmp_path / "no-runs")))
+    assert job.wait(timeout=TIMEOUT) == 0
+    out, err = finish(w)
+    evs = json_events(out)
+    assert {(e["rank"], e["local_rank"]) for e in evs if e["kind"] == "rank" and e["alive"]} == {(0, 0), (1, 1)}, err
+    for r in (0, 1):
+        mine = [e["text"] for e in evs if e["kind"] == "log" and e["rank"] == r]
+        assert any(t.startswith(f"rank {r}/2 up") for t in mine), mine[:5]
+        assert not any(t.startswith(f"rank {1 - r}/2 up") for t in mine), mine[:5]
 
 
 def test_output_to_a_pipe_is_named_with_the_remedy_and_ctrl_c_only_detaches(procs, tmp_path):

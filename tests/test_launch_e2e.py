@@ -41,6 +41,19 @@ def test_every_rank_line_reaches_journal_and_json_with_its_rank(runs_dir):
     assert (run / "torchrun.log").stat().st_size > 0
 
 
+def test_virtual_local_ranks_keep_their_own_logs(runs_dir):
+    """torchrun --virtual-local-rank: every worker's LOCAL_RANK is 0, yet each rank's lines are its own."""
+    # (torchrun gives each worker one entry of CUDA_VISIBLE_DEVICES; "-1" is no device, as every test's job has)
+    r = run_ddptop("--json", "torchrun", "--virtual-local-rank", "--nproc-per-node", "2", EXAMPLE, "--steps", "5",
+                   "--step-time", "0", env=dict(os.environ, CUDA_VISIBLE_DEVICES="-1,-1"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    events = json_events(r.stdout)
+    assert {(e["rank"], e["local_rank"]) for e in events if e["kind"] == "rank" and e["alive"]} == {(0, 0), (1, 1)}
+    for rank in (0, 1):
+        assert [int(s.split()[1]) for s in step_lines(events, rank)] == list(range(1, 6))
+        assert any(e["kind"] == "log" and e["rank"] == rank and e["text"].startswith(f"rank {rank}/2 up") for e in events)
+
+
 def test_failing_script_exit_code_passes_through(runs_dir):
     r = run_ddptop("--headless", "torchrun", "--nproc-per-node", "2", EXAMPLE, "--steps", "2", "--step-time", "0", "--fail")
     assert r.returncode == 1

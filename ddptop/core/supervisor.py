@@ -28,7 +28,7 @@ import psutil
 
 from ddptop.core import journal, procs
 from ddptop.core.profiles import MASK
-from ddptop.core.torchrun import rank_env
+from ddptop.core.torchrun import local_rank, rank_env, virtual_local_rank
 from ddptop.core.events import (
     FAILED,
     LaunchEvent,
@@ -159,6 +159,8 @@ class Supervisor:
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
         self.meta = journal.load_meta(run_dir)
+        # torchrun's --virtual-local-rank: every worker's LOCAL_RANK is 0 (torchrun.local_rank says the real one)
+        self._virtual_local_rank = virtual_local_rank(list(self.meta.command[1:]))
         self.events = EventWriter(run_dir / journal.EVENTS)
         self.ranks: dict[int, tuple[_Proc, dict]] = {}  # pid -> (proc, info)
         self.family: dict[int, _Proc] = {}  # every descendant seen, for the final sweep
@@ -263,7 +265,7 @@ class Supervisor:
                 continue
             info = dict(
                 rank=int(env["RANK"]),
-                local_rank=int(env["LOCAL_RANK"]),
+                local_rank=local_rank(env, virtual=self._virtual_local_rank) or 0,
                 node=self.meta.host,
                 attempt=int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
             )

@@ -193,6 +193,35 @@ def is_rank(env: Mapping[str, str], *, under_torchrun: bool = True) -> bool:
     return "RANK" in env and (not under_torchrun or "LOCAL_RANK" in env)
 
 
+def local_rank(env: Mapping[str, str], *, virtual: bool = False) -> int | None:
+    """A worker's local rank (the index of its ``attempt_N/<local rank>/``
+    log directory): ``LOCAL_RANK``, except under torchrun's
+    ``--virtual-local-rank``, where every worker's ``LOCAL_RANK`` is 0 (each
+    sees its own GPU as device 0): there it is ``RANK`` less the node's first
+    global rank, ``GROUP_RANK`` x ``LOCAL_WORLD_SIZE`` (torchrun gives each
+    node's workers consecutive ranks).  None when the environment does not say."""
+    def num(k: str) -> int | None:
+        try:
+            return int(env[k])
+        except (KeyError, ValueError):
+            return None
+    local = num("LOCAL_RANK")
+    rank, group, width = num("RANK"), num("GROUP_RANK"), num("LOCAL_WORLD_SIZE")
+    if virtual and rank is not None and group is not None and width:
+        derived = rank - group * width
+        if 0 <= derived < width:
+            return derived
+    return local
+
+
+def virtual_local_rank(args: list[str]) -> bool:
+    """torchrun's arguments (before the script) ask for ``--virtual-local-rank``."""
+    from ddptop.core.launcher import scan_torchrun_args
+
+    opts, _, _ = scan_torchrun_args(args)
+    return any(name in ("--virtual-local-rank", "--virtual_local_rank") for name, _, _ in opts)
+
+
 def rank_env(proc: psutil.Process, *, under_torchrun: bool = True) -> dict[str, str] | None:
     """The :data:`RANK_VARS` in ``proc``'s environment if it is a rank
     process (:func:`is_rank`); None when it is not, or its environment cannot

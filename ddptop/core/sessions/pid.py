@@ -56,7 +56,8 @@ from ddptop.core.pipeline import Pipeline, RankMap
 from ddptop.core.probes.stacks import StackCapture, StackSampler, StackWatch
 from ddptop.core.probes.telemetry import TelemetryLoop
 from ddptop.core.tailer import Tailer, read_share
-from ddptop.core.torchrun import is_rank, is_torchrun, parse_torchrun_options, rank_env, torchrun_args
+from ddptop.core.torchrun import (is_rank, is_torchrun, local_rank, parse_torchrun_options, rank_env, torchrun_args,
+                                  virtual_local_rank)
 
 __all__ = ["EXIT_CRASH_SEEN", "EXIT_UNKNOWN", "ForeignError", "ForeignSession", "Target", "resolve_pid"]
 
@@ -254,6 +255,8 @@ class ForeignSession:
             root_env = {}
         args = torchrun_args(cmdline) if self.torchrun is not None else None
         self.options = parse_torchrun_options(args or [], root_env)
+        # torchrun's --virtual-local-rank: every worker's LOCAL_RANK is 0 (torchrun.local_rank says the real one)
+        self._virtual_local_rank = virtual_local_rank(args or [])
         o = self.options
         self.log_dir = o.log_dir
         self.run_log_dir: Path | None = None  # LOG_DIR/<run id>_<random> of this job, once known
@@ -501,7 +504,7 @@ class ForeignSession:
         rank = _int(env.get("RANK"))
         if rank is None:
             return
-        local = _int(env.get("LOCAL_RANK"))
+        local = local_rank(env, virtual=self._virtual_local_rank)
         local = rank if local is None else local
         attempt = _int(env.get("TORCHELASTIC_RESTART_COUNT")) or 0
         self._ranks[proc.pid] = _Rank(proc, rank, local, attempt, env)
