@@ -463,3 +463,24 @@ def test_one_version_parser_reads_nccls_package_versions():
     assert version_tuple("2.29.1-1") == (2, 29, 1) and version_tuple("2.29.2+cuda12.8") == (2, 29, 2)
     assert (2, 26) <= version_tuple("2.29.1-1") < (2, 29, 2)
     assert version_tuple("2.4.0+cu121") == (2, 4, 0) and version_tuple("") == () and version_tuple(None) == ()
+
+
+def test_two_answers_in_one_second_are_both_kept_and_diagnose_reads_the_later(server, tmp_path):
+    """The raw answers beside a stall's stacks: a second query within the same second keeps its own file (it
+    used to overwrite the first), named so that it sorts after it, as `ddptop diagnose` takes the last."""
+    from pathlib import Path
+
+    from ddptop.core.diagnose import ras_reports
+    from ddptop.core.probes.ras import RasProbe
+    from helpers import wait_for
+
+    s = server(job_of(2, {1}))
+    got: list = []
+    probe = RasProbe(lambda: s.addr, tmp_path, lambda: {}, got.extend)
+    for n in (1, 2):
+        assert probe.request()
+        wait_for(lambda: len(got) >= n, what=f"answer {n}")
+    files = sorted((tmp_path / "stacks").glob("*-ras.*"))
+    assert len({e.file for e in got}) == 2 and sorted(e.file for e in got) == [str(f) for f in files]
+    assert files[-1] == Path(got[-1].file)  # (the later answer sorts last)
+    assert ras_reports([str(tmp_path)])[0]["file"] == got[-1].file

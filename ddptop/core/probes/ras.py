@@ -100,7 +100,12 @@ class RasProbe(Job):
             from ddptop.core.journal import JournalError, make_private_dir
 
             d = make_private_dir(self.dest / "stacks")
-            f = d / (time.strftime("%Y%m%d-%H%M%S") + f"-ras.{'json' if st.format == 'json' else 'txt'}")
+            ext = "json" if st.format == "json" else "txt"
+            stamp, n = time.strftime("%Y%m%d-%H%M%S"), 1
+            f = d / f"{stamp}-ras.{ext}"
+            while f.exists():  # (two answers in one second: both kept, the later sorting last, as diagnose reads)
+                n += 1
+                f = d / f"{stamp}.{n:02d}-ras.{ext}"
             f.write_text(st.raw)
             file = str(f)
         except (OSError, JournalError):
