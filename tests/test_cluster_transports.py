@@ -560,3 +560,41 @@ def test_logs_only_follows_a_restarted_container_as_its_nodes_next_attempt(tmp_p
     lines = [e["text"] for e in ev if e["kind"] == "log" and e["node"] == "worker-0"]
     assert lines == [f"worker line {i}" for i in range(1, 301)], (len(lines), lines[:3], lines[-3:])
     assert ev[-1]["kind"] == "state" and ev[-1]["state"] == "succeeded", ev[-1]
+
+
+@needs_pid_namespaces
+def test_one_pod_of_two_restarts_and_the_merged_view_follows_it(tmp_path, cluster):
+    """Two pods in the merged view; the worker's run fails and the kubelet restarts its container while the
+    master runs on.  The merged view shows the worker's next attempt (the same node), keeps the master's
+    stream, and ends when both have succeeded."""
+    for i, role in enumerate(("master", "worker")):
+        labels = {**PYTORCHJOB, "training.kubeflow.org/replica-type": role, "training.kubeflow.org/replica-index": "0"}
+        fault = ("--fault", "die", "--fault-rank", "0", "--fault-step", "10") if role == "worker" else ()
+        cluster.pod(f"bert-{role}-0", labels, _restart_job(600 if role == "master" else 2000, *fault),
+                    tmp_path / f"runs-{i}", env={"PET_MASTER_PORT": str(free_port())})
+    for i in range(2):
+        wait_for(lambda: any((tmp_path / f"runs-{i}").glob("*/meta.json")), what=f"pod {i}'s run")
+    w, seen = _attach_json(cluster, "--k8s", "bert", "--restart-wait", "60")
+    try:
+        wait_for(lambda: any(e["kind"] == "link" and e["node"] == "worker-0" and "CrashLoopBackOff" in
+                             e.get("message", "") for e in seen) or w.poll() is not None, timeout=TIMEOUT,
+                 what="the view to wait for the worker's restart")
+        assert w.poll() is None, w.stderr.read().decode()[-3000:]
+        cluster.restart("bert-worker-0", keep_runs=True, cmd=_restart_job(30))
+        w.wait(timeout=TIMEOUT)
+    finally:
+        if w.poll() is None:
+            os.killpg(w.pid, signal.SIGKILL)  # (the attachment only: it started nothing)
+            w.wait(timeout=30)
+    assert w.returncode == 0, w.stderr.read().decode()[-3000:]
+    ev = list(seen)
+    (launch,) = [e for e in ev if e["kind"] == "launch" and e.get("node_restart")]
+    assert launch["node"] == "worker-0"
+    assert {e["node"] for e in ev if e["kind"] == "log"} == {"master-0", "worker-0"}
+    for node, last in (("master-0", "step 600 "), ("worker-0", "step 30 ")):
+        assert any(e["kind"] == "log" and e["node"] == node and e["text"].startswith(last) for e in ev), node
+    master = [int(e["text"].split()[1]) for e in ev if e["kind"] == "log" and e["node"] == "master-0"
+              and e["text"].startswith("step ")]
+    assert master == list(range(1, 601))  # (the master's stream went on, whole, through the worker's restart)
+    assert any(e["kind"] == "note" and e["message"].startswith("worker-0: attempt 0 failed") for e in ev)
+    assert ev[-1]["kind"] == "state" and ev[-1]["state"] == "succeeded", ev[-1]
