@@ -82,6 +82,9 @@ def _err(msg: str) -> int:
     return 2
 
 
+READERS_WAIT = 5.0  # seconds a launching ddptop waits, at the end, for attached agents to send the run's end
+
+
 def _watch(session, args) -> int:
     """Show a ``JobSession`` (headless, JSON or the UI) to its end; what ddptop exits with."""
     try:
@@ -503,7 +506,16 @@ def _main(argv: list[str] | None = None) -> int:
             return _err(str(e))
         if not (args.headless or args.json):
             print(f"ddptop: run {session.location}", file=sys.stderr)
-        return _watch(session, args)
+        code = _watch(session, args)
+        from ddptop.core.sessions.protocol import LocalRun
+
+        if isinstance(session.location, LocalRun):
+            from ddptop.core import journal
+
+            # agents streaming the run to `ddptop attach` clients send its end before this process exits (in a
+            # container, this process is the first, and its exit ends them)
+            journal.wait_for_readers(session.location.run_dir, READERS_WAIT)
+        return code
     return _err(f"unknown command {cmd[0]!r}: expected `torchrun ...`, `attach RUN|HOST`, `diagnose PATH`, "
                 f"`profiles`, `fix torchrun ...`, `agent` or `runs`")
 

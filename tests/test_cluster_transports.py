@@ -14,7 +14,7 @@ import time
 import pytest
 
 from conftest import EXAMPLE, ROOT, TIMEOUT, ddptop_cmd, json_events, rank_started, wait_for, write_run
-from fake_cluster import BIN, FakeCluster, ddptop_words, unshare_works
+from fake_cluster import BIN, FakeCluster, _child, ddptop_words, unshare_works
 from helpers import free_port, per_line
 from test_attach_ssh import drain
 
@@ -186,6 +186,26 @@ def test_attach_k8s_shows_each_pod_as_a_node(tmp_path, cluster):
     assert {n for n, _ in steps} == {"master-0", "worker-0"}, steps
     connecting = [e["message"] for e in ev if e["kind"] == "link" and e["state"] == "connecting"]
     assert any(m.startswith("kubectl exec bert-master-0 -c pytorch") for m in connecting), connecting
+    # each pod's ddptop is its container's first process; it waited for the agent to send the run's end before
+    # it exited (which ended the container, and the agent exec'd into it): the end is the run's own, not the
+    # cluster's word
+    ends = [e["message"] for e in ev if e["kind"] == "note" and "job succeeded" in e["message"]]
+    assert len(ends) == 2 and all("torchrun exited with 0" in m for m in ends), ends
+
+
+def test_a_launching_ddptop_waits_for_live_readers_only(tmp_path):
+    """``readers/<pid>``: an agent streaming the run; a stale one (its process gone) holds nothing up."""
+    from ddptop.core import journal
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / journal.READERS).mkdir()
+    (run / journal.READERS / "999999").write_text('{"pid": 999999, "create_time": 1.0}')
+    assert journal.wait_for_readers(run, 10)  # (True: none left, not the 10 s run out)
+    me = journal.add_reader(run)
+    assert me is not None and not journal.wait_for_readers(run, 0.3)
+    me.unlink()
+    assert journal.wait_for_readers(run, 10)
 
 
 @needs_pid_namespaces
@@ -598,3 +618,43 @@ def test_one_pod_of_two_restarts_and_the_merged_view_follows_it(tmp_path, cluste
     assert master == list(range(1, 601))  # (the master's stream went on, whole, through the worker's restart)
     assert any(e["kind"] == "note" and e["message"].startswith("worker-0: attempt 0 failed") for e in ev)
     assert ev[-1]["kind"] == "state" and ev[-1]["state"] == "succeeded", ev[-1]
+
+
+@needs_pid_namespaces
+def test_the_runs_own_end_reaches_the_view_before_its_container_ends(tmp_path, cluster):
+    """A pod's ddptop is its container's first process: its exit ends the container, and the agent exec'd into
+    it.  It waits (a few seconds at most) for a live agent to send the run's end first.  Here the agent is held
+    (SIGSTOP) until ddptop has printed the job's end, then let go: the view still gets the run's own end."""
+    labels = {**PYTORCHJOB, "training.kubeflow.org/replica-type": "master", "training.kubeflow.org/replica-index": "0"}
+    cluster.pod("bert-master-0", labels, _restart_job(100), tmp_path / "runs", env={"PET_MASTER_PORT": str(free_port())})
+    run = wait_for(lambda: next((d for d in (tmp_path / "runs").glob("*") if (d / "meta.json").exists()), None)
+                   if (tmp_path / "runs").exists() else None, what="the run")
+    w, seen = _attach_json(cluster, "--k8s", "bert")
+    agent = None
+    try:
+        wait_for(lambda: (run / "readers").exists() and any((run / "readers").glob("*")), timeout=TIMEOUT,
+                 what="the agent's readers/ entry")
+        # the agent, as this machine numbers it (readers/ has its pid inside the pod): the process the kubectl
+        # stand-in's nsenter started in the pod's namespace
+        (link,) = list(cluster.links.iterdir())
+        agent = wait_for(lambda: _child(int(link.name.split("-", 1)[1])), what="the agent's pid out here")
+        assert "agent" in open(f"/proc/{agent}/cmdline").read()
+        os.kill(agent, signal.SIGSTOP)
+        log = cluster.data["k8s"]["runtime"]["bert-master-0"]["log"]
+        wait_for(lambda: "job succeeded" in open(log, errors="replace").read(), timeout=TIMEOUT,
+                 what="the pod's ddptop to print the job's end")
+        os.kill(agent, signal.SIGCONT)
+        w.wait(timeout=TIMEOUT)
+    finally:
+        if agent is not None:
+            try:
+                os.kill(agent, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        if w.poll() is None:
+            os.killpg(w.pid, signal.SIGKILL)  # (the attachment only: it started nothing)
+            w.wait(timeout=30)
+    assert w.returncode == 0, w.stderr.read().decode()[-3000:]
+    ev = list(seen)
+    assert ev[-1]["kind"] == "state" and ev[-1]["state"] == "succeeded", ev[-1]
+    assert ev[-1]["message"] == "torchrun exited with 0", ev[-1]  # (the run's own end, not the cluster's word)

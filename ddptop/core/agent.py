@@ -119,6 +119,9 @@ def main(argv: list[str]) -> int:
     send({**hello, "t": time.time(), "run": run, "run_dir": run_dir, "location": str(loc),
           "meta": meta.to_dict() if meta is not None else None})
 
+    # (a ddptop that launched the run waits, a moment, for this agent to send its end before it exits: in a
+    # container it is the first process, and its end is the container's, and this agent's)
+    reader = journal.add_reader(loc.run_dir) if isinstance(loc, LocalRun) else None
     cmds: queue.SimpleQueue = queue.SimpleQueue()
     threading.Thread(target=_stdin_commands, args=(cmds, session.wake), daemon=True, name="agent-stdin").start()
     last_sent = 0.0
@@ -160,6 +163,8 @@ def main(argv: list[str]) -> int:
         return 0
     finally:
         session.close()
+        if reader is not None:
+            reader.unlink(missing_ok=True)
 
 
 def _accepts_batches(raw: bytes) -> bool:

@@ -29,6 +29,7 @@ LOGS = "logs"
 SUPERVISOR = "supervisor.json"
 EXIT = "exit.json"
 RELAUNCH = "relaunch.json"  # a relaunch request: {"profiles": [...], "reason": ...}, then SIGUSR1
+READERS = "readers"  # readers/<pid>: an agent streaming the run to a client (gone once it has sent the end)
 BEATS = "beats"  # hook.<rank> / beat.<rank>: "<step> <unix time>", rewritten in place
 # the real command lines when meta.json shows them masked (secret-named options): 0600, read
 # only by the supervisor (relaunch) and `ddptop fix`; no viewer, agent or event shows it
@@ -292,6 +293,40 @@ def supervisor_alive(run_dir: Path, started: float | None) -> bool:
     if sup is None:
         return not (run_dir / SUPERVISOR).exists() and time.time() - (started or 0) < STARTUP_GRACE
     return pid_matches(sup["pid"], sup["create_time"])
+
+
+def add_reader(run_dir: Path) -> Path | None:
+    """Say that this process (an agent) streams the run: ``readers/<pid>``
+    with its start time, for ``wait_for_readers``.  None when it cannot."""
+    import psutil
+
+    try:
+        d = make_private_dir(Path(run_dir) / READERS)
+        f = d / str(os.getpid())
+        f.write_text(json.dumps({"pid": os.getpid(), "create_time": psutil.Process().create_time()}))
+        return f
+    except (OSError, JournalError, psutil.Error):
+        return None
+
+
+def wait_for_readers(run_dir: Path, timeout: float) -> bool:
+    """Until every live agent streaming the run has sent its end (removed its
+    ``readers/`` file), or ``timeout`` seconds: a launching ddptop that is a
+    container's first process ends the container, and the agents exec'd into
+    it with it.  True when none is left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        live = []
+        for f in (Path(run_dir) / READERS).glob("*"):
+            d = read_json(f)
+            if isinstance(d, dict) and isinstance(d.get("pid"), int) and isinstance(d.get("create_time"), (int, float)) \
+                    and pid_matches(d["pid"], d["create_time"]):
+                live.append(f)
+        if not live:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
 
 
 @dataclass(frozen=True)
