@@ -70,22 +70,26 @@ class FakeCluster:
 
     def pod(self, name: str, labels: dict[str, str], cmd: list[str], runs: Path, *, container: str = "pytorch",
             namespace: str = "default", has_ddptop: bool = True, env: dict | None = None,
-            annotations: dict | None = None, restarts: int = 0, restart_policy: str = "OnFailure") -> subprocess.Popen:
+            annotations: dict | None = None, restarts: int = 0, restart_policy: str = "OnFailure",
+            sidecar: bool = False) -> subprocess.Popen:
         """A running pod whose container runs ``cmd`` in its own PID namespace (its output is the pod's log).
         The container's state is the process's (the kubectl stand-in reads it): running while it lives, then
         terminated with its exit code, and the pod's phase as ``restart_policy`` makes it (the kubelet's
-        restart itself is ``restart``)."""
+        restart itself is ``restart``).  ``sidecar``: a second container that keeps running (a proxy), so
+        that the pod stays Running after the training container has ended, as Kubernetes keeps it."""
         pod_env = {"DDPTOP_RUNS_DIR": str(runs), **(env or {})}
         self.data["k8s"]["pods"].append({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations or {},
                          "uid": f"uid-{name}-{len(self.data['k8s']['pods'])}"},
             "spec": {"containers": [{"name": container, "image": "trainer:latest"},
-                                    {"name": "sidecar", "image": "proxy:1"}], "nodeName": "kind-worker",
-                     "restartPolicy": restart_policy},
+                                    *([{"name": "sidecar", "image": "proxy:1"}] if sidecar else [])],
+                     "nodeName": "kind-worker", "restartPolicy": restart_policy},
             "status": {"phase": "Running", "podIP": "10.244.0.7",
-                       "containerStatuses": [{"name": container, "ready": True, "restartCount": restarts},
-                                             {"name": "sidecar", "ready": True, "restartCount": 0}]}})
+                       "containerStatuses": [
+                           {"name": container, "ready": True, "restartCount": restarts},
+                           *([{"name": "sidecar", "ready": True, "restartCount": 0,
+                               "state": {"running": {"startedAt": "2026-11-26T05:00:00Z"}}}] if sidecar else [])]}})
         self.data["k8s"]["runtime"][name] = {"env": pod_env, "has_ddptop": has_ddptop, "container": container,
                                              "log": str(self.root / f"{name}.log"), "runs": str(runs), "cmd": cmd,
                                              "exit": str(self.root / f"{name}.exit")}
@@ -152,7 +156,7 @@ class FakeCluster:
         self.pod(new_name, old["metadata"]["labels"], cmd, runs, container=rt["container"],
                  namespace=old["metadata"]["namespace"], env={k: v for k, v in rt["env"].items()
                                                               if k != "DDPTOP_RUNS_DIR"},
-                 restart_policy=old["spec"]["restartPolicy"])
+                 restart_policy=old["spec"]["restartPolicy"], sidecar=len(old["spec"]["containers"]) > 1)
 
     def drop_links(self) -> int:
         """Cut every live link an srun or kubectl stand-in carries (as a network drop would): how many."""

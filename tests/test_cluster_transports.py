@@ -400,6 +400,16 @@ def test_the_cluster_says_whether_a_node_gets_another_attempt():
     assert (look.kind, look.exit_code) == ("unsure", 1) and "Never" in look.message
     assert k8s.outlook(None, before).kind == "unsure"
     assert k8s.outlook(_pod(state=running, deleting=True), before).kind == "unsure"
+    # a pod kept Failed beside its Pending replacement (listed after it, by name): the replacement is the node
+    failed = {"metadata": {"name": "bert-worker-0-zz", "uid": "u1", "creationTimestamp": "2026-11-26T05:00:00Z",
+                           "labels": {**PYTORCHJOB, "training.kubeflow.org/replica-type": "worker",
+                                      "training.kubeflow.org/replica-index": "0"}},
+              "spec": {"containers": [{"name": "pytorch"}]}, "status": {"phase": "Failed"}}
+    pending = {**failed, "metadata": {**failed["metadata"], "name": "bert-worker-0-aa", "uid": "u2",
+                                      "creationTimestamp": "2026-11-26T05:03:00Z"}, "status": {"phase": "Pending"}}
+    (node,) = k8s._nodes([pending, failed], "")
+    assert node.name == "bert-worker-0-aa"
+    assert k8s.outlook(node, before).kind == "restarting" and k8s.outlook(node, before).coming
 
 
 def _restart_job(steps: int, *fault) -> list[str]:
@@ -519,13 +529,15 @@ def test_a_recreated_pod_is_the_next_attempt_of_the_same_node(tmp_path, cluster)
 
 
 @needs_pid_namespaces
-def test_a_pod_that_fails_for_good_ends_the_view_after_the_restart_wait(tmp_path, cluster):
+@pytest.mark.parametrize("sidecar", [False, True], ids=["alone", "with-a-sidecar"])
+def test_a_pod_that_fails_for_good_ends_the_view_after_the_restart_wait(tmp_path, cluster, sidecar):
     """restartPolicy Never, and no controller makes another pod: the view waits --restart-wait seconds, says
-    so, and ends with the attempt's failure (ddptop exits with the job's code)."""
+    so, and ends with the attempt's failure (ddptop exits with the job's code).  With a sidecar the pod stays
+    Running, its training container ended: the same end."""
     cluster.pod("bert-master-0", {**PYTORCHJOB, "training.kubeflow.org/replica-type": "master",
                                   "training.kubeflow.org/replica-index": "0"},
                 _restart_job(2000, "--fault", "die", "--fault-rank", "0", "--fault-step", "15"), tmp_path / "runs",
-                env={"PET_MASTER_PORT": str(free_port())}, restart_policy="Never")
+                env={"PET_MASTER_PORT": str(free_port())}, restart_policy="Never", sidecar=sidecar)
     wait_for(lambda: any((tmp_path / "runs").glob("*/meta.json")), what="the run")
     w, seen = _attach_json(cluster, "--k8s", "bert", "--restart-wait", "3")
     try:
@@ -538,7 +550,9 @@ def test_a_pod_that_fails_for_good_ends_the_view_after_the_restart_wait(tmp_path
     assert w.returncode == 1, w.stderr.read().decode()[-3000:]
     assert not [e for e in ev if e["kind"] == "launch" and e.get("node_restart")]
     gave_up = [e["message"] for e in ev if e["kind"] == "note" and "no next attempt came within 3 s" in e["message"]]
-    assert gave_up and "pod bert-master-0 failed" in gave_up[0], gave_up
+    said = ("container pytorch ended: Error, exit code 1 and will not restart (restartPolicy Never)" if sidecar
+            else "pod bert-master-0 failed")
+    assert gave_up and said in gave_up[0], gave_up
     assert ev[-1]["kind"] == "state" and ev[-1]["state"] == "failed" and ev[-1]["exit_code"] == 1, ev[-1]
 
 
@@ -658,3 +672,28 @@ def test_the_runs_own_end_reaches_the_view_before_its_container_ends(tmp_path, c
     ev = list(seen)
     assert ev[-1]["kind"] == "state" and ev[-1]["state"] == "succeeded", ev[-1]
     assert ev[-1]["message"] == "torchrun exited with 0", ev[-1]  # (the run's own end, not the cluster's word)
+
+
+@needs_pid_namespaces
+def test_a_restarted_container_that_never_runs_ddptop_ends_the_view_after_the_restart_wait(tmp_path, cluster):
+    """The kubelet restarted the container, but the new one never begins a ddptop run (its command changed):
+    the view does not wait forever for it."""
+    labels = {**PYTORCHJOB, "training.kubeflow.org/replica-type": "master", "training.kubeflow.org/replica-index": "0"}
+    cluster.pod("bert-master-0", labels, _restart_job(2000, "--fault", "die", "--fault-rank", "0", "--fault-step",
+                                                      "10"), tmp_path / "runs", env={"PET_MASTER_PORT": str(free_port())})
+    wait_for(lambda: any((tmp_path / "runs").glob("*/meta.json")), what="the run")
+    w, seen = _attach_json(cluster, "--k8s", "bert", "--restart-wait", "3")
+    try:
+        wait_for(lambda: any(e["kind"] == "link" and "CrashLoopBackOff" in e.get("message", "") for e in seen)
+                 or w.poll() is not None, timeout=TIMEOUT, what="the view to wait for the restart")
+        cluster.restart("bert-master-0", keep_runs=True, cmd=["sleep", "600"])
+        w.wait(timeout=TIMEOUT)
+    finally:
+        if w.poll() is None:
+            os.killpg(w.pid, signal.SIGKILL)
+            w.wait(timeout=30)
+    ev = list(seen)
+    assert w.returncode == 1, w.stderr.read().decode()[-3000:]
+    gave_up = [e["message"] for e in ev if e["kind"] == "note" and "no next attempt came within 3 s" in e["message"]]
+    assert gave_up and "restarted (restart 1" in gave_up[0], gave_up
+    assert ev[-1]["kind"] == "state" and ev[-1]["state"] == "failed", ev[-1]

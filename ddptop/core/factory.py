@@ -233,10 +233,11 @@ def _pods(req: AttachRequest) -> Opened:
     try:
         what, pods = k8s.find_pods(k.name, k.selector, container=k.container, namespace=k.namespace,
                                    context=k.context)
+        found_by = k8s.job_selector(what, k.name) if k.name else k.selector  # (the pods' own labels, else these)
         opened = [RemoteSession(p.node, req.run or "latest", remote_cmd=req.remote_cmd, gpu=req.options.gpu,
                                 restart_wait=k.restart_wait,
                                 transport=Kubectl(p.name, p.container, k.namespace, k.context,
-                                                  watch=k8s.PodWatch(p, k.selector, namespace=k.namespace,
+                                                  watch=k8s.PodWatch(p, found_by, namespace=k.namespace,
                                                                      context=k.context)))
                   for p in pods]
     except (k8s.K8sError, ValueError) as e:
@@ -245,7 +246,7 @@ def _pods(req: AttachRequest) -> Opened:
         from ddptop.core.sessions.pod_logs import PodLogsSession
         from ddptop.core.sessions.protocol import PodLogs
 
-        selector = k8s.job_selector(what, k.name) if k.name else k.selector
+        selector = found_by
         watch = k8s.JobWatch(selector, k.container, namespace=k.namespace, context=k.context)
         return Opened(PodLogsSession(k8s.base(namespace=k.namespace, context=k.context),
                                      PodLogs(selector, k.namespace, k.context), pods, watch=watch.now,

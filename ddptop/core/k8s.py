@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ddptop.core.sessions.transports import _K8S_NAME, checked, kubectl_base as base
 
@@ -67,6 +67,7 @@ class Pod:
     last_reason: str = ""  # how the container before it ended (lastState.terminated), after a restart
     last_exit_code: int | None = None
     deleting: bool = False  # metadata.deletionTimestamp: the pod is on its way out
+    created: str = ""  # metadata.creationTimestamp (RFC 3339: sorts as time does)
 
 
 @dataclass(frozen=True)
@@ -78,12 +79,17 @@ class Outlook:
     attempt is on its way), ``ended`` (the pod completed: no next attempt),
     ``unsure`` (the pod failed for good, or is gone: its job's controller may
     yet make another, or may not).  ``exit_code``/``reason``: how the
-    attempt's container ended, where the cluster says."""
+    attempt's container ended, where the cluster says.  ``coming``: a
+    restart is on its way and not there yet (the container waits to start,
+    the pod is pending); ``incarnation``: the pod's uid and the container's
+    restart count now."""
 
     kind: str
     message: str
     exit_code: int | None = None
     reason: str = ""
+    coming: bool = False
+    incarnation: tuple = ()
 
 
 def _state(status: dict) -> tuple[str, str, int | None]:
@@ -99,8 +105,15 @@ def outlook(now: Pod | None, before: Pod | None) -> Outlook:
     attempt began, ``now`` as the cluster lists it now (None: no pod)."""
     if now is None:
         return Outlook("unsure", "no pod of this node is listed now (being recreated, or deleted with its job)")
+    look = _outlook(now, before)
+    return replace(look, incarnation=(now.uid, now.restarts))
+
+
+def _outlook(now: Pod, before: Pod | None) -> Outlook:
+    waiting = now.state == "waiting" or now.phase == "Pending" or not now.state
     if before is not None and now.uid and before.uid and now.uid != before.uid:
-        return Outlook("restarting", f"pod recreated as {now.name} ({now.phase or 'no phase yet'})")
+        return Outlook("restarting", f"pod recreated as {now.name} ({now.phase or 'no phase yet'})",
+                       coming=waiting and not now.deleting)
     newer = before is not None and now.restarts > before.restarts
     if now.state == "terminated":
         ended = (now.exit_code, now.reason)
@@ -117,15 +130,16 @@ def outlook(now: Pod | None, before: Pod | None) -> Outlook:
                        f"{now.restart_policy}): its job's controller may start another pod, or give up", *ended)
     if newer:
         return Outlook("restarting", f"container {now.container} restarted (restart {now.restarts}; the last one "
-                       "ended" + _how(*ended) + ")", *ended)
+                       "ended" + _how(*ended) + ")", *ended, coming=waiting)
     if now.state == "waiting" or now.phase == "Pending":
         return Outlook("restarting", f"container {now.container} is waiting to start ({now.reason or now.phase}; "
                        "the last one ended" + _how(*ended) + ")" if ended != (None, "") else
-                       f"container {now.container} is waiting to start ({now.reason or now.phase})", *ended)
+                       f"container {now.container} is waiting to start ({now.reason or now.phase})", *ended,
+                       coming=True)
     if now.state == "terminated":
         if now.restart_policy == "Always" or now.restart_policy == "OnFailure" and now.exit_code != 0:
             return Outlook("restarting", f"container {now.container} ended" + _how(*ended) + ": the kubelet "
-                           f"restarts it (restartPolicy {now.restart_policy})", *ended)
+                           f"restarts it (restartPolicy {now.restart_policy})", *ended, coming=True)
         return Outlook("ended" if now.exit_code == 0 else "unsure", f"container {now.container} ended"
                        + _how(*ended) + f" and will not restart (restartPolicy {now.restart_policy})", *ended)
     return Outlook("same", f"container {now.container} of pod {now.name} still runs (restart {now.restarts})")
@@ -225,7 +239,7 @@ def describe(pod: dict, container: str = "") -> Pod:
                str((pod.get("status") or {}).get("phase", "")), restarts, selector, (*idx, name),
                uid=str(meta.get("uid") or ""), restart_policy=str((pod.get("spec") or {}).get("restartPolicy") or "Always"),
                state=state, reason=reason, exit_code=code, last_reason=last_reason, last_exit_code=last_code,
-               deleting=bool(meta.get("deletionTimestamp")))
+               deleting=bool(meta.get("deletionTimestamp")), created=str(meta.get("creationTimestamp") or ""))
 
 
 def find_pods(name: str = "", selector: str = "", *, container: str = "", kubectl: tuple[str, ...] = ("kubectl",),
@@ -252,12 +266,16 @@ def find_pods(name: str = "", selector: str = "", *, container: str = "", kubect
 
 def _nodes(items: list[dict], container: str) -> list[Pod]:
     pods = [describe(p, container) for p in items]
-    # (a recreated pod beside the one it replaces: the running one, else the newest listed, is the node)
+    # (a recreated pod beside the one it replaces: the one not on its way out, not ended, running, newest)
     best: dict[str, Pod] = {}
     for p in pods:
-        if p.node not in best or (p.phase == "Running") >= (best[p.node].phase == "Running"):
+        if p.node not in best or _liveliness(p) >= _liveliness(best[p.node]):
             best[p.node] = p
     return sorted(best.values(), key=lambda p: p.order)
+
+
+def _liveliness(p: Pod) -> tuple:
+    return (not p.deleting, p.phase not in ("Succeeded", "Failed"), p.phase == "Running", p.created)
 
 
 def job_selector(what: str, name: str) -> str:

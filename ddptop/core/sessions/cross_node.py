@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from dataclasses import replace
 
 from ddptop.core import journal
 from ddptop.core.analysis.nodes import ACROSS, OneAlarm
@@ -42,6 +43,7 @@ class MultiSession:
         self._said: set = set()
         self._rank_node: dict[tuple, str] = {}  # (launch, attempt, rank) -> the node that first reported it
         self._clashes: set[int] = set()
+        self._launches = 0  # the highest launch generation shown
 
     @property
     def meta(self) -> journal.Meta | None:
@@ -111,6 +113,12 @@ class MultiSession:
                 else:
                     out.append(ev)
         out += self._node_differences(out)
+        for i, ev in enumerate(out):
+            # each node counts its own restarts' launches: one job's count, so that each is a new launch here
+            if isinstance(ev, LaunchEvent):
+                if ev.node_restart and ev.generation <= self._launches:
+                    ev = out[i] = replace(ev, generation=self._launches + 1)
+                self._launches = max(self._launches, ev.generation)
         gen = self.pipeline.generation
         for ev in list(out):
             if isinstance(ev, LaunchEvent) and ev.generation > gen:

@@ -39,6 +39,7 @@ from ddptop.core.sessions.protocol import CommandResult, Control, ExitStatus, Po
 REFUSED = "logs only: the job belongs to the cluster, and its image has no ddptop to ask"
 BACKOFF = (1.0, 2.0, 4.0, 8.0)
 RESTART_WAIT = 120.0  # seconds an ended pod is waited for, when the cluster does not say it restarts it
+SETTLE_TRIES = 3  # times a stream that ended as a container's does is checked against the cluster's word
 # kubectl's answers that following again cannot fix
 _FATAL = ("unknown flag", "Forbidden", "Unauthorized", "no context exists", "invalid configuration",
           "You must be logged in")
@@ -184,6 +185,10 @@ class PodLogsSession:
                 return self._fail(f"cannot run {argv[0]!r}: {e}")
             with self._lock:
                 self._procs[node] = proc
+            if self._closed.is_set():  # (closed while it started: close() did not see it)
+                _kill(proc)
+                proc.wait()
+                return
             self._link(node, "up", f"following pod {pod.name}'s log (logs only: no GPU pane, no stacks)")
             got = self._pump(proc, node, pod.name, reader)
             rc = proc.wait()
@@ -195,15 +200,14 @@ class PodLogsSession:
             last = err.splitlines()[-1] if err else f"kubectl exited with {rc}"
             if rc != 0 and any(s in err for s in _FATAL):
                 return self._fail(f"{node}: {last}")
-            if rc == 0 or "is waiting to start" in err or "NotFound" in err:
-                # the container ended (or is not running): its next attempt, when the cluster restarts it
-                outcome, now = self._next_attempt(node, before)
-                if outcome == "end":
-                    return self._node_done(node)
-                if outcome == "next":
-                    before, since, failures, reader = now, "", 0, PrefixReader()
-                    continue
-                # (the same container still runs: its stream dropped)
+            # any end of the stream (the container ended, is not running, the link dropped): the cluster says
+            # whether a next attempt comes; the same container still running is followed on
+            outcome, now = self._next_attempt(node, before, settle=rc == 0)
+            if outcome == "end":
+                return self._node_done(node)
+            if outcome == "next":
+                before, since, failures, reader = now, "", 0, PrefixReader()
+                continue
             if got:
                 since = self.since  # (followed again: the recent lines, once more)
             delay = self.backoff[min(failures, len(self.backoff) - 1)]
@@ -242,15 +246,18 @@ class PodLogsSession:
 
     # -- restarts ------------------------------------------------------------------
 
-    def _next_attempt(self, node: str, before: Any) -> tuple[str, Any]:
-        """The node's stream ended: ("next", pod) once the cluster runs its next
+    def _next_attempt(self, node: str, before: Any, settle: bool = False) -> tuple[str, Any]:
+        """The node's stream ended: ("next", pod) once the cluster has its next
         attempt (announced), ("again", pod) when its container still runs (a
-        dropped stream), ("end", None) when none will come."""
+        dropped stream), ("end", None) when none will come.  ``settle``: the
+        stream ended as a container's does; the cluster's word may lag behind
+        it, so "still runs" is asked again a few times before it is believed."""
         if self._watch is None or self._outlook is None:
             return "end", None
         waiting_since = time.monotonic()
         tries = 0
         said = False
+        settling = SETTLE_TRIES if settle else 0
         while not self._closed.is_set():
             pods = self._watch()
             if pods is not None:
@@ -259,27 +266,36 @@ class PodLogsSession:
                     self._pods[node] = now
                     self.nodes[now.name] = node  # (a recreated pod has a new name: the same node)
                 look = self._outlook(now, before)
-                if now is not None and now.state == "running" and (now.uid != before.uid
-                                                                   or now.restarts > before.restarts):
+                if now is not None and (now.uid != before.uid or now.restarts > before.restarts) and \
+                        now.state != "waiting" and now.phase != "Pending":
+                    # (running, or already ended again: its log is there to read either way)
                     self._announce(node, now, look)
                     return "next", now
-                if look.kind == "same":
+                if look.kind == "same" and settling > 0:
+                    settling -= 1  # (the cluster's word may lag behind the stream's end: asked again)
+                    message = f"{look.message}: asked again"
+                elif look.kind == "same":
                     return "again", now
-                self._ends[node] = look
-                if look.kind == "ended":
-                    return "end", None
-                if look.kind == "restarting":
-                    waiting_since = time.monotonic()
-                elif time.monotonic() - waiting_since >= self.restart_wait:
-                    self._put([NoteEvent(self.clock(), "warning", f"{node}: no next attempt came within "
-                                         f"{self.restart_wait:.0f} s ({look.message})", node=node)])
-                    return "end", None
-                if not said:
-                    said = True
-                    self._put([NoteEvent(self.clock(), "info" if look.exit_code == 0 else "warning",
-                                         f"{node}: attempt {self._attempts.get(node, 0)} ended ({look.message}); "
-                                         "waiting for its next attempt", node=node)])
-                message = f"waiting for its next attempt: {look.message}"
+                else:
+                    self._ends[node] = look
+                    if look.kind == "ended":
+                        return "end", None
+                    if look.coming:
+                        waiting_since = time.monotonic()
+                    elif time.monotonic() - waiting_since >= self.restart_wait:
+                        self._put([NoteEvent(self.clock(), "warning", f"{node}: no next attempt came within "
+                                             f"{self.restart_wait:.0f} s ({look.message})", node=node)])
+                        return "end", None
+                    if not said:
+                        said = True
+                        self._put([NoteEvent(self.clock(), "info" if look.exit_code == 0 else "warning",
+                                             f"{node}: attempt {self._attempts.get(node, 0)} ended ({look.message});"
+                                             " waiting for its next attempt", node=node)])
+                    message = f"waiting for its next attempt: {look.message}"
+            elif time.monotonic() - waiting_since >= self.restart_wait:
+                self._put([NoteEvent(self.clock(), "warning", f"{node}: no next attempt came within "
+                                     f"{self.restart_wait:.0f} s (the cluster could not be asked)", node=node)])
+                return "end", None
             else:
                 message = "waiting for its next attempt (the cluster could not be asked)"
             delay = self.backoff[min(tries, len(self.backoff) - 1)]

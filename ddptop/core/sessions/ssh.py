@@ -56,7 +56,11 @@ SKEW_MIN = 1.0  # seconds: a node clock further than this from ours has its even
 CONTROL = wire.CONTROL
 FIX_ELSEWHERE = "ddptop fix runs the job again on this machine: run it on the node where the job runs"
 RESTART_WAIT = 120.0  # seconds a node whose run failed is waited for, when its cluster does not say it restarts it
-_OVER = object()  # on the queue: the node's attempt has ended, its next one is waited for
+_OVER = object()  # on the queue, with the attempt's number: the node's attempt has ended, its next one is waited for
+LAG_TRIES = 5  # connections refused for a container the cluster still calls running, before that is an error
+# what kubectl says when the container (or pod) it was to exec into is not running
+_NOT_RUNNING = ("container not found", "cannot exec into a container in a completed pod", "NotFound",
+                "is not created or running", "container is not running")
 
 
 def install_hint() -> str:
@@ -117,6 +121,8 @@ class RemoteSession:
         self._after: float | None = None
         self._waiting_since = 0.0
         self._look_said = ""  # what the cluster said of the node, last written as a note
+        self._timed_for: tuple = ()  # the pod incarnation the wait's time was last started for
+        self._lagging = 0  # connections refused while the cluster still calls the container running
         self._run_final: StateEvent | None = None  # (the reader's: the final state the current run's stream gave)
         self._gen_base = 0  # added to the current run's launch generations (its node's earlier attempts' come first)
         self._gen_top = 0
@@ -208,11 +214,11 @@ class RemoteSession:
                 if self._final is not None:
                     out.append(self._final)  # the job's final state is the stream's last event
                 break
-            if batch is _OVER:  # this attempt of the node ended; its cluster restarts it: the next is waited for
+            if isinstance(batch, tuple):  # (_OVER, N): attempt N of the node ended; the next is waited for
                 f = self._final
                 if f is not None:
                     out.append(NoteEvent(f.t, "info" if f.state == SUCCEEDED else "warning",
-                                         f"{self.node}: attempt {self.attempt} {f.state}"
+                                         f"{self.node}: attempt {batch[1]} {f.state}"
                                          + (f", exit code {f.exit_code}" if f.exit_code is not None else "")
                                          + (f" ({f.message})" if f.message else ""), node=self.node))
                 out.append(StateEvent(self.clock(), STARTING, None, f"{self.node}: waiting for its next attempt",
@@ -254,16 +260,25 @@ class RemoteSession:
             return CommandResult(False, f"{self.node}: the job has ended")
         if self.error is not None:
             return CommandResult(False, f"{self.node}: not attached ({self.error})")
+        if self.link != "up":
+            return CommandResult(False, f"{self.node}: the link is {self.link}: not sent (try again once it is up)")
+        err = self._send(cmd)
+        if err is not None:
+            return CommandResult(False, f"{self.node}: {err}: not sent")
+        return CommandResult(True, f"{self.node}: asked to {what}")
+
+    def _send(self, cmd: dict) -> str | None:
+        """Write a command to the agent now; why not, or None."""
         with self._lock:
             proc = self._proc
-            if proc is None or self.link != "up" or proc.stdin is None:
-                return CommandResult(False, f"{self.node}: the link is {self.link}: not sent (try again once it is up)")
+            if proc is None or proc.stdin is None:
+                return "the link is down"
             try:
                 proc.stdin.write((json.dumps(cmd) + "\n").encode())
                 proc.stdin.flush()
             except OSError as e:
-                return CommandResult(False, f"{self.node}: the link broke ({e}): not sent")
-        return CommandResult(True, f"{self.node}: asked to {what}")
+                return f"the link broke ({e})"
+        return None
 
     def _kill(self) -> None:
         proc = self._proc
@@ -366,7 +381,8 @@ class RemoteSession:
         assert self.meta is not None
         self._after = float(self.meta.started)
         self._waiting_since = time.monotonic()
-        self._q.put(_OVER)
+        self._timed_for = ()
+        self._q.put((_OVER, self.attempt))
         return True
 
     def _follow(self, outcome: str, message: str) -> tuple[str, str]:
@@ -376,35 +392,42 @@ class RemoteSession:
         after the backoff; ``fatal``)."""
         if outcome in ("lost", "hello") and self._after is None:
             return outcome, message  # (the link dropped: the run is read on from where it was)
+        not_running = outcome in ("gone", "not-yet") or any(s in message for s in _NOT_RUNNING)
+        if outcome == "fatal" and not not_running:
+            return outcome, message  # (ddptop missing or too old there, refused by the cluster: said as it is)
         look = self.transport.outlook(self._node_before)
-        if look is None:  # (the cluster could not be asked: as if it said nothing)
-            return ("lost" if outcome in ("not-yet", "gone") else outcome), message
-        if look.kind != "same" and look.message != self._look_said:  # (what the cluster says, once, in the log)
-            self._look_said = look.message
+        if look is not None and look.kind != "same" and look.message != self._look_said:
+            self._look_said = look.message  # (what the cluster says, once, in the log)
             self._emit([NoteEvent(self.clock(), "info", f"{self.node}: {look.message}", node=self.node)])
         if self._after is None:
-            # the run being read could not be reached (fatal), or is not there any more (gone)
-            if outcome != "gone" and look.kind == "same":
-                return outcome, message  # (the node is as it was: kubectl's own failure)
-            if outcome != "gone" and look.kind == "restarting":
+            # the run being read could not be reached, or is not there any more (gone)
+            if look is not None and outcome != "gone" and look.kind in ("same", "restarting"):
+                if look.kind == "same":  # (kubectl says the container is not running; the API does not, yet)
+                    self._lagging += 1
+                    if self._lagging > LAG_TRIES:
+                        return outcome, message
                 return "lost", f"{message} ({look.message}: its run is read on once it is back)"
+            if look is None and outcome != "gone":
+                return ("lost" if outcome == "not-yet" else outcome), message
             # the attempt ended, and its run cannot be read: its end as the cluster says
-            final = self._run_final = self._final_from(look)
+            final = self._run_final = self._final_from(look) if look is not None else StateEvent(
+                self.clock(), LOST, None, f"{message} (and the cluster could not be asked)", node=self.node)
             self._emit([final])
-            if look.kind == "ended" or not self._attempt_over(final):
-                return "end", look.message
+            if look is not None and look.kind == "ended" or not self._attempt_over(final):
+                return "end", look.message if look is not None else message
             return "next", ""
         # waiting for the next attempt
-        if look.kind == "ended":
+        if look is not None and look.kind == "ended":
             return "end", f"no next attempt: {look.message}"
-        if look.kind == "restarting":
-            self._waiting_since = time.monotonic()  # the cluster says one is on its way: wait on
-            return "lost", f"waiting for the next attempt: {look.message}"
+        if look is not None and (look.coming or look.kind == "restarting" and look.incarnation != self._timed_for):
+            # the cluster says one is on its way, or a new container (or pod) runs: its run is waited for anew
+            self._timed_for = look.incarnation
+            self._waiting_since = time.monotonic()
         waited = time.monotonic() - self._waiting_since
+        said = look.message if look is not None else "the cluster could not be asked"
         if waited >= self.restart_wait:
-            return "end", f"no next attempt came within {self.restart_wait:.0f} s ({look.message})"
-        return "lost", (f"waiting up to {self.restart_wait - waited:.0f} s more for the next attempt "
-                        f"({look.message})")
+            return "end", f"no next attempt came within {self.restart_wait:.0f} s ({said})"
+        return "lost", f"waiting up to {self.restart_wait - waited:.0f} s more for the next attempt ({said})"
 
     def _final_from(self, look) -> StateEvent:
         """An attempt's end as its cluster tells it (its run's record could not be read)."""
@@ -490,6 +513,7 @@ class RemoteSession:
                     if isinstance(d.get("run"), str) and d["run"]:
                         self.run = d["run"]  # pin the run: a reconnect must not jump to a newer one
                         self._remote_dir = str(d.get("run_dir") or d["run"])
+                        self._lagging = 0
                         if self._after is not None:
                             self._next_attempt(d)
                         elif not self._pinned and self.transport.follows_restarts:
@@ -498,8 +522,8 @@ class RemoteSession:
                     if d.get("run"):  # (else an error follows)
                         self._set_link("up", f"{d.get('host', self.host)}, ddptop {d.get('ddptop')}, run {d['run']}")
                     minor = d.get("minor")
-                    if isinstance(minor, int) and minor >= wire.BATCHES_SINCE:
-                        self._command({"cmd": "accept", "kinds": ["logs"]}, "send log batches")
+                    if isinstance(minor, int) and minor >= wire.BATCHES_SINCE and d.get("run"):
+                        self._send({"cmd": "accept", "kinds": ["logs"]})
                     continue
                 kind, d = wire.parse_line(raw)
                 if kind is None:
