@@ -71,12 +71,13 @@ class FakeCluster:
     def pod(self, name: str, labels: dict[str, str], cmd: list[str], runs: Path, *, container: str = "pytorch",
             namespace: str = "default", has_ddptop: bool = True, env: dict | None = None,
             annotations: dict | None = None, restarts: int = 0, restart_policy: str = "OnFailure",
-            sidecar: bool = False) -> subprocess.Popen:
+            sidecar: bool = False, start: bool = True) -> subprocess.Popen | None:
         """A running pod whose container runs ``cmd`` in its own PID namespace (its output is the pod's log).
         The container's state is the process's (the kubectl stand-in reads it): running while it lives, then
         terminated with its exit code, and the pod's phase as ``restart_policy`` makes it (the kubelet's
         restart itself is ``restart``).  ``sidecar``: a second container that keeps running (a proxy), so
-        that the pod stays Running after the training container has ended, as Kubernetes keeps it."""
+        that the pod stays Running after the training container has ended, as Kubernetes keeps it.
+        ``start=False``: the pod is Pending, its container being created, until ``start``."""
         pod_env = {"DDPTOP_RUNS_DIR": str(runs), **(env or {})}
         self.data["k8s"]["pods"].append({
             "apiVersion": "v1", "kind": "Pod",
@@ -93,6 +94,19 @@ class FakeCluster:
         self.data["k8s"]["runtime"][name] = {"env": pod_env, "has_ddptop": has_ddptop, "container": container,
                                              "log": str(self.root / f"{name}.log"), "runs": str(runs), "cmd": cmd,
                                              "exit": str(self.root / f"{name}.exit")}
+        if not start:
+            pod = self._pod(name)
+            pod["status"]["phase"] = "Pending"
+            pod["status"]["containerStatuses"][0].update(ready=False, state={"waiting": {"reason": "ContainerCreating"}})
+            self.save()
+            return None
+        return self._start(name)
+
+    def start(self, name: str) -> subprocess.Popen:
+        """A Pending pod's container starts (its image pulled)."""
+        pod = self._pod(name)
+        pod["status"]["phase"] = "Running"
+        pod["status"]["containerStatuses"][0].update(ready=True, state={})
         return self._start(name)
 
     def _start(self, name: str) -> subprocess.Popen:

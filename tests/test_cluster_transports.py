@@ -697,3 +697,31 @@ def test_a_restarted_container_that_never_runs_ddptop_ends_the_view_after_the_re
     gave_up = [e["message"] for e in ev if e["kind"] == "note" and "no next attempt came within 3 s" in e["message"]]
     assert gave_up and "restarted (restart 1" in gave_up[0], gave_up
     assert ev[-1]["kind"] == "state" and ev[-1]["state"] == "failed", ev[-1]
+
+
+@needs_pid_namespaces
+@pytest.mark.parametrize("logs_only", [False, True], ids=["exec", "logs-only"])
+def test_attaching_while_the_pods_start_waits_for_them(tmp_path, cluster, logs_only):
+    """Attached right after the job was submitted: the pod is Pending (its image being pulled), then its
+    container runs and ddptop in it begins its run a moment later.  The view waits, then follows the run."""
+    labels = {**PYTORCHJOB, "training.kubeflow.org/replica-type": "master", "training.kubeflow.org/replica-index": "0"}
+    job = (_restart_job(30) if not logs_only else
+           [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--tee", "3", EXAMPLE, "--steps",
+            "30", "--step-time", "0.02"])
+    cluster.pod("bert-master-0", labels, job, tmp_path / "runs", env={"PET_MASTER_PORT": str(free_port())},
+                start=False, has_ddptop=not logs_only)
+    w, seen = _attach_json(cluster, "--k8s", "bert", *(["--logs-only"] if logs_only else []))
+    try:
+        wait_for(lambda: any(e["kind"] == "link" and "ContainerCreating" in e.get("message", "") for e in seen)
+                 or w.poll() is not None, timeout=TIMEOUT, what="the view to wait for the pod")
+        assert w.poll() is None, w.stderr.read().decode()[-3000:]
+        cluster.start("bert-master-0")
+        w.wait(timeout=TIMEOUT)
+    finally:
+        if w.poll() is None:
+            os.killpg(w.pid, signal.SIGKILL)
+            w.wait(timeout=30)
+    ev = list(seen)
+    assert w.returncode == 0, w.stderr.read().decode()[-3000:]
+    assert any(e["kind"] == "log" and e["node"] == "master-0" and e["text"].startswith("step 30 ") for e in ev)
+    assert ev[-1]["kind"] == "state" and ev[-1]["state"] == "succeeded", ev[-1]

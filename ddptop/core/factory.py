@@ -20,7 +20,8 @@ from ddptop.core.sessions.protocol import JobSession
 
 class OpenError(Exception):
     """What the person named cannot be watched; the message says why (and what to do).
-    ``code``: ``no-run`` when a run named is not there."""
+    ``code``: ``no-run`` when a run named is not there; ``not-yet`` when none is
+    there to pick (a node whose ddptop has not begun its run)."""
 
     def __init__(self, message: str, code: str = ""):
         super().__init__(message)
@@ -118,7 +119,7 @@ def open_local(ref: str = "", *, pid: int | None = None, options: WatchOptions =
                             f"{'PID':>8}  {'STARTED':19}  COMMAND\n{rows}\n"
                             f"pick one with `ddptop attach --pid PID`")
     if newest is None:
-        raise OpenError(f"no runs under {journal.runs_home()} and no torchrun job running here")
+        raise OpenError(f"no runs under {journal.runs_home()} and no torchrun job running here", "not-yet")
     try:
         return Opened(Session.open(newest, resume=resume))
     except journal.JournalError as e:

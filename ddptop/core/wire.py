@@ -13,7 +13,7 @@ One JSON object a line, UTF-8, over the person's own ssh:
 * ``{"kind": "reply", "cmd", "ok", "refused", "message"}`` answers a
   command; ``{"kind": "error", "message", "code"}`` ends the connection
   (``code`` since minor 4: ``no-run``, the run named is not there;
-  ``not-yet``, asked ``--after T``, no run has begun since);
+  ``not-yet``, no run has begun yet, or since ``--after T``);
   ``{"kind": "bye", "exit_code", "exit": {"code", "reason", "exit_with"}}``
   ends a finished run's stream.
 

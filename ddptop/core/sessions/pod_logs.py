@@ -286,12 +286,17 @@ class PodLogsSession:
                         self._put([NoteEvent(self.clock(), "warning", f"{node}: no next attempt came within "
                                              f"{self.restart_wait:.0f} s ({look.message})", node=node)])
                         return "end", None
+                    first = (before.phase == "Pending" or before.state == "waiting") and not before.restarts \
+                        and node not in self._attempts  # (it has not run yet: attached while the job starts)
                     if not said:
                         said = True
-                        self._put([NoteEvent(self.clock(), "info" if look.exit_code == 0 else "warning",
+                        self._put([NoteEvent(self.clock(), "info", f"{node}: waiting for its pod to start "
+                                             f"({look.message})", node=node) if first else
+                                   NoteEvent(self.clock(), "info" if look.exit_code == 0 else "warning",
                                              f"{node}: attempt {self._attempts.get(node, 0)} ended ({look.message});"
                                              " waiting for its next attempt", node=node)])
-                    message = f"waiting for its next attempt: {look.message}"
+                    message = (f"waiting for its pod to start: {look.message}" if first
+                               else f"waiting for its next attempt: {look.message}")
             elif time.monotonic() - waiting_since >= self.restart_wait:
                 self._put([NoteEvent(self.clock(), "warning", f"{node}: no next attempt came within "
                                      f"{self.restart_wait:.0f} s (the cluster could not be asked)", node=node)])

@@ -339,7 +339,9 @@ class RemoteSession:
                     continue  # (at once: the next attempt may be there already)
                 self._q.put(None)
                 return
-            if self._follows():
+            if not self._pinned and self.transport.follows_restarts:
+                outcome, message = self._starting(outcome, message)
+            elif self._follows():
                 outcome, message = self._follow(outcome, message)
                 if outcome == "next":
                     failures = 0
@@ -371,6 +373,26 @@ class RemoteSession:
         attempt's run is found after)."""
         return (self.transport.follows_restarts and self._pinned and self.meta is not None
                 and isinstance(self.meta.started, (int, float)))
+
+    def _starting(self, outcome: str, message: str) -> tuple[str, str]:
+        """The first connection to a node whose cluster says how its pod is
+        failed: while the pod is starting (pending, its image pulled, its
+        container not yet running) or its ddptop has not begun its run yet,
+        that is waited for (``restart_wait`` unless the cluster says it is on
+        its way); else the outcome as it is."""
+        not_running = outcome == "not-yet" or any(s in message for s in _NOT_RUNNING)
+        if outcome not in ("fatal", "not-yet") or not not_running:
+            return outcome, message
+        look = self.transport.outlook(None)
+        if look is None or look.kind not in ("restarting", "same"):
+            return ("fatal" if outcome == "not-yet" else outcome), message
+        if not self._waiting_since or look.coming:
+            self._waiting_since = time.monotonic()
+        waited = time.monotonic() - self._waiting_since
+        if waited >= self.restart_wait:
+            return "fatal", f"{message} (waited {self.restart_wait:.0f} s for the pod's run to begin)"
+        what = look.message if look.kind != "same" else "its ddptop has not begun a run yet"
+        return "lost", f"waiting for the pod to start: {what}"
 
     def _attempt_over(self, final: StateEvent | None) -> bool:
         """The current attempt's run ended (``final``: how): True when its next
