@@ -5,10 +5,12 @@ for at the cluster boundary (tests/fake_cluster.py); ssh is the real sshd."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -162,8 +164,9 @@ def test_pods_are_found_and_ordered_by_each_operators_labels(tmp_path, cluster):
 
 
 def pod_job(steps: int, *extra) -> list[str]:
+    """A pod's command: ddptop in front of a one-rank torchrun of the example."""
     return [*ddptop_words(), "--headless", "--gpu", "sim", "torchrun", "--nproc-per-node", "1",
-            EXAMPLE, "--steps", str(steps), "--step-time", "0.01", *extra]
+            EXAMPLE, "--steps", str(steps), "--step-time", "0.02", *extra]
 
 
 needs_pid_namespaces = pytest.mark.skipif(unshare_works() is not None, reason=f"{unshare_works()}")
@@ -324,9 +327,6 @@ def test_a_cross_pod_hang_names_the_culprit_and_its_pod(tmp_path, cluster):
     """Two pods of one 2-node job (one rank each, each pod in its own PID namespace, ddptop in each); rank 1,
     in the second pod, hangs in its data loading.  The merged view raises one stall alarm, naming rank 1 and
     the second pod's node (worker-0) in its fields."""
-    import json as _json
-    import threading
-
     from conftest import journal_events
 
     port = free_port()
@@ -337,11 +337,7 @@ def test_a_cross_pod_hang_names_the_culprit_and_its_pod(tmp_path, cluster):
             "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), EXAMPLE,
             "--steps", "100000", "--step-time", "0.05", "--fault", "hang", "--fault-rank", "1", "--fault-step", "30"],
             tmp_path / f"runs-{i}")
-    w = subprocess.Popen(ddptop_cmd("--json", "attach", "--k8s", "bert", "--remote-ddptop", REMOTE), cwd=ROOT,
-                         env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    seen: list[dict] = []
-    threading.Thread(target=lambda: seen.extend(_json.loads(ln) for ln in w.stdout if ln.endswith(b"\n")),
-                     daemon=True).start()
+    w, seen = _attach_json(cluster, "--k8s", "bert")
 
     def stalls():
         return [e for e in seen if e["kind"] == "alarm" and e["type"] == "stall"]
@@ -412,9 +408,36 @@ def test_the_cluster_says_whether_a_node_gets_another_attempt():
     assert k8s.outlook(node, before).kind == "restarting" and k8s.outlook(node, before).coming
 
 
-def _restart_job(steps: int, *fault) -> list[str]:
-    return [*ddptop_words(), "--headless", "--gpu", "sim", "torchrun", "--nproc-per-node", "1", EXAMPLE,
-            "--steps", str(steps), "--step-time", "0.02", *fault]
+def _attach_json(cluster, *args):
+    """``ddptop --json attach ...`` started, and its events as they come (a list a thread fills)."""
+    w = subprocess.Popen(ddptop_cmd("--json", "attach", *args, "--remote-ddptop", REMOTE), cwd=ROOT,
+                         env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    seen: list[dict] = []
+    threading.Thread(target=lambda: seen.extend(json.loads(ln) for ln in w.stdout if ln.endswith(b"\n")),
+                     daemon=True).start()
+    return w, seen
+
+
+def _through(w, seen, says=None, then=None, what="the view"):
+    """The view's events to its end: first until they satisfy ``says`` (the view still on), when ``then()``
+    acts (restarts a container, starts a pod).  The attachment never outlives the test (it started nothing)."""
+    try:
+        if says is not None:
+            wait_for(lambda: says(seen) or w.poll() is not None, timeout=TIMEOUT, what=what)
+            assert w.poll() is None, w.stderr.read().decode()[-3000:]
+            then()
+        w.wait(timeout=TIMEOUT)
+    finally:
+        if w.poll() is None:
+            os.killpg(w.pid, signal.SIGKILL)
+            w.wait(timeout=30)
+    return list(seen)
+
+
+def _link_says(text, node=None):
+    """A node's link (any, or ``node``'s) has said ``text``."""
+    return lambda seen: any(e["kind"] == "link" and text in e.get("message", "") and node in (None, e["node"])
+                            for e in seen)
 
 
 @needs_pid_namespaces
@@ -428,38 +451,19 @@ def test_a_restarted_container_is_the_next_attempt_of_its_node(tmp_path, cluster
     (an emptyDir): attempt 0's end is read from its journal, and the view says it waits while the container is
     in CrashLoopBackOff.  ``oom-killed``: the container is killed mid-run as the OOM killer would, and the runs
     directory went with it: the cluster's word (OOMKilled, exit code 137) is attempt 0's end."""
-    import json as _json
-    import threading
-
     labels = {**PYTORCHJOB, "training.kubeflow.org/replica-type": "master", "training.kubeflow.org/replica-index": "0"}
     env = {"PET_MASTER_PORT": str(free_port())}
     fault = ("--fault", "die", "--fault-rank", "0", "--fault-step", "15") if how == "failed" else ()
-    cluster.pod("bert-master-0", labels, _restart_job(2000, *fault), tmp_path / "runs", env=env)
+    cluster.pod("bert-master-0", labels, pod_job(2000, *fault), tmp_path / "runs", env=env)
     wait_for(lambda: any((tmp_path / "runs").glob("*/meta.json")), what="the first run")
-    w = subprocess.Popen(ddptop_cmd("--json", "attach", "--k8s", "bert", "--remote-ddptop", REMOTE, "--restart-wait",
-                                    "60"), cwd=ROOT, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         start_new_session=True)
-    seen: list[dict] = []
-    threading.Thread(target=lambda: seen.extend(_json.loads(ln) for ln in w.stdout if ln.endswith(b"\n")),
-                     daemon=True).start()
-    try:
-        if how == "failed":
-            # the container ended; the kubelet has not restarted it yet: the view says it waits for it
-            wait_for(lambda: any(e["kind"] == "link" and "CrashLoopBackOff" in e.get("message", "") for e in seen)
-                     or w.poll() is not None, timeout=TIMEOUT, what="the view to wait for the restart")
-        else:
-            wait_for(lambda: any(e["kind"] == "log" and e["text"].startswith("step 5 ") for e in seen)
-                     or w.poll() is not None, timeout=TIMEOUT, what="step 5")
-        assert w.poll() is None, w.stderr.read().decode()[-3000:]
-        cluster.restart("bert-master-0", keep_runs=how == "failed", oom=how == "oom-killed", cmd=_restart_job(30))
-        w.wait(timeout=TIMEOUT)
-    finally:
-        if w.poll() is None:
-            os.killpg(w.pid, signal.SIGKILL)  # (the attachment only: it started nothing)
-            w.wait(timeout=30)
-    err = w.stderr.read().decode()
-    assert w.returncode == 0, err[-3000:]
-    ev = list(seen)
+    w, seen = _attach_json(cluster, "--k8s", "bert", "--restart-wait", "60")
+    # failed: the container ended, the kubelet has not restarted it yet: the view says it waits for it
+    says = (_link_says("CrashLoopBackOff") if how == "failed" else
+            lambda seen: any(e["kind"] == "log" and e["text"].startswith("step 5 ") for e in seen))
+    ev = _through(w, seen, says, lambda: cluster.restart("bert-master-0", keep_runs=how == "failed",
+                                                          oom=how == "oom-killed", cmd=pod_job(30)),
+                  what="the view to wait for the restart" if how == "failed" else "step 5")
+    assert w.returncode == 0, w.stderr.read().decode()[-3000:]
     restarts = [i for i, e in enumerate(ev) if e["kind"] == "launch" and e.get("node_restart")]
     assert len(restarts) == 1, [e for e in ev if e["kind"] == "launch"]
     launch = ev[restarts[0]]
@@ -483,42 +487,21 @@ JOBSET = {"jobset.sigs.k8s.io/jobset-name": "llama", "jobset.sigs.k8s.io/replica
           "jobset.sigs.k8s.io/job-index": "0", "batch.kubernetes.io/job-completion-index": "0"}
 
 
-def _attach_json(cluster, *args):
-    """``ddptop --json attach ...`` started, and its events as they come (a list a thread fills)."""
-    import json as _json
-    import threading
-
-    w = subprocess.Popen(ddptop_cmd("--json", "attach", *args, "--remote-ddptop", REMOTE), cwd=ROOT,
-                         env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    seen: list[dict] = []
-    threading.Thread(target=lambda: seen.extend(_json.loads(ln) for ln in w.stdout if ln.endswith(b"\n")),
-                     daemon=True).start()
-    return w, seen
-
-
 @needs_pid_namespaces
 def test_a_recreated_pod_is_the_next_attempt_of_the_same_node(tmp_path, cluster):
     """A JobSet's pod (restartPolicy Never) whose run fails: the pod is Failed, and the view waits for the job's
     controller; the JobSet recreates it under a new name, with a fresh filesystem.  It is the same node
     (node-0), its attempt 1, followed to its success."""
     env = {"PET_MASTER_PORT": str(free_port())}
-    cluster.pod("llama-node-0-0-x7k2p", JOBSET, _restart_job(2000, "--fault", "die", "--fault-rank", "0",
+    cluster.pod("llama-node-0-0-x7k2p", JOBSET, pod_job(2000, "--fault", "die", "--fault-rank", "0",
                                                             "--fault-step", "15"),
                 tmp_path / "runs-1", env=env, container="node", restart_policy="Never")
     wait_for(lambda: any((tmp_path / "runs-1").glob("*/meta.json")), what="the first run")
     w, seen = _attach_json(cluster, "--k8s", "llama", "--restart-wait", "120")
-    try:
-        wait_for(lambda: any(e["kind"] == "link" and "its job's controller may start another pod" in e.get("message", "")
-                             for e in seen) or w.poll() is not None, timeout=TIMEOUT, what="the wait for the controller")
-        assert w.poll() is None, w.stderr.read().decode()[-3000:]
-        cluster.recreate("llama-node-0-0-x7k2p", "llama-node-0-0-q9w4z", tmp_path / "runs-2", cmd=_restart_job(30))
-        w.wait(timeout=TIMEOUT)
-    finally:
-        if w.poll() is None:
-            os.killpg(w.pid, signal.SIGKILL)  # (the attachment only: it started nothing)
-            w.wait(timeout=30)
+    ev = _through(w, seen, _link_says("its job's controller may start another pod"),
+                  lambda: cluster.recreate("llama-node-0-0-x7k2p", "llama-node-0-0-q9w4z", tmp_path / "runs-2",
+                                           cmd=pod_job(30)), what="the wait for the controller")
     assert w.returncode == 0, w.stderr.read().decode()[-3000:]
-    ev = list(seen)
     (launch,) = [e for e in ev if e["kind"] == "launch" and e.get("node_restart")]
     assert launch["node"] == "node-0" and launch["node_restart"] == 1
     assert {e["node"] for e in ev if e["kind"] == "log"} == {"node-0"}
@@ -536,17 +519,11 @@ def test_a_pod_that_fails_for_good_ends_the_view_after_the_restart_wait(tmp_path
     Running, its training container ended: the same end."""
     cluster.pod("bert-master-0", {**PYTORCHJOB, "training.kubeflow.org/replica-type": "master",
                                   "training.kubeflow.org/replica-index": "0"},
-                _restart_job(2000, "--fault", "die", "--fault-rank", "0", "--fault-step", "15"), tmp_path / "runs",
+                pod_job(2000, "--fault", "die", "--fault-rank", "0", "--fault-step", "15"), tmp_path / "runs",
                 env={"PET_MASTER_PORT": str(free_port())}, restart_policy="Never", sidecar=sidecar)
     wait_for(lambda: any((tmp_path / "runs").glob("*/meta.json")), what="the run")
     w, seen = _attach_json(cluster, "--k8s", "bert", "--restart-wait", "3")
-    try:
-        w.wait(timeout=TIMEOUT)
-    finally:
-        if w.poll() is None:
-            os.killpg(w.pid, signal.SIGKILL)
-            w.wait(timeout=30)
-    ev = list(seen)
+    ev = _through(w, seen)
     assert w.returncode == 1, w.stderr.read().decode()[-3000:]
     assert not [e for e in ev if e["kind"] == "launch" and e.get("node_restart")]
     gave_up = [e["message"] for e in ev if e["kind"] == "note" and "no next attempt came within 3 s" in e["message"]]
@@ -571,19 +548,10 @@ def test_logs_only_follows_a_restarted_container_as_its_nodes_next_attempt(tmp_p
     cluster.pod("bert-worker-0", worker, ["sh", "-c", 'for i in $(seq 1 300); do echo "worker line $i"; sleep 0.1; '
                                           "done"], tmp_path / "runs-w", has_ddptop=False)
     w, seen = _attach_json(cluster, "--k8s", "bert", "--logs-only")
-    try:
-        wait_for(lambda: any(e["kind"] == "link" and e["node"] == "master-0" and "CrashLoopBackOff" in
-                             e.get("message", "") for e in seen) or w.poll() is not None, timeout=TIMEOUT,
-                 what="the view to wait for the master's restart")
-        assert w.poll() is None, w.stderr.read().decode()[-3000:]
-        cluster.restart("bert-master-0", keep_runs=False, cmd=[*torchrun, "--steps", "30"])
-        w.wait(timeout=TIMEOUT)
-    finally:
-        if w.poll() is None:
-            os.killpg(w.pid, signal.SIGKILL)  # (the attachment only: it started nothing)
-            w.wait(timeout=30)
+    ev = _through(w, seen, _link_says("CrashLoopBackOff", "master-0"),
+                  lambda: cluster.restart("bert-master-0", keep_runs=False, cmd=[*torchrun, "--steps", "30"]),
+                  what="the view to wait for the master's restart")
     assert w.returncode == 0, w.stderr.read().decode()[-3000:]
-    ev = list(seen)
     (launch,) = [e for e in ev if e["kind"] == "launch" and e.get("node_restart")]
     assert launch["node"] == "master-0" and launch["node_restart"] == 1
     at = ev.index(launch)
@@ -604,24 +572,15 @@ def test_one_pod_of_two_restarts_and_the_merged_view_follows_it(tmp_path, cluste
     for i, role in enumerate(("master", "worker")):
         labels = {**PYTORCHJOB, "training.kubeflow.org/replica-type": role, "training.kubeflow.org/replica-index": "0"}
         fault = ("--fault", "die", "--fault-rank", "0", "--fault-step", "10") if role == "worker" else ()
-        cluster.pod(f"bert-{role}-0", labels, _restart_job(600 if role == "master" else 2000, *fault),
+        cluster.pod(f"bert-{role}-0", labels, pod_job(600 if role == "master" else 2000, *fault),
                     tmp_path / f"runs-{i}", env={"PET_MASTER_PORT": str(free_port())})
     for i in range(2):
         wait_for(lambda: any((tmp_path / f"runs-{i}").glob("*/meta.json")), what=f"pod {i}'s run")
     w, seen = _attach_json(cluster, "--k8s", "bert", "--restart-wait", "60")
-    try:
-        wait_for(lambda: any(e["kind"] == "link" and e["node"] == "worker-0" and "CrashLoopBackOff" in
-                             e.get("message", "") for e in seen) or w.poll() is not None, timeout=TIMEOUT,
-                 what="the view to wait for the worker's restart")
-        assert w.poll() is None, w.stderr.read().decode()[-3000:]
-        cluster.restart("bert-worker-0", keep_runs=True, cmd=_restart_job(30))
-        w.wait(timeout=TIMEOUT)
-    finally:
-        if w.poll() is None:
-            os.killpg(w.pid, signal.SIGKILL)  # (the attachment only: it started nothing)
-            w.wait(timeout=30)
+    ev = _through(w, seen, _link_says("CrashLoopBackOff", "worker-0"),
+                  lambda: cluster.restart("bert-worker-0", keep_runs=True, cmd=pod_job(30)),
+                  what="the view to wait for the worker's restart")
     assert w.returncode == 0, w.stderr.read().decode()[-3000:]
-    ev = list(seen)
     (launch,) = [e for e in ev if e["kind"] == "launch" and e.get("node_restart")]
     assert launch["node"] == "worker-0"
     assert {e["node"] for e in ev if e["kind"] == "log"} == {"master-0", "worker-0"}
@@ -638,9 +597,10 @@ def test_one_pod_of_two_restarts_and_the_merged_view_follows_it(tmp_path, cluste
 def test_the_runs_own_end_reaches_the_view_before_its_container_ends(tmp_path, cluster):
     """A pod's ddptop is its container's first process: its exit ends the container, and the agent exec'd into
     it.  It waits (a few seconds at most) for a live agent to send the run's end first.  Here the agent is held
-    (SIGSTOP) until ddptop has printed the job's end, then let go: the view still gets the run's own end."""
+    (SIGSTOP) from step 90 of 100 until ddptop has printed the job's end, then let go: the view still gets the
+    run's own end."""
     labels = {**PYTORCHJOB, "training.kubeflow.org/replica-type": "master", "training.kubeflow.org/replica-index": "0"}
-    cluster.pod("bert-master-0", labels, _restart_job(100), tmp_path / "runs", env={"PET_MASTER_PORT": str(free_port())})
+    cluster.pod("bert-master-0", labels, pod_job(100), tmp_path / "runs", env={"PET_MASTER_PORT": str(free_port())})
     run = wait_for(lambda: next((d for d in (tmp_path / "runs").glob("*") if (d / "meta.json").exists()), None)
                    if (tmp_path / "runs").exists() else None, what="the run")
     w, seen = _attach_json(cluster, "--k8s", "bert")
@@ -653,6 +613,9 @@ def test_the_runs_own_end_reaches_the_view_before_its_container_ends(tmp_path, c
         (link,) = list(cluster.links.iterdir())
         agent = wait_for(lambda: _child(int(link.name.split("-", 1)[1])), what="the agent's pid out here")
         assert "agent" in open(f"/proc/{agent}/cmdline").read()
+        # (held near the end only: a hold longer than the link's silence limit would be a dropped link)
+        wait_for(lambda: any(e["kind"] == "log" and e["text"].startswith("step 90 ") for e in seen),
+                 timeout=TIMEOUT, what="step 90")
         os.kill(agent, signal.SIGSTOP)
         log = cluster.data["k8s"]["runtime"]["bert-master-0"]["log"]
         wait_for(lambda: "job succeeded" in open(log, errors="replace").read(), timeout=TIMEOUT,
@@ -679,20 +642,13 @@ def test_a_restarted_container_that_never_runs_ddptop_ends_the_view_after_the_re
     """The kubelet restarted the container, but the new one never begins a ddptop run (its command changed):
     the view does not wait forever for it."""
     labels = {**PYTORCHJOB, "training.kubeflow.org/replica-type": "master", "training.kubeflow.org/replica-index": "0"}
-    cluster.pod("bert-master-0", labels, _restart_job(2000, "--fault", "die", "--fault-rank", "0", "--fault-step",
+    cluster.pod("bert-master-0", labels, pod_job(2000, "--fault", "die", "--fault-rank", "0", "--fault-step",
                                                       "10"), tmp_path / "runs", env={"PET_MASTER_PORT": str(free_port())})
     wait_for(lambda: any((tmp_path / "runs").glob("*/meta.json")), what="the run")
     w, seen = _attach_json(cluster, "--k8s", "bert", "--restart-wait", "3")
-    try:
-        wait_for(lambda: any(e["kind"] == "link" and "CrashLoopBackOff" in e.get("message", "") for e in seen)
-                 or w.poll() is not None, timeout=TIMEOUT, what="the view to wait for the restart")
-        cluster.restart("bert-master-0", keep_runs=True, cmd=["sleep", "600"])
-        w.wait(timeout=TIMEOUT)
-    finally:
-        if w.poll() is None:
-            os.killpg(w.pid, signal.SIGKILL)
-            w.wait(timeout=30)
-    ev = list(seen)
+    ev = _through(w, seen, _link_says("CrashLoopBackOff"),
+                  lambda: cluster.restart("bert-master-0", keep_runs=True, cmd=["sleep", "600"]),
+                  what="the view to wait for the restart")
     assert w.returncode == 1, w.stderr.read().decode()[-3000:]
     gave_up = [e["message"] for e in ev if e["kind"] == "note" and "no next attempt came within 3 s" in e["message"]]
     assert gave_up and "restarted (restart 1" in gave_up[0], gave_up
@@ -705,23 +661,14 @@ def test_attaching_while_the_pods_start_waits_for_them(tmp_path, cluster, logs_o
     """Attached right after the job was submitted: the pod is Pending (its image being pulled), then its
     container runs and ddptop in it begins its run a moment later.  The view waits, then follows the run."""
     labels = {**PYTORCHJOB, "training.kubeflow.org/replica-type": "master", "training.kubeflow.org/replica-index": "0"}
-    job = (_restart_job(30) if not logs_only else
+    job = (pod_job(30) if not logs_only else
            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--tee", "3", EXAMPLE, "--steps",
             "30", "--step-time", "0.02"])
     cluster.pod("bert-master-0", labels, job, tmp_path / "runs", env={"PET_MASTER_PORT": str(free_port())},
                 start=False, has_ddptop=not logs_only)
     w, seen = _attach_json(cluster, "--k8s", "bert", *(["--logs-only"] if logs_only else []))
-    try:
-        wait_for(lambda: any(e["kind"] == "link" and "ContainerCreating" in e.get("message", "") for e in seen)
-                 or w.poll() is not None, timeout=TIMEOUT, what="the view to wait for the pod")
-        assert w.poll() is None, w.stderr.read().decode()[-3000:]
-        cluster.start("bert-master-0")
-        w.wait(timeout=TIMEOUT)
-    finally:
-        if w.poll() is None:
-            os.killpg(w.pid, signal.SIGKILL)
-            w.wait(timeout=30)
-    ev = list(seen)
+    ev = _through(w, seen, _link_says("ContainerCreating"), lambda: cluster.start("bert-master-0"),
+                  what="the view to wait for the pod")
     assert w.returncode == 0, w.stderr.read().decode()[-3000:]
     assert any(e["kind"] == "log" and e["node"] == "master-0" and e["text"].startswith("step 30 ") for e in ev)
     assert ev[-1]["kind"] == "state" and ev[-1]["state"] == "succeeded", ev[-1]

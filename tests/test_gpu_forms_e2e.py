@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -132,31 +133,52 @@ def test_a_straggler_five_times_slower_is_never_a_hang(runs_dir, cuda_cache):
     assert any(e["kind"] == "log" and e["text"].startswith("step 120 ") for e in events)
 
 
-def test_a_peer_that_died_on_another_node_is_said_at_once_in_the_merged_view(tmp_path, sshd, cuda_cache):
-    """Two torchrun nodes on this machine (a single torchrun would stop the survivor itself), one rank
-    each, one ddptop per node, attached together over a real sshd.  Rank 1 (node-b) exits; rank 0
-    (node-a) goes on spinning at its CUDA sync, as it would until NCCL's watchdog.  The merged view
-    says so within seconds of the exit, naming rank 1 and its node."""
+@contextmanager
+def _two_nodes_attached(tmp_path, sshd, fault: str):
+    """Two torchrun nodes on this machine (a single torchrun would stop the survivor itself), one rank each,
+    one ddptop per node, the example on the simulated CUDA runtime with ``fault`` on rank 1 at step 30,
+    attached together over a real sshd: the attachment's process.  Afterwards every node's job is stopped
+    and no rank is left."""
     import subprocess
 
-    from conftest import ROOT, TIMEOUT, alive, ddptop_cmd, journal_events, wait_for
+    from conftest import ROOT, alive, ddptop_cmd, journal_events
     from ddptop.core.session import Session
     from sshd import remote_ddptop
     from test_attach_ssh import finish, launch as launch_node
 
     port = free_port()
-    jobs = []
-    for node_rank, name in enumerate(("a", "b")):
-        jobs.append(launch_node(tmp_path / f"runs-{name}", "--nnodes", "2", "--node-rank", str(node_rank),
-                                "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
-                                EXAMPLE, "--sim-cuda", "on", "--steps", "100000", "--step-time", "0.05",
-                                "--fault", "die", "--fault-rank", "1", "--fault-step", "30"))
+    jobs = [launch_node(tmp_path / f"runs-{name}", "--nnodes", "2", "--node-rank", str(node_rank),
+                        "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                        EXAMPLE, "--sim-cuda", "on", "--steps", "100000", "--step-time", "0.05",
+                        "--fault", fault, "--fault-rank", "1", "--fault-step", "30")
+            for node_rank, name in enumerate(("a", "b"))]
     w = None
-    seen: list[dict] = []
     try:
         w = subprocess.Popen(ddptop_cmd("--json", "attach", f"node-a:{jobs[0][1]}", f"node-b:{jobs[1][1]}",
                                         "--ssh", " ".join(sshd.ssh), "--remote-ddptop", remote_ddptop(tmp_path)),
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        yield w
+    finally:
+        if w is not None and w.poll() is None:
+            os.killpg(w.pid, 9)
+        for p, run in jobs:
+            if p.poll() is None:
+                Session.open(run).stop()
+    for p, run in jobs:
+        finish(p)
+        assert not any(alive(e["pid"]) for e in journal_events(run) if e["kind"] == "rank")
+
+
+def test_a_peer_that_died_on_another_node_is_said_at_once_in_the_merged_view(tmp_path, sshd, cuda_cache):
+    """Two torchrun nodes on this machine (a single torchrun would stop the survivor itself), one rank
+    each, one ddptop per node, attached together over a real sshd.  Rank 1 (node-b) exits; rank 0
+    (node-a) goes on spinning at its CUDA sync, as it would until NCCL's watchdog.  The merged view
+    says so within seconds of the exit, naming rank 1 and its node."""
+    from conftest import TIMEOUT, wait_for
+    from test_attach_ssh import finish
+
+    seen: list[dict] = []
+    with _two_nodes_attached(tmp_path, sshd, "die") as w:
 
         def merged_stall():
             line = w.stdout.readline()
@@ -178,15 +200,6 @@ def test_a_peer_that_died_on_another_node_is_said_at_once_in_the_merged_view(tmp
         assert any(e["kind"] == "rank" and e["rank"] == 0 and e["alive"] for e in seen)
         os.killpg(w.pid, 2)  # SIGINT: stop the job through the attachment
         finish(w)
-    finally:
-        if w is not None and w.poll() is None:
-            os.killpg(w.pid, 9)
-        for p, run in jobs:
-            if p.poll() is None:
-                Session.open(run).stop()
-    for p, run in jobs:
-        finish(p)
-        assert not any(alive(e["pid"]) for e in journal_events(run) if e["kind"] == "rank")
 
 
 def test_two_node_hang_with_the_culprit_on_the_second_node_is_one_alarm_naming_that_node(tmp_path, sshd, cuda_cache):
@@ -195,29 +208,15 @@ def test_two_node_hang_with_the_culprit_on_the_second_node_is_one_alarm_naming_t
     its CUDA sync.  Each node's ddptop has its own detector, the merged view one across both: what
     the person sees is one stall alarm, naming rank 1 and node-b in its fields; node-a's own view of
     the stall (its rank waiting, nobody of its own to blame) is not a separate alarm."""
-    import subprocess
     import threading
     import time
 
-    from conftest import ROOT, TIMEOUT, alive, ddptop_cmd, journal_events, wait_for
+    from conftest import TIMEOUT, wait_for
     from ddptop.core.analysis.nodes import HOLD
-    from ddptop.core.session import Session
-    from sshd import remote_ddptop
-    from test_attach_ssh import finish, launch as launch_node
+    from test_attach_ssh import finish
 
-    port = free_port()
-    jobs = []
-    for node_rank, name in enumerate(("a", "b")):
-        jobs.append(launch_node(tmp_path / f"runs-{name}", "--nnodes", "2", "--node-rank", str(node_rank),
-                                "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
-                                EXAMPLE, "--sim-cuda", "on", "--steps", "100000", "--step-time", "0.05",
-                                "--fault", "hang", "--fault-rank", "1", "--fault-step", "30"))
-    w = None
     seen: list[dict] = []
-    try:
-        w = subprocess.Popen(ddptop_cmd("--json", "attach", f"node-a:{jobs[0][1]}", f"node-b:{jobs[1][1]}",
-                                        "--ssh", " ".join(sshd.ssh), "--remote-ddptop", remote_ddptop(tmp_path)),
-                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    with _two_nodes_attached(tmp_path, sshd, "hang") as w:
         # (a last line cut by the stop at the end is no event)
         threading.Thread(target=lambda: seen.extend(json.loads(line) for line in w.stdout if line.endswith(b"\n")),
                          daemon=True).start()
@@ -241,12 +240,3 @@ def test_two_node_hang_with_the_culprit_on_the_second_node_is_one_alarm_naming_t
         assert alarm["t"] - first < 1
         os.killpg(w.pid, 2)  # SIGINT: stop the job through the attachment
         finish(w)
-    finally:
-        if w is not None and w.poll() is None:
-            os.killpg(w.pid, 9)
-        for p, run in jobs:
-            if p.poll() is None:
-                Session.open(run).stop()
-    for p, run in jobs:
-        finish(p)
-        assert not any(alive(e["pid"]) for e in journal_events(run) if e["kind"] == "rank")

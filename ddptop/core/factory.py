@@ -234,26 +234,28 @@ def _pods(req: AttachRequest) -> Opened:
     try:
         what, pods = k8s.find_pods(k.name, k.selector, container=k.container, namespace=k.namespace,
                                    context=k.context)
-        found_by = k8s.job_selector(what, k.name) if k.name else k.selector  # (the pods' own labels, else these)
+    except (k8s.K8sError, ValueError) as e:
+        raise OpenError(str(e)) from None
+    found_by = k8s.job_selector(what, k.name) if k.name else k.selector  # (the pods' own labels, else these)
+    if k.logs_only:
+        from ddptop.core.sessions.pod_logs import PodLogsSession
+        from ddptop.core.sessions.protocol import PodLogs
+
+        watch = k8s.JobWatch(found_by, k.container, namespace=k.namespace, context=k.context)
+        return Opened(PodLogsSession(k8s.base(namespace=k.namespace, context=k.context),
+                                     PodLogs(found_by, k.namespace, k.context), pods, watch=watch.now,
+                                     outlook=k8s.outlook, restart_wait=k.restart_wait),
+                      (f"following the logs of {what} {k.name or k.selector} ({len(pods)} pods, each through kubectl logs -f): "
+                       "LOGS ONLY (no GPU pane, no stacks, no stall alarm from silence)",))
+    try:
         opened = [RemoteSession(p.node, req.run or "latest", remote_cmd=req.remote_cmd, gpu=req.options.gpu,
                                 restart_wait=k.restart_wait,
                                 transport=Kubectl(p.name, p.container, k.namespace, k.context,
                                                   watch=k8s.PodWatch(p, found_by, namespace=k.namespace,
                                                                      context=k.context)))
                   for p in pods]
-    except (k8s.K8sError, ValueError) as e:
+    except ValueError as e:
         raise OpenError(str(e)) from None
-    if k.logs_only:
-        from ddptop.core.sessions.pod_logs import PodLogsSession
-        from ddptop.core.sessions.protocol import PodLogs
-
-        selector = found_by
-        watch = k8s.JobWatch(selector, k.container, namespace=k.namespace, context=k.context)
-        return Opened(PodLogsSession(k8s.base(namespace=k.namespace, context=k.context),
-                                     PodLogs(selector, k.namespace, k.context), pods, watch=watch.now,
-                                     outlook=k8s.outlook, restart_wait=k.restart_wait),
-                      (f"following the logs of {what} {k.name or k.selector} ({len(pods)} pods, each through kubectl logs -f): "
-                       "LOGS ONLY (no GPU pane, no stacks, no stall alarm from silence)",))
     note = (f"attaching to {what} {k.name or k.selector}: "
             + ", ".join(f"{p.node} (pod {p.name}, container {p.container or '?'})" for p in pods)
             + " through kubectl exec")

@@ -471,7 +471,7 @@ class RemoteSession:
         self._after = None
         self._run_final = None
         self._exit = None
-        self._node_before = self.transport.node_now()
+        self._node_before = self.transport.listed_node()
         meta = self.meta
         self._emit([LaunchEvent(self.clock(), generation=self._gen_base, node_restart=self.attempt, node=self.node,
                                 profiles=tuple(meta.profiles or ()) if meta is not None else (),
@@ -539,7 +539,7 @@ class RemoteSession:
                         if self._after is not None:
                             self._next_attempt(d)
                         elif not self._pinned and self.transport.follows_restarts:
-                            self._node_before = self.transport.node_now()
+                            self._node_before = self.transport.listed_node()
                         self._pinned = True
                     if d.get("run"):  # (else an error follows)
                         self._set_link("up", f"{d.get('host', self.host)}, ddptop {d.get('ddptop')}, run {d['run']}")

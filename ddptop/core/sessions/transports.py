@@ -82,14 +82,26 @@ _KUBECTL_FATAL = ("NotFound", "Forbidden", "Unauthorized", "error: unable to upg
                   "invalid configuration", "error: You must be logged in", "cannot exec into a container in a completed pod")
 
 
+class _NoRestarts:
+    """A transport to nodes no cluster tells of: their restarts are not followed (a host is a host; a
+    requeued SLURM job is a new allocation: attach again)."""
+
+    follows_restarts = False
+
+    def listed_node(self) -> None:
+        return None
+
+    def outlook(self, before: object) -> None:
+        return None
+
+
 @dataclass(frozen=True)
-class Ssh:
+class Ssh(_NoRestarts):
     """The person's own ssh (config, keys, agent and ProxyJump all apply)."""
 
     host: str
     ssh: tuple[str, ...] = ("ssh",)
     kind: str = field(default="ssh", init=False)
-    follows_restarts: bool = field(default=False, init=False)  # (a host is a host: nothing tells of a restart)
 
     def __post_init__(self) -> None:
         check_host(self.host)
@@ -111,15 +123,9 @@ class Ssh:
     def install(self, hint: str) -> str:
         return f"Install it there: {hint}"
 
-    def node_now(self) -> None:
-        return None
-
-    def outlook(self, before: object) -> None:
-        return None
-
 
 @dataclass(frozen=True)
-class Srun:
+class Srun(_NoRestarts):
     """A step in a SLURM job's allocation, on one of its nodes (for clusters
     without ssh to compute nodes).  ``--overlap`` shares the job's resources
     with its running step, as SLURM's documentation says to for monitoring."""
@@ -128,7 +134,6 @@ class Srun:
     node: str
     srun: tuple[str, ...] = ("srun",)
     kind: str = field(default="srun", init=False)
-    follows_restarts: bool = field(default=False, init=False)  # (a requeued job is a new allocation: attach again)
 
     def __post_init__(self) -> None:
         checked(self.jobid, _SLURM_JOB, "SLURM job id")
@@ -151,12 +156,6 @@ class Srun:
 
     def install(self, hint: str) -> str:
         return f"Install it where the job's nodes can run it: {hint}"
-
-    def node_now(self) -> None:
-        return None
-
-    def outlook(self, before: object) -> None:
-        return None
 
 
 def kubectl_base(kubectl: tuple[str, ...] = ("kubectl",), namespace: str = "", context: str = "") -> list[str]:
@@ -194,12 +193,13 @@ class Kubectl:
     kubectl: tuple[str, ...] = ("kubectl",)
     watch: NodeWatch | None = field(default=None, compare=False)
     kind: str = field(default="kubectl", init=False)
-    _used: list = field(default_factory=list, compare=False, repr=False)  # the pod the last argv named
+    # the last connection's pod: [its name, as the cluster listed it then (None: not listed)]
+    _used: list = field(default_factory=list, compare=False, repr=False)
 
     @property
     def current(self) -> str:
         """The pod the last connection went to (a recreated pod has a new name)."""
-        return self._used[-1] if self._used else self.pod
+        return self._used[0] if self._used else self.pod
 
     def __post_init__(self) -> None:
         checked(self.pod, _K8S_NAME, "pod")
@@ -219,8 +219,12 @@ class Kubectl:
         """The cluster can say when the node's container restarts (a next attempt to follow)."""
         return self.watch is not None
 
-    def node_now(self) -> Any:
-        """The node's pod now (None: not known)."""
+    def listed_node(self) -> Any:
+        """The node's pod as the cluster listed it for the last connection,
+        which is now for the run that connection found (listed now when no
+        connection was made; None: not known)."""
+        if self._used:
+            return self._used[1]
         return self.watch.now() if self.watch is not None else None
 
     def outlook(self, before: object) -> Any:
@@ -229,11 +233,11 @@ class Kubectl:
         return self.watch.outlook(before) if self.watch is not None else None
 
     def argv(self, words: list[str]) -> list[str]:
-        pod = self.pod
+        pod, now = self.pod, None
         if self.watch is not None:
             now = self.watch.now()
             pod = checked(now.name if now is not None else self.pod, _K8S_NAME, "pod")
-        self._used[:] = [pod]
+        self._used[:] = [pod, now]
         return [*self.base(), "exec", "-i", pod, *(["-c", self.container] if self.container else []), "--",
                 *check_command(words)]
 
