@@ -552,7 +552,7 @@ def test_complete_stack_evidence_raises_the_alarm_before_the_learned_threshold()
     s = d.decide().stall
     assert s is not None and s.culprits == (1,) and s.kind == "hot" and s.silent_for < 5, s
     assert "rank 1 is in `next_batch` at train.py:60 (`time.sleep`), its GPU idle (2%)" in s.message, s.message
-    assert "Ranks 0,2 wait on the GPU at train.py:88 (`cudaStreamSynchronize`, libcudart), GPUs at 100%" in s.message
+    assert "Ranks 0,2 wait on the GPU at train.py:88 (`cudaStreamSynchronize`, the CUDA runtime), GPUs at 100%" in s.message
     assert s.where["1"]["line"] == 60
 
 

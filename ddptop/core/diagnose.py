@@ -10,9 +10,13 @@ import json
 import re
 from pathlib import Path
 
-from ddptop.core import journal, paste
+from dataclasses import dataclass
+
+from ddptop.core import dump_files, journal, paste
 from ddptop.core.analysis.analyzer import Analyzer
 from ddptop.core.analysis.culprits import WAITED
+from ddptop.core.analysis.evidence import StackEvidence, Where, ranks_text
+from ddptop.core.dump_files import DumpSet
 from ddptop.core.events import LogBatch
 from ddptop.core.prefixes import PrefixReader
 from ddptop.core.tailer import Tailer
@@ -209,7 +213,86 @@ def ras_reports(paths: list[str]) -> list[dict]:
     return out
 
 
-def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[dict] | None = None) -> dict:
+@dataclass(frozen=True)
+class StacksReport:
+    """What saved stack dumps say (``ddptop diagnose`` on py-spy, gdb or
+    pystack dumps, or a run's own samples): the live verdict, typed; its
+    JSON (``to_dict``) and its words (``lines``) are both rendered from it."""
+
+    evidence: StackEvidence
+    dumps: DumpSet
+
+    @property
+    def samples(self) -> int:
+        return min((len(v) for v in self.dumps.samples.values()), default=0)
+
+    def _label(self, text: str) -> str:
+        """Ranks that are pids (no rank was known) said as pids."""
+        for pid in sorted(self.dumps.by_pid, reverse=True):
+            text = re.sub(rf"\branks? {pid}\b", f"pid {pid}", text)
+        return text
+
+    def rank_dict(self, w: Where) -> dict:
+        base = w.file.replace("\\", "/").rsplit("/", 1)[-1]
+        return {"kind": w.kind, "status": w.status, "where": f"{base}:{w.line}" if w.line else base,
+                "file": w.file, "line": w.line, "function": w.function, "call": w.call,
+                "library": w.library, "gpu": w.gpu, "native": w.native, "native_read": w.native_read,
+                "text": self._label(w.text),
+                "others": list(w.others), "label": self.dumps.label(w.rank)}
+
+    def to_dict(self) -> dict:
+        v = self.evidence
+        return {"hung": v.hung, "samples": self.samples, "culprits": list(v.culprits),
+                "waiting": list(v.waiting), "mismatch": v.mismatch, "deadlock": v.deadlock,
+                "groups": [{"ranks": list(g.ranks), "status": g.status, "kind": g.kind,
+                            "text": self._label(g.text), "culprit": g.culprit} for g in v.groups],
+                "ranks": {str(r): self.rank_dict(w) for r, w in sorted(v.where.items())},
+                "by_pid": sorted(self.dumps.by_pid), "summary": self._label(v.summary),
+                "formats": sorted(self.dumps.formats), "sources": self.dumps.sources, "notes": self.dumps.notes}
+
+    def lines(self) -> list[str]:
+        v = self.evidence
+        n = self.samples
+        head = (f"Stacks: {len(v.where)} process{'es' if len(v.where) != 1 else ''}, "
+                f"{n} sample{'s' if n != 1 else ''} each ({', '.join(sorted(self.dumps.formats))})")
+        verdict = {True: "hung", False: "no hang", None: "cannot tell whether it is hung"}[v.hung]
+        if v.deadlock:
+            verdict = "hung: a deadlock in the CUDA driver, no odd rank out"
+        out = [head, f"  verdict: {verdict}"]
+        if v.culprits:
+            out.append("  odd one out: " + ", ".join(self.dumps.label(r) for r in v.culprits))
+        groups = sorted(v.groups, key=lambda g: (not g.culprit, -len(g.ranks)))
+        for g in groups:
+            who = self._label(ranks_text(g.ranks))
+            mark = "!" if g.culprit else " "
+            out.append(f" {mark} {who}: {self._label(g.text)}")
+        others = {r: w.others for r, w in sorted(v.where.items()) if w.others}
+        for r, ths in others.items():
+            for t in ths:
+                out.append(f"    {self.dumps.label(r)}: {self._label(t)}")
+        no_native = [r for r, w in sorted(v.where.items()) if w.status != "unknown" and not w.native_read]
+        if no_native and len(no_native) < len(v.where) or (no_native and any(
+                w.status == "unclear" for w in v.where.values())):
+            out.append("  no native frames in the dumps of " + ", ".join(self.dumps.label(r) for r in no_native) +
+                       " (py-spy without --native, or its unwinding failed): where they wait in C is not known")
+        out.append(f"  summary: {self._label(v.summary)}")
+        out += [f"  note: {x}" for x in self.dumps.notes]
+        return out
+
+
+def stacks_report(paths: list[str], gpu_job: bool = False) -> StacksReport | None:
+    """The verdict of the stack dumps among ``paths`` (see :mod:`ddptop.core.dump_files`), or None."""
+    from ddptop.core.analysis.stacks import verdict
+    from ddptop.core.probes.stacks import source_line
+
+    ds = dump_files.load(paths)
+    if ds is None:
+        return None
+    return StacksReport(verdict(ds.samples, source_line, gpu_job=gpu_job), ds)
+
+
+def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[dict] | None = None,
+           stacks: StacksReport | None = None) -> dict:
     from ddptop.core.analysis.culprits import failure_culprits, lost_peers
     from ddptop.core.signatures import collective_counters, counter_verdict
 
@@ -219,9 +302,12 @@ def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[di
     seen = set(an.stall.ranks) | {f.rank for f in an.findings if f.rank is not None}
     found = failure_culprits(an.findings, seen, an.last_steps,
                              [r.get("culprits") or () for r in ras_answers or []])
+    culprits = list(found.culprits)
+    if not culprits and stacks is not None and stacks.evidence.culprits and not stacks.dumps.by_pid:
+        culprits = list(stacks.evidence.culprits)  # the logs name nobody: the stacks' odd rank out
     return {
         "root_cause": rc.to_dict() if rc else None,
-        "culprits": list(found.culprits),
+        "culprits": culprits,
         "collectives": {"per_rank": {str(r): {"last_enqueued": e, "last_completed": c}
                                      for r, (e, c) in sorted(counters.items())}, "verdict": said} if counters else None,
         "findings": [f.to_dict() for f in an.findings],
@@ -235,11 +321,15 @@ def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[di
         "nccl_ras": ras_answers or [],
         # what went wrong in ddptop's own reading (a parser that failed on a line: that line was skipped)
         "notes": [n.message for n in an.notes],
+        "stacks": stacks.to_dict() if stacks is not None else None,
     }
 
 
-def format_report(rep: dict) -> str:
+def format_report(rep: dict, stacks: StacksReport | None = None) -> str:
     out = []
+    if stacks is not None and not rep["findings"]:
+        # only dumps (no log lines): their verdict is the answer
+        return "\n".join(stacks.lines())
     rc = rep["root_cause"]
     if rc:
         who = (f"rank {rc['rank']}" if rc["rank"] is not None else
@@ -297,6 +387,9 @@ def format_report(rep: dict) -> str:
         out.append("")
         out.append(f"Flight recorder ({fr['dir']}, ranks {', '.join(map(str, fr['ranks'])) or 'none'}):")
         out += [f"  {f}" for f in fr["findings"]] + [f"  unreadable: {p}" for p in fr["problems"]]
+    if stacks is not None:
+        out.append("")
+        out += stacks.lines()
     return "\n".join(out)
 
 
@@ -315,6 +408,7 @@ def _lost_peer_words(lp: dict) -> list[str]:
 
 def main(paths: list[str], json_mode: bool) -> int:
     an = analyze_paths(paths)
-    rep = report(an, flight_reports(paths), ras_reports(paths))
-    print(json.dumps(rep, indent=2) if json_mode else format_report(rep))
-    return 1 if rep["root_cause"] else 0
+    st = stacks_report(paths, gpu_job=an.nccl_version is not None)
+    rep = report(an, flight_reports(paths), ras_reports(paths), st)
+    print(json.dumps(rep, indent=2) if json_mode else format_report(rep, st))
+    return 1 if rep["root_cause"] or (st is not None and st.evidence.hung) else 0

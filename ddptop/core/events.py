@@ -378,6 +378,8 @@ class StacksEvent(Event):
     workers: tuple[int, ...] = ()  # the ranks the others wait for, visibly working (hung False: not yet a hang)
     native: bool = False  # native frames were read (py-spy --native: the ranks were paused for it)
     pause: float = 0.0  # the longest a rank was paused for a native sample, seconds
+    deadlock: bool = False  # every rank blocked on the CUDA driver's lock: a deadlock in the driver
+    given_up: tuple[int, ...] = ()  # ranks whose native frames were given up (too slow): Python frames only
 
 
 @dataclass(frozen=True)

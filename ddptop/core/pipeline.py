@@ -80,7 +80,7 @@ class Pipeline:
                  stall_only: bool = False,
                  on_stall: Callable[[AlarmEvent], None] | None = None,
                  on_alarm: Callable[[AlarmEvent], None] | None = None,
-                 sampler: Callable[[set[int]], bool] | None = None,
+                 sampler: Callable[[dict[int, float | None]], bool] | None = None,
                  resample_every: float = 20.0, stacks_wait: float = 10.0,
                  ras: RasProbe | None = None, ras_always: bool | Callable[[], bool] = False):
         """``stall_only``: the sources' own signature alarms are already in their
@@ -166,7 +166,7 @@ class Pipeline:
         and ask NCCL's RAS; say so to the detector if no samples come."""
         self.ask_ras()
         st = self.analyzer.stall
-        if self.sampler is None or not self.sampler(st.gpu_busy()):
+        if self.sampler is None or not self.sampler(st.gpu_utils()):
             st.samples_refused()
 
     def _monitor_wanted(self) -> bool:

@@ -65,9 +65,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
+# seconds a native dump (py-spy --native, which stops the rank while it unwinds) may take before it is given
+# up for a Python-only one: a CPU torch rank takes about 1 s on a 2-core machine (docs/performance.md), a
+# first dump of a rank with libtorch_cuda loaded can take far longer (benfred/py-spy#872)
+NATIVE_TIMEOUT = 3.0
+
+
 def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0, with_locals: bool = False,
                 native: frozenset[int] | set[int] = frozenset(),
-                took: dict[int, float] | None = None) -> tuple[dict[int, str], list[StackGroup], str | None]:
+                took: dict[int, float] | None = None, native_timeout: float = NATIVE_TIMEOUT,
+                given_up: set[int] | None = None) -> tuple[dict[int, str], list[StackGroup], str | None]:
     """(raw dump per rank, groups of identical stacks, error message or None).
 
     ``--nonblocking``: py-spy reads the rank's memory without stopping it, so a
@@ -75,7 +82,10 @@ def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0, with_locals: b
     The ranks in ``native`` are dumped with ``--native`` instead (C frames:
     the CUDA runtime, the driver, NCCL), which pauses the rank while py-spy
     unwinds it (``took``: seconds each such dump ran, an upper bound on the
-    pause).
+    pause).  A native dump that takes longer than ``native_timeout`` is given
+    up (py-spy is killed, which lets the rank go on: the kernel detaches a
+    dead tracer's tracees) for a Python-only one, and its rank is added to
+    ``given_up`` and named in the error.
     """
     exe = py_spy()
     if exe is None:
@@ -92,10 +102,20 @@ def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0, with_locals: b
         try:
             r = subprocess.run([exe, "dump", "--native" if use_native else "--nonblocking", "--full-filenames",
                                 *(["--locals"] if with_locals else []), "--pid", str(pid)],
-                               capture_output=True, text=True, errors="replace", timeout=timeout)
+                               capture_output=True, text=True, errors="replace",
+                               timeout=min(timeout, native_timeout) if use_native else timeout)
             if use_native and took is not None:
                 took[rank] = time.monotonic() - t0
         except subprocess.TimeoutExpired:
+            if use_native:
+                if took is not None:
+                    took[rank] = time.monotonic() - t0
+                if given_up is not None:
+                    given_up.add(rank)
+                say(rank, f"rank {rank}: native frames given up after {min(timeout, native_timeout):g} s "
+                          "(Python frames only)")
+                one(rank, pid, False)
+                return
             say(rank, f"rank {rank}: py-spy timed out")
             return
         except OSError as e:

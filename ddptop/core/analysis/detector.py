@@ -269,8 +269,14 @@ class StallDetector:
         comes is read as waiting on the GPU by the stack verdict.  Simulated
         GPUs are not counted: their utilisation is the rank's CPU use, which
         any loop on one line makes high (native frames still tell)."""
-        return {r for r, st in self.ranks.items()
-                if st.alive and st.util is not None and st.util >= HOT_UTIL and not st.util_simulated}
+        return {r for r, u in self.gpu_utils().items() if u is not None and u >= HOT_UTIL}
+
+    def gpu_utils(self) -> dict[int, float | None]:
+        """Each live rank's GPU utilisation, None where it is unknown or
+        simulated (a simulated GPU's reading is the rank's CPU use: a rank
+        sleeping at a GPU sync would read as an idle GPU)."""
+        return {r: (st.util if st.util is not None and not st.util_simulated else None)
+                for r, st in self.ranks.items() if st.alive}
 
     # -- judging --------------------------------------------------------------
 

@@ -20,13 +20,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 # what a rank's main thread is doing (Where.kind)
-KINDS = ("collective", "backward", "gpu-wait", "data", "io", "sleep/wait in user code", "user code", "framework",
-         "unknown")
+KINDS = ("collective", "backward", "gpu-wait", "nccl", "gpu-lock", "data", "io", "sleep/wait in user code",
+         "user code", "framework", "unknown")
 # kinds in which a rank waits for its peers: inside a collective (gloo blocks there), in backward (DDP's
-# all-reduce), or at a CUDA synchronisation point behind an asynchronous NCCL collective
-WAITING_KINDS = ("collective", "backward", "gpu-wait")
-# per-rank status across samples
-STATUSES = ("frozen", "busy", "moving", "unknown")
+# all-reduce), at a CUDA/HIP synchronisation point behind an asynchronous NCCL collective (spinning or
+# sleeping), or in NCCL's own host code (communicator setup, group end).  Not "gpu-lock": a rank blocked on
+# the CUDA driver's lock under a call that does not wait for GPU work is stuck, not waiting.
+WAITING_KINDS = ("collective", "backward", "gpu-wait", "nccl")
+# per-rank status across samples: "seen" (one sample: frozen and moving cannot be told apart), "unclear"
+# (one unchanged line that may be a GPU synchronisation, with nothing to tell: neither culprit nor waiter)
+STATUSES = ("frozen", "busy", "moving", "seen", "unclear", "unknown")
 # % GPU utilisation that counts as busy (an NCCL spin reads ~100) and as idle (~0)
 HOT_UTIL = 40.0
 IDLE_UTIL = 15.0
@@ -66,15 +69,19 @@ class Where:
     code: str = ""  # the source line, when it could be read
     text: str = ""  # short description
     node: str = ""  # the node this rank runs on (multi-node jobs)
-    # how it waits on the GPU: the library of its innermost native frames ("libcudart", "libcuda",
-    # "libnccl"), "util" (no native frames: one unchanged line on the CPU while its GPU is busy), or ""
+    # how it waits on the GPU (kinds gpu-wait, gpu-lock, nccl): the key of the library its native frames say
+    # ("cuda-runtime", "cuda-driver", "nccl", "hip", ...: analysis.native.LIBRARIES), "util" (no native
+    # frames: one unchanged line while its GPU is busy), or ""
     gpu: str = ""
-    native: str = ""  # the innermost native frame, "cudaStreamSynchronize (libcudart.so.12)"
+    native: str = ""  # the GPU call in words: "cudaStreamSynchronize (libcudart.so.12)", "in the CUDA driver"
+    library: str = ""  # the library in words: "the CUDA runtime"
+    others: tuple[str, ...] = ()  # other threads worth naming (in GPU code, holding the GIL)
+    native_read: bool = False  # its dump had native frames (py-spy --native, gdb, pystack)
 
     @property
     def waiting(self) -> bool:
-        """Waits for its peers (in a collective, backward, or at a GPU sync)."""
-        return self.status == "frozen" and self.kind in WAITING_KINDS
+        """Waits for its peers (in a collective, backward, at a GPU sync, in NCCL)."""
+        return self.status in ("frozen", "seen") and self.kind in WAITING_KINDS
 
     @property
     def working(self) -> bool:
@@ -91,7 +98,8 @@ class Where:
         return {"rank": self.rank, "function": self.function, "file": self.file, "line": self.line,
                 "call": self.call, "innermost": self.innermost, "innermost_file": self.innermost_file,
                 "kind": self.kind, "status": self.status, "code": self.code, "text": self.text, "node": self.node,
-                "gpu": self.gpu, "native": self.native}
+                "gpu": self.gpu, "native": self.native, "library": self.library, "others": list(self.others),
+                "native_read": self.native_read}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], rank: int | None = None) -> "Where":
@@ -105,7 +113,18 @@ class Where:
                    status=s("status") or "unknown", kind=s("kind") or "unknown", function=s("function"),
                    file=s("file"), line=line if isinstance(line, int) and not isinstance(line, bool) else 0,
                    call=s("call"), innermost=s("innermost"), innermost_file=s("innermost_file"), code=s("code"),
-                   text=s("text"), node=s("node"), gpu=s("gpu"), native=s("native"))
+                   text=s("text"), node=s("node"), gpu=_old_gpu_key(s("gpu")), native=s("native"),
+                   library=s("library"),
+                   others=tuple(str(x) for x in d.get("others") or () if isinstance(x, str)),
+                   native_read=d.get("native_read") is True)
+
+
+# the library names journals of earlier releases wrote in Where.gpu, as the keys of today's table
+_OLD_GPU = {"libcudart": "cuda-runtime", "libcuda": "cuda-driver", "libnccl": "nccl"}
+
+
+def _old_gpu_key(v: str) -> str:
+    return _OLD_GPU.get(v, v)
 
 
 @dataclass(frozen=True)
@@ -162,6 +181,7 @@ class StackEvidence:
     node: str = ""
     groups: tuple[StackGroup, ...] = ()
     workers: tuple[int, ...] = ()
+    deadlock: bool = False  # every rank blocked on the CUDA driver's lock (no odd rank out)
 
     @property
     def status(self) -> dict[int, str]:
@@ -210,7 +230,7 @@ class StackEvidence:
                 "mismatch": self.mismatch, "workers": tuple(self.workers), "summary": self.summary,
                 "where": {str(r): w.to_dict() for r, w in sorted(self.where.items())},
                 "groups": tuple(g.to_dict() for g in self.groups), "io": tuple(self.io), "error": self.error,
-                "node": self.node}
+                "node": self.node, "deadlock": self.deadlock}
 
     @classmethod
     def from_event(cls, ev: Any) -> "StackEvidence":
@@ -228,7 +248,8 @@ class StackEvidence:
         groups = tuple(StackGroup.from_dict(g) for g in ev.groups if isinstance(g, dict))
         waiting = tuple(getattr(ev, "waiting", ()) or ())
         return cls(ev.t, ev.hung, tuple(ev.culprits), waiting, bool(getattr(ev, "mismatch", False)), where,
-                   tuple(ev.io), ev.summary, ev.error, ev.node, groups, tuple(getattr(ev, "workers", ()) or ()))
+                   tuple(ev.io), ev.summary, ev.error, ev.node, groups, tuple(getattr(ev, "workers", ()) or ()),
+                   bool(getattr(ev, "deadlock", False)))
 
 
 def _said(v: StackEvidence) -> str:

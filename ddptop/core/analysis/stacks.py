@@ -32,13 +32,17 @@ steps, and their shapes (``Frame``, ``Thread``, ``RankStack``) change together.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
-from dataclasses import dataclass
-from typing import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable, Mapping
 
-from ddptop.core.analysis.evidence import KINDS, WAITING_KINDS, StackEvidence, StackGroup, Where, ranks_text
+from ddptop.core.analysis.evidence import HOT_UTIL, KINDS, WAITING_KINDS, StackEvidence, StackGroup, Where, ranks_text
+from ddptop.core.analysis.stack_dumps import FRAME_LINE as _FRAME
+from ddptop.core.analysis.stack_dumps import PROCESS_LINE as _PROCESS
+from ddptop.core.analysis.stack_dumps import THREAD_LINE as _THREAD
+from ddptop.core.analysis.native import GPU_KEYS, GpuWait, gpu_wait, library_of, primitive
+from ddptop.core.analysis.stack_dumps import Frame, Thread, parse_dump, thread_id
 
 __all__ = [
     "Frame", "Thread", "RankStack",
@@ -58,45 +62,6 @@ SourceLine = Callable[[str, int], "str | None"]
 
 
 @dataclass(frozen=True)
-class Frame:
-    function: str
-    file: str  # as py-spy printed it: full path, or shortened ("torch/distributed/...", "train.py")
-    line: int  # 0 when py-spy printed none (native frames)
-
-    @property
-    def short_file(self) -> str:
-        return _short(self.file)
-
-    @property
-    def base(self) -> str:
-        return self.file.replace("\\", "/").rsplit("/", 1)[-1]
-
-    @property
-    def native(self) -> bool:
-        """A C/C++ frame (py-spy --native): its file is a shared library or a
-        C source, not Python source."""
-        f = self.file
-        return not (f.endswith((".py", ".pyw", ".pyx")) or f.startswith("<") or not f)
-
-    def to_dict(self) -> dict:
-        return {"function": self.function, "file": self.file, "line": self.line}
-
-
-@dataclass(frozen=True)
-class Thread:
-    name: str  # "" when py-spy printed none
-    id: int
-    state: str  # "active" or "idle"
-    frames: tuple[Frame, ...]  # innermost first, as py-spy prints them
-    gil: bool = False
-    pid: int | None = None
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "id": self.id, "state": self.state, "gil": self.gil, "pid": self.pid,
-                "frames": [f.to_dict() for f in self.frames]}
-
-
-@dataclass(frozen=True)
 class RankStack:
     """What the main thread of one rank was doing in one dump."""
 
@@ -110,77 +75,23 @@ class RankStack:
     signature: tuple[str, ...]  # for grouping ranks: func@file (+ :line for user frames)
     exact: tuple[str, ...]  # for comparing samples of one rank: func@file:line for every Python frame
     code: str = ""  # source line of the user frame, when the caller gave a way to read it
-    gpu: str = ""  # the GPU library its native frames come from (kind "gpu-wait"), or ""
-    native: str = ""  # that frame: "cudaStreamSynchronize (libcudart.so.12)"
+    gpu: str = ""  # kinds gpu-wait/gpu-lock/nccl: the key of the GPU library ("cuda-runtime"), or "util"
+    native: str = ""  # the GPU call in words: "cudaStreamSynchronize (libcudart.so.12)", "in the CUDA driver"
+    library: str = ""  # that library in words: "the CUDA runtime"
+    native_read: bool = False  # the dump has native frames of this thread (py-spy --native, gdb, pystack)
+    # without native frames: "yes" when its line is a synchronisation (`.item()` on the source line, torch's
+    # synchronize, a tensor's __float__), "maybe" when it makes a C call nothing names (a GPU job's line whose
+    # source cannot be read), else ""
+    sync: str = ""
+    others: tuple[str, ...] = ()  # other threads worth naming (in GPU code, or holding the GIL)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "text": self.text,
                 "user": self.user.to_dict() if self.user else None,
                 "innermost": self.innermost.to_dict() if self.innermost else None,
                 "call": self.call, "state": self.state, "thread": self.thread,
-                "signature": list(self.signature), "code": self.code, "gpu": self.gpu, "native": self.native}
-
-
-# --------------------------------------------------------------------------- parsing
-
-_PROCESS = re.compile(r"^Process (\d+):")
-_THREAD = re.compile(r'^Thread (0x[0-9A-Fa-f]+|\d+) \(([^)]*)\)(?::\s*"(.*)")?\s*$')
-_FRAME = re.compile(r"^    (\S.*?) \((.*?)(?::(\d+))?\)\s*$")
-
-
-def parse_dump(text: str) -> list[Thread]:
-    """Threads of a ``py-spy dump`` output (text, with or without --locals, or --json).
-
-    Anything that is not a dump (an error message, an empty string) gives [].
-    """
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        try:
-            return _parse_json(json.loads(stripped))
-        except (ValueError, TypeError, KeyError, AttributeError):
-            return []
-    threads: list[Thread] = []
-    pid: int | None = None
-    cur: dict | None = None
-
-    def close() -> None:
-        if cur is not None:
-            threads.append(Thread(cur["name"], cur["id"], cur["state"], tuple(cur["frames"]), cur["gil"], pid))
-
-    for raw in text.splitlines():
-        line = raw.rstrip("\r\n")
-        m = _PROCESS.match(line)
-        if m:
-            close()
-            cur = None
-            pid = int(m.group(1))
-            continue
-        m = _THREAD.match(line)
-        if m:
-            close()
-            tid = m.group(1)
-            st = m.group(2)
-            cur = {"name": m.group(3) or "", "id": int(tid, 16) if tid.lower().startswith("0x") else int(tid),
-                   "state": "idle" if "idle" in st else "active", "gil": "gil" in st, "frames": []}
-            continue
-        if cur is None:
-            continue
-        m = _FRAME.match(line)  # exactly 4 spaces: Arguments:/Locals: and their values are deeper
-        if m:
-            cur["frames"].append(Frame(m.group(1), m.group(2), int(m.group(3) or 0)))
-    close()
-    return threads
-
-
-def _parse_json(data) -> list[Thread]:
-    out = []
-    for t in data:
-        frames = tuple(Frame(str(f.get("name", "")), str(f.get("short_filename") or f.get("filename") or ""),
-                             int(f.get("line") or 0)) for f in t.get("frames") or ())
-        tid = t.get("os_thread_id") or t.get("thread_id") or 0
-        out.append(Thread(str(t.get("thread_name") or ""), int(tid), "active" if t.get("active") else "idle",
-                          frames, bool(t.get("owns_gil")), t.get("pid")))
-    return out
+                "signature": list(self.signature), "code": self.code, "gpu": self.gpu, "native": self.native,
+                "library": self.library, "others": list(self.others)}
 
 
 # --------------------------------------------------------------------------- classification
@@ -247,18 +158,11 @@ def _short(path: str) -> str:
     return rel if origin != "user" else _norm(path).rsplit("/", 1)[-1]
 
 
-# native libraries whose frames on the main thread mean "waits on the GPU": the CUDA runtime
-# (libcudart), the driver (libcuda: its frames often have no symbol name), NCCL (libnccl)
-_GPU_LIB = re.compile(r"^(libcudart|libcuda|libnccl)(?:[._-]|$)")
-
-
 def gpu_library(frame: Frame) -> str:
-    """"libcudart", "libcuda" or "libnccl" for a native frame from one of
-    them (by its library file), else ""."""
-    if not frame.native:
-        return ""
-    m = _GPU_LIB.match(frame.base)
-    return m.group(1) if m else ""
+    """The key of the GPU library a native frame comes from ("cuda-runtime",
+    "cuda-driver", "nccl", "hip", ...: ``native.LIBRARIES``), else ""."""
+    lib = library_of(frame)
+    return lib.key if lib is not None and lib.key in GPU_KEYS else ""
 
 
 def classify_frame(frame: Frame) -> str:
@@ -294,18 +198,19 @@ def classify_frame(frame: Frame) -> str:
         return "data"
     if rel.startswith(("safetensors/", "fsspec/")) or "/checkpoint_io" in rel or "/plugins/io/" in rel:
         return "io"
+    if _COLLECTIVE_NAME.search(frame.function):
+        # a framework's own collective (DeepSpeed ZeRO's all_gather_coalesced, Megatron's reduce_scatter
+        # wrappers): named by the operation, as torch.distributed names it
+        return "collective"
     return "framework"
 
 
+# the collective operations, as torch.distributed and NCCL name them (a framework's wrapper of one)
+_COLLECTIVE_NAME = re.compile(r"(?:^|[._])(?:all_?gather|all_?reduce|reduce_?scatter|all_?to_?all|broadcast|"
+                              r"barrier)(?:_\w+)?$", re.IGNORECASE)
+
+
 # --------------------------------------------------------------------------- one rank
-
-
-def _main_thread(threads: Iterable[Thread]) -> Thread | None:
-    threads = list(threads)
-    for t in threads:
-        if t.name == "MainThread":
-            return t
-    return threads[0] if threads else None
 
 
 _CALL = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
@@ -329,25 +234,86 @@ def _fmt(f: Frame) -> str:
     return f"{f.function}@{_short(f.file)}"
 
 
-def rank_state(threads: Iterable[Thread], source_line: SourceLine | None = None) -> RankStack:
+# a source line that synchronises with the GPU (a device-to-host read or an explicit sync)
+_SYNC_CODE = re.compile(r"\.item\(\s*\)|\.tolist\(\s*\)|\.cpu\(|\.numpy\(|\bfloat\(|\bint\(|\bbool\(|"
+                        r"synchronize\(|\.to\(\s*['\"]cpu|\.to\(\s*device\s*=\s*['\"]cpu|_local_scalar_dense")
+# a framework's Python frames that synchronise: torch.cuda.synchronize, Event/Stream.synchronize, a tensor
+# printed, an array read into a Python number (jax's Array.__float__), whichever library they are in
+_SYNC_TORCH = re.compile(r"^torch/(?:cuda/|_tensor_str\.py)")
+_SYNC_FUNC = re.compile(r"(?:^|\.)(?:__float__|__int__|__bool__|__index__|__array__|__format__|item|tolist|numpy|"
+                        r"synchronize|block_until_ready|_local_scalar_dense)$")
+
+
+def _main_thread(threads: Iterable[Thread]) -> Thread | None:
+    """The main thread: named MainThread, else the one whose id is the
+    process's, else the first with Python frames, else the first."""
+    threads = list(threads)
+    for t in threads:
+        if t.name == "MainThread":
+            return t
+    for t in threads:
+        if t.pid is not None and t.id == t.pid:
+            return t
+    return next((t for t in threads if any(not f.native for f in t.frames)), threads[0] if threads else None)
+
+
+def _inner_native(t: Thread) -> list[Frame]:
+    """The native frames inside the innermost Python frame (all of them when there is none)."""
+    out = []
+    for f in t.frames:
+        if not f.native:
+            break
+        out.append(f)
+    return out
+
+
+def _other_threads(threads: list[Thread], main: Thread) -> tuple[str, ...]:
+    """The other threads worth naming beside a main thread that waits on the
+    GPU or a lock: those in GPU or NCCL code, and the one holding the GIL."""
+    out = []
+    for t in threads:
+        if t is main:
+            continue
+        g = gpu_wait([f for f in t.frames if f.native], t.state == "idle") if t.frames else None
+        who = f"thread {t.name!r} ({t.id})" if t.name else f"thread {t.id}"
+        gil = " holds the GIL and" if t.gil else ""
+        if g is not None:
+            out.append(f"{who}{gil} {g.text}")
+        elif t.gil:
+            py = next((f for f in t.frames if not f.native), None)
+            out.append(f"{who} holds the GIL" + (f", in `{py.function}` ({_short(py.file)}:{py.line})" if py else ""))
+    return tuple(out[:6])
+
+
+def rank_state(threads: Iterable[Thread], source_line: SourceLine | None = None,
+               gpu_job: bool = False) -> RankStack:
     """What the main thread (named MainThread, else the first) is doing.
 
     ``source_line(file, line)``, when given, returns the source text of a line
     (the caller may read files); it names the call a user frame is blocked in
-    (``time.sleep``), which py-spy cannot show for C functions.
+    (``time.sleep``), which py-spy cannot show for C functions.  ``gpu_job``:
+    the job runs on GPUs (another dump shows GPU libraries): a line whose
+    source cannot be read may then be a GPU synchronisation.
     """
+    threads = list(threads)
     t = _main_thread(threads)
     frames = tuple(f for f in t.frames if not f.native) if t is not None else ()
-    if t is None or not frames:
+    native_read = t is not None and any(f.native for f in t.frames)
+    inner_native = _inner_native(t) if t is not None else []
+    g = gpu_wait(inner_native, t.state == "idle") if t is not None and inner_native else None
+    if t is None or (not frames and g is None):
         return RankStack("unknown", "no Python stack", None, None, "", t.state if t else "",
-                         t.name if t else "", (), ())
-    # the native frames inside the innermost Python one: where that call is, in C
-    inner_native = []
-    for f in t.frames:
-        if not f.native:
-            break
-        inner_native.append(f)
-    gpu_i = next((i for i, f in enumerate(inner_native) if gpu_library(f)), None)
+                         t.name if t else "", (), (), native_read=native_read)
+    others = _other_threads(threads, t) if g is not None else ()
+    if not frames:
+        # native frames only (a gdb dump without Python frames): where in the GPU libraries it is
+        assert g is not None
+        sig = (f"{g.kind}:{g.call or g.key}",)
+        # (where it is: the GPU call's frame, else the outermost frame of a GPU library; never libc's)
+        at = next((f for f in reversed(inner_native) if f.function.split("@", 1)[0] == g.call), None) or next(
+            (f for f in reversed(inner_native) if gpu_library(f)), inner_native[0])
+        return RankStack(g.kind, g.text, None, at, g.call, t.state, t.name, sig, sig, "", g.key,
+                         _native_words(g, inner_native), g.library, native_read, "", others)
     cats = [classify_frame(f) for f in frames]
     user_i = next((i for i, c in enumerate(cats) if c == "user"), None)
     user = frames[user_i] if user_i is not None else None
@@ -365,18 +331,34 @@ def rank_state(threads: Iterable[Thread], source_line: SourceLine | None = None)
     loc = f" at {_at(user)}" if user else ""
     ufn = f"`{user.function}`" if user else ""
 
-    if gpu_i is not None:
-        # spinning (or blocked) at a CUDA synchronisation point: the outermost GPU-library frame is the
-        # call the Python code made (cudaStreamSynchronize), the driver's frames inside it may be nameless
-        outer = max(i for i, f in enumerate(inner_native) if gpu_library(f))
-        g = inner_native[outer]
-        lib = gpu_library(g)
-        named = next((f for f in reversed(inner_native[:outer + 1]) if gpu_library(f) and not f.function.startswith("0x")), g)
-        native = f"{named.function} ({named.base})"
+    if g is not None:
+        # at a CUDA/HIP synchronisation, a lock in the driver, or in NCCL's host code: read from the shape of
+        # the native frames (the outermost GPU API call, the innermost primitive), said in words, never addresses
         where = f" called from {ufn}{loc}" if user else f" in `{frames[0].function}` ({_short(frames[0].file)})"
-        text = f"waits on the GPU (`{named.function}`, {lib}){where}"
-        return RankStack("gpu-wait", text, user, frames[0], call or named.function, t.state, t.name, signature, exact,
-                         code, lib, native)
+        return RankStack(g.kind, g.text + where, user, frames[0], call or g.call, t.state, t.name, signature, exact,
+                         code, g.key, _native_words(g, inner_native), g.library, native_read, "", others)
+    sync = ""
+    if not native_read:
+        # no native frames: the line may be a GPU synchronisation (the wait happens in C, out of py-spy's
+        # sight without --native): a sync call on the source line or a framework's syncing frame ("yes"), or a
+        # C call from the innermost frame that no source line names, in a job known to run on GPUs ("maybe")
+        inner_rel = _where_from(frames[0].file)[1]
+        if cats[0] != "user":
+            inner_code = ""
+            if source_line is not None and cats[0] == "framework":
+                try:
+                    inner_code = (source_line(frames[0].file, frames[0].line) or "").strip()
+                except (OSError, ValueError):
+                    inner_code = ""
+        else:
+            inner_code = code
+        # (the library frames between the innermost one and the user's: jax's Array._value under __float__)
+        lib_frames = [f for f, c in zip(frames[:user_i], cats[:user_i]) if c != "stdlib"] if cats[0] != "user" else []
+        if _SYNC_TORCH.match(inner_rel) or any(_SYNC_FUNC.search(f.function) for f in lib_frames[:4]) \
+                or _SYNC_CODE.search(inner_code):
+            sync = "yes"
+        elif gpu_job and not inner_code and cats[0] in ("user", "framework"):
+            sync = "maybe"
     io_i = next((i for i, c in enumerate(cats) if c == "io"), None)
     if lib_i is not None and cats[lib_i] not in ("collective", "autograd") and io_i is not None:
         # inside checkpoint or serialization code (torch.save, safetensors, a CheckpointIO),
@@ -386,7 +368,7 @@ def rank_state(threads: Iterable[Thread], source_line: SourceLine | None = None)
         f = frames[max(i for i in range(io_i, ou_i) if cats[i] == "io")]  # the call the user made: torch.save
         ou = f" called from `{outer_user.function}` at {_at(outer_user)}" if outer_user else ""
         return RankStack("io", f"in I/O (`{f.function}`, {_short(f.file)}){ou}", outer_user or user, frames[0],
-                         f.function, t.state, t.name, signature, exact, code)
+                         f.function, t.state, t.name, signature, exact, code, native_read=native_read)
     if lib_i is None:  # only stdlib frames: a thread of the interpreter itself
         kind = "unknown"
         text = f"in `{frames[0].function}` ({_short(frames[0].file)})"
@@ -418,7 +400,8 @@ def rank_state(threads: Iterable[Thread], source_line: SourceLine | None = None)
             text = f"in I/O (`{f.function}`, {_short(f.file)})" + (f" called from {ufn}{loc}" if user else "")
         elif c == "user":
             shown = call or (_call_in(code) if code else "")
-            if t.state == "idle":
+            # (a dump that does not say whether the thread ran, gdb's: its innermost native frames do)
+            if t.state == "idle" or (t.state == "" and primitive(inner_native) in ("wait", "lock")):
                 kind = "sleep/wait in user code"
                 how = f" (`{shown}`)" if shown else " (idle: sleeping or blocked in a C call)"
             else:
@@ -430,7 +413,20 @@ def rank_state(threads: Iterable[Thread], source_line: SourceLine | None = None)
             kind = "framework"
             f = frames[lib_i]
             text = f"in `{f.function}` ({_short(f.file)})" + (f" called from {ufn}{loc}" if user else "")
-    return RankStack(kind, text, user, frames[0], call, t.state, t.name, signature, exact, code)
+    return RankStack(kind, text, user, frames[0], call, t.state, t.name, signature, exact, code,
+                     native_read=native_read,
+                     sync=sync if kind in ("user code", "sleep/wait in user code", "framework") else "")
+
+
+
+
+def _native_words(g: GpuWait, inner: list[Frame]) -> str:
+    """The GPU call in words: "cudaStreamSynchronize (libcudart.so.12)", or
+    where the thread is when no call is named ("in the CUDA driver")."""
+    if g.call:
+        f = next((f for f in reversed(inner) if f.function.split("@", 1)[0] == g.call), None)
+        return f"{g.call} ({f.base}{f':{f.line}' if f.line else ''})" if f is not None and f.file else g.call
+    return f"in {g.library}"
 
 
 def main_active(text: str) -> bool:
@@ -466,7 +462,7 @@ def _main_block(text: str) -> str:
             if inside:
                 break
             tid = m.group(1) if m else ""
-            inside = bool(m) and (int(tid, 16) if tid.lower().startswith("0x") else int(tid)) == t.id
+            inside = bool(m) and thread_id(tid) == t.id
             continue
         if inside:
             f = _FRAME.match(line)
@@ -494,13 +490,16 @@ def moved(before: str, now: str) -> bool | None:
 # --------------------------------------------------------------------------- verdict
 
 def _describe(st: RankStack, status: str) -> str:
-    if status == "frozen" and st.kind == "backward":
+    if status == "unclear":
+        return (f"cannot tell: {st.text.replace(' called from ', ' from ', 1)}, possibly a GPU synchronisation "
+                "(no native frames, no GPU telemetry to tell)")
+    if status in ("frozen", "seen") and st.kind == "backward":
         return "waits in backward (DDP all-reduce)" + (f" at {_at(st.user)}" if st.user else "")
-    if status == "frozen" and st.kind == "collective":
+    if status in ("frozen", "seen") and st.kind == "collective":
         return st.text.replace(" called from ", " from ", 1)
-    if st.kind == "gpu-wait":
+    if st.kind in ("gpu-wait", "gpu-lock", "nccl"):
         return st.text.replace(" called from ", " at ", 1)
-    if status == "frozen":
+    if status in ("frozen", "seen"):
         return st.text if st.text.startswith("waits ") else "is " + st.text
     if status == "busy":
         return "is busy " + st.text.replace(" (running)", "") + " (on CPU, same line in every sample)"
@@ -509,80 +508,140 @@ def _describe(st: RankStack, status: str) -> str:
     return "has no usable stack"
 
 
-def _spinning_on_gpu(st: RankStack) -> RankStack:
-    """A rank on one unchanged line on the CPU while its GPU is busy and no step
-    comes: how a CUDA synchronisation point looks without native frames."""
+def _spinning_on_gpu(st: RankStack, busy: bool = True) -> RankStack:
+    """A rank on one unchanged line while its GPU is busy and no step comes:
+    how a CUDA synchronisation point looks without native frames (spinning
+    on the CPU, or sleeping with blocking sync)."""
     loc = f" at {_at(st.user)}" if st.user else f" in `{st.innermost.function}`" if st.innermost else ""
     what = f" (`{st.call}`)" if st.call else ""
-    return RankStack("gpu-wait", f"waits on the GPU{loc}{what} (spins on one line, its GPU busy)", st.user,
-                     st.innermost, st.call, st.state, st.thread, st.signature, st.exact, st.code, "util", "")
+    how = "sleeps" if st.state == "idle" else "spins"
+    why = "its GPU busy" if busy else "a synchronisation, no native frames"
+    return replace(st, kind="gpu-wait", text=f"waits on the GPU{loc}{what} ({how} on one line, {why})",
+                   gpu="util" if busy else "sync", native="")
+
+
+# the kinds read from native frames (a GPU call, the driver's lock, NCCL's host code)
+_NATIVE_KINDS = ("gpu-wait", "gpu-lock", "nccl")
 
 
 def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None,
-            gpu_busy: Iterable[int] = ()) -> StackEvidence:
-    """Hang verdict from >= 2 py-spy dumps per rank, oldest first, taken >= 1 s apart.
+            gpu_busy: Iterable[int] = (), gpu_util: Mapping[int, float | None] | None = None,
+            gpu_job: bool = False) -> StackEvidence:
+    """Hang verdict from py-spy dumps (or gdb / pystack ones) of every rank, oldest first.
 
-    Per rank: *frozen* (same main-thread stack in every sample, or the same
-    stack while idle, or at a GPU sync), *busy* (same stack on the CPU in
-    every sample, not at a GPU sync: a tight loop, counted as moving),
-    *moving* (stack changes) or *unknown*.  A rank waits (``waiting``) when
-    it is frozen in a collective, in backward or at a GPU sync (its native
-    frames, or busy on one line while in ``gpu_busy``).
+    With >= 2 dumps per rank, taken >= 1 s apart, per rank: *frozen* (same
+    main-thread stack in every sample, or the same stack while idle, or at a
+    GPU sync), *busy* (same stack on the CPU in every sample, not at a GPU
+    sync: a tight loop, counted as moving), *moving* (stack changes),
+    *unclear* (one unchanged line that may be a GPU synchronisation, with no
+    native frames and no GPU telemetry to tell: neither culprit nor waiter)
+    or *unknown*.  With one dump, *seen*: frozen and moving cannot be told
+    apart, so ``hung`` is None, but the odd rank out is still named by where
+    each rank is.
+
+    A rank waits (``waiting``) when it is frozen in a collective, in
+    backward, at a GPU sync (its native frames, spinning or sleeping, or one
+    unchanged line while its GPU is busy: ``gpu_busy`` / ``gpu_util``) or in
+    NCCL's host code; a rank blocked on a lock in the CUDA driver (kind
+    ``gpu-lock``) does not wait for its peers, it is stuck.
 
     Rules: every rank frozen => hung; ranks waiting while others move =>
     hung and the movers are the culprits (unless a mover itself passed
     through a wait between samples: then the job progresses); a frozen rank
     outside the wait the others are in is a culprit; ranks waiting at
     different places (collectives, sync lines) are a mismatch whose minority
-    is the culprit when there is a majority; all moving => no hang.
+    is the culprit when there is a majority; every rank on the driver's lock
+    is a deadlock in the driver with no odd rank out; all moving => no hang.
     """
-    busy_gpu = set(gpu_busy)
+    utils: dict[int, float | None] = dict(gpu_util or {})
+    for r in gpu_busy:
+        utils[r] = max(utils.get(r) or 0.0, HOT_UTIL)
     states: dict[int, list[RankStack]] = {}
     status: dict[int, str] = {}
     lasts: dict[int, str] = {}
-    for rank, dumps in sorted(samples.items()):
-        pairs = [(d, rank_state(parse_dump(d), source_line)) for d in dumps or ()]
+    parsed = {r: [(d, parse_dump(d)) for d in dumps or ()] for r, dumps in samples.items()}
+    # a GPU job: a caller that knows, or any rank's native frames in a GPU library
+    gpu_job = gpu_job or any(u is not None for u in utils.values()) or any(gpu_library(f) for ds in parsed.values() for _d, ts in ds
+                                             for t in ts for f in t.frames if f.native)
+    for rank, dumps in sorted(parsed.items()):
+        pairs = [(d, rank_state(ts, source_line, gpu_job)) for d, ts in dumps]
         pairs = [(d, s) for d, s in pairs if s.kind != "unknown" or s.exact]
         sts = [s for _d, s in pairs]
         if pairs:
             lasts[rank] = pairs[-1][0]
-        if len(sts) < 2:
+        states[rank] = sts
+        if not sts:
             status[rank] = "unknown"
-        elif len({s.exact for s in sts}) > 1 or len({_main_block(d) for d, _s in pairs}) > 1:
+            continue
+        if len(sts) >= 2 and (len({s.exact for s in sts}) > 1 or len({_main_block(d) for d, _s in pairs}) > 1):
             # (the same frames with other local variables, in dumps taken with --locals: a loop's counter moved)
             status[rank] = "moving"
+            continue
+        util = utils.get(rank)
+        busy_gpu = util is not None and util >= HOT_UTIL
+        native_read = any(s.native_read for s in sts)
+        gpu = next((s for s in reversed(sts) if s.kind in _NATIVE_KINDS), None)
+        unclear = False
+        if gpu is not None:
+            sts[-1] = gpu  # (a Python-only sample and a native one of the same line)
+        elif not native_read and sts[-1].kind not in WAITING_KINDS and (
+                sts[-1].sync or (busy_gpu and all(s.state == "active" for s in sts))):
+            # no native frames: a line that is (or may be) a GPU sync, read with the GPU's telemetry: a busy GPU
+            # says it waits; a known sync waits unless its GPU is idle; a C call nothing names cannot be told
+            if busy_gpu or (sts[-1].sync == "yes" and util is None):
+                sts[-1] = _spinning_on_gpu(sts[-1], busy_gpu)
+            elif util is None:
+                unclear = True
+        if unclear:
+            status[rank] = "unclear"
+        elif len(sts) < 2:
+            status[rank] = "seen"
+        elif all(s.state == "active" for s in sts) and sts[-1].kind not in WAITING_KINDS + ("gpu-lock",):
+            status[rank] = "busy"
         else:
-            gpu = next((s for s in reversed(sts) if s.kind == "gpu-wait"), None)
-            if gpu is not None:
-                sts[-1] = gpu  # (a Python-only sample and a native one of the same line)
-            elif rank in busy_gpu and all(s.state == "active" for s in sts) and sts[-1].kind not in WAITING_KINDS:
-                sts[-1] = _spinning_on_gpu(sts[-1])
-            if all(s.state == "active" for s in sts) and sts[-1].kind not in WAITING_KINDS:
-                status[rank] = "busy"
-            else:
-                status[rank] = "frozen"
-        states[rank] = sts
+            status[rank] = "frozen"
 
-    known = [r for r, s in status.items() if s != "unknown"]
+    one_sample = any(st == "seen" for st in status.values())
+    unclear_ranks = [r for r, s in status.items() if s == "unclear"]
+    pre_notes: list[str] = []
+    if unclear_ranks:
+        # a rank that cannot be told (stuck there, or waiting at a GPU sync?) but sits elsewhere than a
+        # majority that waits is the odd one out either way: stuck, or waiting at another sync (a mismatch)
+        waiting_sigs = {states[r][-1].signature for r, s in status.items()
+                        if s in ("frozen", "seen") and states[r][-1].kind in WAITING_KINDS}
+        n_waiting = sum(1 for r, s in status.items() if s in ("frozen", "seen") and states[r][-1].kind in WAITING_KINDS)
+        odd = [r for r in unclear_ranks if states[r][-1].signature not in waiting_sigs]
+        if waiting_sigs and odd and len(odd) < n_waiting:
+            for r in odd:
+                status[r] = "seen" if len(states[r]) < 2 else "frozen"
+            unclear_ranks = [r for r in unclear_ranks if r not in odd]
+            pre_notes.append(f"{ranks_text(odd)} {'has' if len(odd) == 1 else 'have'} no native frames: "
+                             f"stuck there, or waiting at a GPU sync, but not where the others wait")
+    known = [r for r, s in status.items() if s not in ("unknown", "unclear")]
     if not known:
-        return StackEvidence(hung=None, where={r: Where(r) for r in status},
-                             groups=_groups(states, status, lasts),
-                             summary="cannot tell: fewer than 2 usable py-spy samples per rank")
+        why = ("cannot tell: fewer than 1 usable stack per rank" if not unclear_ranks else
+               "cannot tell: " + "; ".join(f"rank {r} {_describe(states[r][-1], 'unclear')}" for r in unclear_ranks))
+        return StackEvidence(hung=None, where={r: _where(r, states[r][-1] if states[r] else None, status[r])
+                                                for r in status},
+                             groups=_groups(states, status, lasts), summary=why)
 
     last = {r: states[r][-1] for r in known}
     # a rank in I/O in every sample (writing a checkpoint) works, even when its
     # stack does not change: it counts with the movers, and may be waited for
     io = [r for r in known if status[r] in ("frozen", "busy") and all(s.kind == "io" for s in states[r])]
-    frozen = [r for r in known if status[r] == "frozen" and r not in io]
+    frozen = [r for r in known if status[r] in ("frozen", "seen") and r not in io]
     movers = [r for r in known if status[r] in ("moving", "busy") or r in io]
     waiting = [r for r in frozen if last[r].kind in WAITING_KINDS]
     outside = [r for r in frozen if r not in waiting]
-    notes: list[str] = []
+    locked = [r for r in frozen if last[r].kind == "gpu-lock"]
+    notes: list[str] = list(pre_notes)
     mismatch = False
+    deadlock = False
 
     if not movers:
-        hung = True
-        if waiting and outside:
+        hung: bool | None = True
+        if (waiting or unclear_ranks) and outside:
+            # (a rank that cannot be told may be waiting at a GPU sync: the ranks outside any wait are odd still)
             culprits = outside
         elif waiting:
             # everyone waits: at one place (the same collective: no odd one out), or at several (a mismatch:
@@ -590,10 +649,14 @@ def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None
             sigs = {r: last[r].signature for r in waiting}
             mismatch = len(set(sigs.values())) > 1
             culprits = _minority(sigs)
+        elif locked and len(locked) == len(frozen) and len(frozen) > 1:
+            # every rank blocked on the CUDA driver's lock: a deadlock in the driver, nobody the odd one out
+            culprits = []
+            deadlock = True
         else:
             culprits = _minority({r: last[r].signature for r in frozen})
-            if not culprits and len(frozen) == 1:
-                culprits = list(frozen)  # a single rank stuck outside any collective
+            if not culprits and len(frozen) == 1 and status[frozen[0]] == "frozen":
+                culprits = list(frozen)  # a single rank stuck outside any collective (seen stuck in 2 samples)
     elif waiting:
         passed = [r for r in movers if any(s.kind in WAITING_KINDS for s in states[r])]
         if passed:
@@ -619,6 +682,10 @@ def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None
         waiting = list(movers)
         notes.append(f"{ranks_text(movers)} {'spins' if len(movers) == 1 else 'spin'} on one line (polling) while "
                      f"{ranks_text(outside)} {'is' if len(outside) == 1 else 'are'} frozen")
+    elif unclear_ranks:
+        hung = None
+        culprits = []
+        waiting = []
     else:
         hung = False
         culprits = []
@@ -633,10 +700,17 @@ def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None
         hung, workers, culprits = False, culprits, []
         notes.append(f"{ranks_text(waiting)} {'waits' if len(waiting) == 1 else 'wait'} for {ranks_text(workers)}, "
                      f"which {'works' if len(workers) == 1 else 'work'}: not a hang unless it lasts")
+    if unclear_ranks:
+        notes.append("; ".join(f"rank {r} {_describe(states[r][-1], 'unclear')}" for r in unclear_ranks))
+    if one_sample:
+        # one dump per rank: a rank seen once may have been moving; where each rank is still says who is odd
+        notes.insert(0, "one sample per rank: frozen and moving cannot be told apart")
+        hung = None if hung else hung
     groups = _groups(states, status, lasts, culprits)
-    summary = _summary(hung, culprits, groups, last, status, notes, mismatch)
+    summary = _summary(hung, culprits, groups, last, status, notes, mismatch, deadlock, one_sample)
     return StackEvidence(hung=hung, culprits=tuple(culprits), waiting=tuple(waiting), mismatch=mismatch,
-                         where=where, io=tuple(io), summary=summary, groups=groups, workers=tuple(workers))
+                         where=where, io=tuple(io), summary=summary, groups=groups, workers=tuple(workers),
+                         deadlock=deadlock)
 
 
 def _minority(sigs: dict[int, tuple[str, ...]]) -> list[int]:
@@ -656,14 +730,14 @@ def _groups(states: dict[int, list[RankStack]], status: dict[int, str], lasts: d
     odd = set(culprits)
     by: dict[tuple, list[int]] = {}
     for r, st in status.items():
-        key = (st, states[r][-1].signature) if st in ("frozen", "busy") else (st,)
+        key = (st, states[r][-1].signature) if st in ("frozen", "busy", "seen", "unclear") else (st,)
         by.setdefault(key, []).append(r)
     out = []
     for key, rs in by.items():
         st = key[0]
         last = states[rs[0]][-1] if states[rs[0]] else None
-        kind = last.kind if last and st in ("frozen", "busy") else ("unknown" if st == "unknown" else "moving")
-        desc = _describe(last, st) if last and st in ("frozen", "busy") else (
+        kind = last.kind if last and st in ("frozen", "busy", "seen") else ("moving" if st == "moving" else "unknown")
+        desc = _describe(last, st) if last and st in ("frozen", "busy", "seen", "unclear") else (
             "stack changes between samples (working)" if st == "moving" else "no usable py-spy samples")
         frames, user = main_frames(lasts[rs[0]]) if rs[0] in lasts else ([], [])
         out.append(StackGroup(tuple(sorted(rs)), st, kind, _plural(desc, len(rs)), any(r in odd for r in rs),
@@ -683,29 +757,36 @@ def _where(rank: int, st: RankStack | None, status: str) -> Where:
         return Where(rank, status)
     u = st.user
     inner = st.innermost
-    return Where(rank, status, st.kind, u.function if u else (inner.function if inner else ""),
+    # (an unnamed native frame is said by its library, never by its address)
+    inner_fn = (inner.function if not inner.function.startswith("0x") else "") if inner else ""
+    return Where(rank, status, st.kind, u.function if u else inner_fn,
                  u.file if u else (inner.file if inner else ""), u.line if u else (inner.line if inner else 0),
-                 st.call, inner.function if inner else "", _short(inner.file) if inner else "", st.code, st.text,
-                 gpu=st.gpu, native=st.native)
+                 st.call, inner_fn, _short(inner.file) if inner else "", st.code, st.text,
+                 gpu=st.gpu, native=st.native, library=st.library, others=st.others,
+                 native_read=st.native_read)
 
 
-def _summary(hung, culprits, groups, last, status, notes, mismatch) -> str:
+def _summary(hung, culprits, groups, last, status, notes, mismatch, deadlock=False, one_sample=False) -> str:
     parts = []
     for r in culprits:
         parts.append(f"rank {r} {_describe(last[r], status[r])}")
     for g in groups:
         rs = [r for r in g.ranks if r not in culprits]
-        if not rs:
+        if not rs or g.status == "unclear":
             continue
-        if g.status in ("frozen", "busy"):
+        if g.status in ("frozen", "busy", "seen"):
             parts.append(f"{ranks_text(rs)} {_plural(_describe(last[rs[0]], g.status), len(rs))}")
         elif g.status == "moving":
             parts.append(f"{ranks_text(rs)} {'is' if len(rs) == 1 else 'are'} moving")
         else:
             parts.append(f"{ranks_text(rs)}: no usable samples")
     head = {True: "hung: ", False: "no hang: ", None: ""}[hung]
-    if hung and mismatch:
+    if deadlock:
+        head = "hung: a deadlock in the CUDA driver (every rank blocked on its lock), no odd rank out: "
+    elif hung and mismatch:
         head = "hung, ranks wait in different places: " if culprits else "hung, no single culprit: "
     elif hung and not culprits:
         head = "hung, no single culprit: "
-    return head + "; ".join(parts + notes)
+    elif one_sample and culprits:
+        head = "if it is hung, the odd rank out: "
+    return head + "; ".join(notes[:1] + parts + notes[1:] if one_sample else parts + notes)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import signal
 from typing import TYPE_CHECKING, Iterable
 
+from ddptop.core.analysis.native import library_words
 from ddptop.core.analysis.evidence import HOT_UTIL, IDLE_UTIL, StackEvidence, Where, ranks_text
 
 if TYPE_CHECKING:
@@ -97,10 +98,19 @@ def where_words(w: Where) -> str:
     at = w.at
     src = w.code.split("  #", 1)[0].strip()
     code = f" `{src}`" if src and len(src) <= 80 else ""
+    lib = w.library or library_words(w.gpu)
+    call = w.native.rsplit(" (", 1)[0] if w.native and not w.native.startswith("in ") else ""
+    others = f"; {'; '.join(w.others)}" if w.others else ""
     if w.kind == "gpu-wait":
-        how = (f"`{w.native.split(' (')[0]}`, {w.gpu}" if w.native else
-               "spinning on one line while its GPU is busy")
-        return f"waits on the GPU at {at}{code} ({how})"
+        how = (f"`{call}`, {lib}" if call else f"in {lib}" if w.native else
+               "at a synchronisation, no native frames" if w.gpu == "sync" else
+               "on one line while its GPU is busy, no native frames")
+        return f"waits on the GPU at {at}{code} ({how}){others}"
+    if w.kind == "gpu-lock":
+        return (f"is blocked on a lock in {lib} at {at}{code}" + (f", inside `{call}`" if call else "") +
+                ", a call that does not wait for GPU work: a deadlock, not GPU work" + others)
+    if w.kind == "nccl":
+        return f"{w.text.split(' called from ')[0].split(' in `')[0]} at {at}{code}{others}"
     if w.kind == "collective":
         return f"waits in `{w.call or w.innermost}` at {at}{code}"
     if w.kind == "backward":

@@ -16,7 +16,7 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from ddptop.core.command_result import CommandResult
 from ddptop.core.events import Event, NoteEvent, ProgressEvent, StacksEvent
@@ -94,19 +94,25 @@ class StackSampler(Job):
     emitted as one ``StacksEvent`` that the pipeline feeds to the stall
     detector.  The first sample is Python-only and non-blocking; the later
     ones read native frames (``--native``, which pauses the rank while py-spy
-    unwinds it) of the ranks that were on the CPU in the first, so that a
-    rank spinning at a CUDA synchronisation shows the CUDA runtime, driver or
-    NCCL frames it spins in; ``native=False`` keeps every sample non-blocking.
-    ``request(gpu_busy)`` names the ranks whose GPU is busy without step
-    progress (the verdict reads such a rank, spinning on one line, as
-    waiting on the GPU).  The dumps are kept under ``dest/stacks/<time>-samples/``.  One
+    unwinds it) of every rank, idle ones included: a rank spinning at a CUDA
+    synchronisation shows the CUDA runtime, driver or NCCL frames it spins in,
+    and one *sleeping* there (blocking sync) the same frames under a futex;
+    read without them, a sleeping waiter would look like a rank stuck in its
+    own code.  A native dump is given up after ``native_timeout`` seconds (for a
+    Python-only one, said per rank in the event's error and ``given_up``), so
+    it never holds the verdict longer; ``native=False`` keeps every sample
+    non-blocking.
+    ``request(gpu_util)`` gives each rank's GPU utilisation (None: unknown or
+    simulated; a set: the ranks whose GPU is busy): the verdict reads a rank on
+    one line with no native frames as waiting on the GPU when its GPU is busy,
+    and as "cannot tell" at a possible sync line when nothing is known.  The dumps are kept under ``dest/stacks/<time>-samples/``.  One
     sampling at a time, in a thread of its own; never blocks the analysis."""
 
     thread_name = "ddptop-stack-samples"
 
     def __init__(self, dest: Path, rank_pids: Callable[[], dict[int, int]], emit: Emit, *, node: str = "",
                  samples: int = 2, gap: float = 1.0, clock: Callable[[], float] = time.time,
-                 native: bool = True):
+                 native: bool = True, native_timeout: float | None = None):
         super().__init__(emit)
         self.dest = Path(dest)
         self.rank_pids = rank_pids
@@ -115,36 +121,46 @@ class StackSampler(Job):
         self.gap = gap
         self.clock = clock
         self.native = native
-        self._gpu_busy: set[int] = set()
+        self.native_timeout = native_timeout
+        self._gpu_util: dict[int, float | None] = {}
         self._ptrace_said = False
 
-    def request(self, gpu_busy: set[int] | None = None) -> bool:
+    def request(self, gpu_util: Mapping[int, float | None] | set[int] | None = None) -> bool:
         """Start a sampling (False: one is under way, or no rank runs).
-        ``gpu_busy``: the ranks whose GPU is busy with no step progress."""
+        ``gpu_util``: each rank's GPU utilisation with no step progress (None:
+        unknown), or the set of ranks whose GPU is busy."""
+        from ddptop.core.analysis.evidence import HOT_UTIL
+
         pids = self.rank_pids()
         if not pids or not self._claim():
             return False
-        self._gpu_busy = set(gpu_busy or ())
+        if isinstance(gpu_util, (set, frozenset)):
+            self._gpu_util = {r: HOT_UTIL for r in gpu_util}
+        else:
+            self._gpu_util = dict(gpu_util or {})
         self._launch(pids)
         return True
 
     def _run(self, pids: dict[int, int]) -> None:
         from dataclasses import replace
 
-        from ddptop.core.analysis.stacks import main_active, verdict
-        from ddptop.core.stacks import dump_stacks
+        from ddptop.core.analysis.stacks import verdict
+        from ddptop.core.stacks import NATIVE_TIMEOUT, dump_stacks
 
         t0 = self.clock()
         dumps: dict[int, list[str]] = {r: [] for r in pids}
         errors: list[str] = []
         native: set[int] = set()
         paused: dict[int, float] = {}
+        given_up: set[int] = set()
+        limit = self.native_timeout if self.native_timeout is not None else NATIVE_TIMEOUT
         for i in range(self.samples):
             if i:
                 time.sleep(self.gap)
             # --locals: a healthy loop often sits on the same line in both samples (a sleep, a GPU
             # sync); its variables (the step counter, new tensors) still change
-            raw, _groups, err = dump_stacks(pids, with_locals=True, native=native, took=paused)
+            raw, _groups, err = dump_stacks(pids, with_locals=True, native=native - given_up, took=paused,
+                                            native_timeout=limit, given_up=given_up)
             for r, text in raw.items():
                 dumps[r].append(text)
             if err:
@@ -152,8 +168,9 @@ class StackSampler(Job):
                 if not raw:
                     break  # py-spy missing or denied everywhere: no use trying again
             if i == 0 and self.native:
-                # the next samples read native frames of the ranks on the CPU (spinning at a sync?)
-                native = {r for r, text in raw.items() if main_active(text)}
+                # the next samples read native frames of every rank that answered, idle ones included: a
+                # rank sleeping at a GPU sync (blocking sync) shows its CUDA frames only so
+                native = set(raw)
         span = self.clock() - t0
         got = {r: d for r, d in dumps.items() if d}
         error = self._ptrace_once("; ".join(dict.fromkeys(errors)))
@@ -161,13 +178,14 @@ class StackSampler(Job):
             self.emit([StacksEvent(t0, ranks=tuple(sorted(pids)), error=error or "no stack could be read",
                                    node=self.node)])
             return
-        ev = replace(verdict(got, source_line, self._gpu_busy), t=t0, node=self.node)
+        ev = replace(verdict(got, source_line, gpu_util=self._gpu_util), t=t0, node=self.node)
         d = self._save(got)
         fields = ev.to_event_fields()
         fields["error"] = error
         self.emit([StacksEvent(t0, ranks=tuple(sorted(got)), samples=min(len(x) for x in got.values()),
                                span=round(span, 3), dir=str(d), native=bool(paused),
-                               pause=round(max(paused.values(), default=0.0), 4), **fields)])
+                               pause=round(max(paused.values(), default=0.0), 4), given_up=tuple(sorted(given_up)),
+                               **fields)])
 
     def _failed(self, error: Exception, *args: object) -> list[Event]:
         return [StacksEvent(self.clock(), error=f"stack sampling failed: {error!r}", node=self.node)]
