@@ -293,18 +293,19 @@ def stacks_report(paths: list[str], gpu_job: bool = False) -> StacksReport | Non
 
 def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[dict] | None = None,
            stacks: StacksReport | None = None) -> dict:
-    from ddptop.core.analysis.culprits import failure_culprits, lost_peers
+    from ddptop.core.analysis.culprits import Evidence, culprits_of, lost_peers
     from ddptop.core.signatures import collective_counters, counter_verdict
 
     rc = an.root_cause()
     counters = collective_counters(an.findings)
     _c, said = counter_verdict(counters)
     seen = set(an.stall.ranks) | {f.rank for f in an.findings if f.rank is not None}
-    found = failure_culprits(an.findings, seen, an.last_steps,
-                             [r.get("culprits") or () for r in ras_answers or []])
+    found = culprits_of(Evidence(
+        failure=True, findings=tuple(an.findings), seen=frozenset(seen), last_steps=an.last_steps,
+        ras_answers=tuple(tuple(r.get("culprits") or ()) for r in ras_answers or []),
+        # (dumps labelled by pid name processes, not ranks: they cannot be the job's culprits)
+        stacks=stacks.evidence if stacks is not None and not stacks.dumps.by_pid else None))
     culprits = list(found.culprits)
-    if not culprits and stacks is not None and stacks.evidence.culprits and not stacks.dumps.by_pid:
-        culprits = list(stacks.evidence.culprits)  # the logs name nobody: the stacks' odd rank out
     return {
         "root_cause": rc.to_dict() if rc else None,
         "culprits": culprits,

@@ -20,6 +20,7 @@ from ddptop.core.events import (FINAL_STATES, STOPPING, AlarmEvent, Event, GpuEv
 from ddptop.core.progress import OTHER, parse_progress
 from ddptop.core.signatures import (ACROSS_RANKS, CAUSE, CONSEQUENCE, TIMEOUT, Finding, SignatureMatcher, across_ranks,
                                     cascade_level, root_cause)
+from ddptop.core.analysis.culprits import Evidence, culprits_of
 from ddptop.core.analysis.detector import Decision, StallDetector
 from ddptop.core.analysis.evidence import StackEvidence
 
@@ -238,10 +239,9 @@ class Analyzer:
         culprits: tuple[int, ...] = (f.rank,) if f.rank is not None and f.level == CAUSE else ()
         if root_cause(self.findings) is f:
             # the job's failure as it stands: the same culprits as ``ddptop diagnose`` of this run
-            from ddptop.core.analysis.culprits import failure_culprits
-
             seen = set(self.stall.ranks) | {x.rank for x in self.findings if x.rank is not None}
-            culprits = failure_culprits(self.findings, seen, self.last_steps).culprits or culprits
+            culprits = culprits_of(Evidence(failure=True, findings=tuple(self.findings), seen=frozenset(seen),
+                                            last_steps=self.last_steps)).culprits or culprits
         return AlarmEvent(t, type=kind, id=f.signature,
                           ranks=(f.rank,) if f.rank is not None else (),
                           culprits=culprits,

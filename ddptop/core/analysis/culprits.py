@@ -1,14 +1,21 @@
-"""Who is the odd rank out: the one place that names a finding's culprits.
+"""Who is the odd rank out: the one place that names culprits.
 
-Two questions, one module:
+``culprits_of(Evidence(...)) -> Culprits`` is the one entry point.  The caller
+gathers what it has (the detector's per-rank state, the stack verdict of every
+node judged together, NCCL RAS's answer, the failure findings of the logs with
+PyTorch's collective counters and the Flight Recorder's, the run's last steps)
+and this module weighs it in one order of trust:
 
-* ``stall_culprits``: a job that stopped making progress (live, from the
-  stall detector's per-rank state and the stack evidence, with NCCL RAS).
-* ``failure_culprits``: a job that failed (from the failure findings of its
-  logs), used by ``ddptop diagnose`` and by the live alarm of a failure, so
-  both name the same ranks.
+* a job that stopped making progress (``Evidence.failure`` False: the live stall
+  alarm, and ``diagnose`` of a run that hung): dead ranks, then ranks behind,
+  then an idle GPU among busy ones, then the stacks, then NCCL's own view;
+* a job that failed (``Evidence.failure`` True: the live failure alarm and
+  ``diagnose`` of logs and saved dumps): the root cause's rank, a pid the
+  launcher maps, the collective counters, NCCL's view, the stacks when the logs
+  name nobody, then who did not time out or is behind.
 
-Pure: no I/O.
+Readers (the UI, the journal reader, the wire) never decide culprits: they show
+the ones an alarm or a report carries.  Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -19,8 +26,9 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 
 from ddptop.core.analysis.evidence import HOT_UTIL, IDLE_UTIL, StackEvidence, Where
 
+from ddptop.core.analysis.rank_state import RankState
+
 if TYPE_CHECKING:
-    from ddptop.core.analysis.detector import RankState
     from ddptop.core.signatures import Finding
 
 
@@ -29,11 +37,36 @@ class Culprits:
     culprits: tuple[int, ...] = ()
     where: Mapping[int, Where] = field(default_factory=dict)  # the culprits' (in a mismatch: every waiting rank's)
     evidence: tuple[str, ...] = ()  # each rule that named one, in words
-    why: str = ""  # one sentence, when no single rule did (failure_culprits)
+    why: str = ""  # one sentence, when no single rule did (a failure)
 
 
-def stall_culprits(ranks: Iterable["RankState"], stacks: StackEvidence | None,
-                   ras: tuple[int, ...] | None = None) -> Culprits:
+@dataclass(frozen=True)
+class Evidence:
+    """Everything that may name the odd rank out, as the caller has it."""
+
+    failure: bool = False  # a failed job (findings in its logs), else one that stopped making progress
+    ranks: tuple[RankState, ...] = ()  # the live analysis's per-rank state (a stall)
+    stacks: StackEvidence | None = None  # every node's stacks, judged together (stack_judge.combine)
+    ras: tuple[int, ...] | None = None  # NCCL RAS's culprits at this stall
+    findings: tuple["Finding", ...] = ()  # a failure's findings, its root cause among them
+    seen: frozenset[int] = frozenset()  # every rank the logs show
+    last_steps: Mapping[int, int | None] = field(default_factory=dict)
+    ras_answers: tuple[tuple[int, ...], ...] = ()  # the culprits of each NCCL RAS answer kept (post-mortem)
+
+
+def culprits_of(ev: Evidence) -> Culprits:
+    """The culprits, from all the evidence, in one order of trust (see the module)."""
+    if not ev.failure:
+        return _stall(ev.ranks, ev.stacks, ev.ras)
+    found = _failure(list(ev.findings), set(ev.seen), ev.last_steps, ev.ras_answers)
+    v = ev.stacks
+    if not found.culprits and v is not None and v.culprits and not found.why:
+        # the logs name nobody: the stacks' odd rank out (saved dumps beside the logs)
+        return Culprits(tuple(v.culprits), v.shown(), ("stacks: " + v.summary,), "")
+    return found
+
+
+def _stall(ranks: Iterable[RankState], stacks: StackEvidence | None, ras: tuple[int, ...] | None = None) -> Culprits:
     """The culprits of a stall, strongest evidence last (it wins):
 
     1. a dead, zombie or disk-waiting rank;
@@ -96,8 +129,8 @@ def stall_culprits(ranks: Iterable["RankState"], stacks: StackEvidence | None,
 WAITED = ("nccl-watchdog-timeout", "nccl-heartbeat-timeout", "gloo-timeout")
 
 
-def failure_culprits(findings: list["Finding"], seen: set[int], last_steps: Mapping[int, int | None],
-                     ras: Iterable[Iterable[int]] = ()) -> Culprits:
+def _failure(findings: list["Finding"], seen: set[int], last_steps: Mapping[int, int | None],
+             ras: Iterable[Iterable[int]] = ()) -> Culprits:
     """The culprits of a failure, from its findings (``seen``: every rank the
     logs show; ``ras``: the culprits of each NCCL RAS answer kept):
 

@@ -77,6 +77,9 @@ class Where:
     library: str = ""  # the library in words: "the CUDA runtime"
     others: tuple[str, ...] = ()  # other threads worth naming (in GPU code, holding the GIL)
     native_read: bool = False  # its dump had native frames (py-spy --native, gdb, pystack)
+    signature: tuple[str, ...] = ()  # its stack, for grouping ranks (func@file, and :line for the user's frames)
+    passed: bool = False  # moving, and went through a wait (collective, backward, GPU sync) between samples
+    samples: int = 0  # usable samples of it
 
     @property
     def waiting(self) -> bool:
@@ -99,7 +102,8 @@ class Where:
                 "call": self.call, "innermost": self.innermost, "innermost_file": self.innermost_file,
                 "kind": self.kind, "status": self.status, "code": self.code, "text": self.text, "node": self.node,
                 "gpu": self.gpu, "native": self.native, "library": self.library, "others": list(self.others),
-                "native_read": self.native_read}
+                "native_read": self.native_read, "signature": list(self.signature), "passed": self.passed,
+                "samples": self.samples}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], rank: int | None = None) -> "Where":
@@ -116,7 +120,11 @@ class Where:
                    text=s("text"), node=s("node"), gpu=_old_gpu_key(s("gpu")), native=s("native"),
                    library=s("library"),
                    others=tuple(str(x) for x in d.get("others") or () if isinstance(x, str)),
-                   native_read=d.get("native_read") is True)
+                   native_read=d.get("native_read") is True,
+                   signature=tuple(str(x) for x in d.get("signature") or () if isinstance(x, str)),
+                   passed=d.get("passed") is True,
+                   samples=d["samples"] if isinstance(d.get("samples"), int) and not isinstance(d.get("samples"), bool)
+                   else 0)
 
 
 # the library names journals of earlier releases wrote in Where.gpu, as the keys of today's table
@@ -250,40 +258,3 @@ class StackEvidence:
         return cls(ev.t, ev.hung, tuple(ev.culprits), waiting, bool(getattr(ev, "mismatch", False)), where,
                    tuple(ev.io), ev.summary, ev.error, ev.node, groups, tuple(getattr(ev, "workers", ()) or ()),
                    bool(getattr(ev, "deadlock", False)))
-
-
-def _said(v: StackEvidence) -> str:
-    text = v.summary.split(": ", 1)[1] if v.summary.startswith("hung") and ": " in v.summary else v.summary
-    return f"{text} (on {v.node})" if v.node else text
-
-
-def combine(evidence: list[StackEvidence]) -> StackEvidence | None:
-    """One verdict from the latest of each node.  Any node's ranks hung means
-    the job hangs, with every node's waiting ranks counted; the culprits are
-    the hung nodes' culprits, each ``Where`` keeping its node; work only when
-    every node says work."""
-    if not evidence:
-        return None
-    if len(evidence) == 1:
-        return evidence[0]
-    t = max(v.t for v in evidence)
-    where: dict[int, Where] = {}
-    for v in evidence:
-        for r, w in v.where.items():
-            where[r] = w if w.node else replace(w, node=v.node)
-    error = "; ".join(v.error for v in evidence if v.error)
-    hung = [v for v in evidence if v.hung is True]
-    if hung:
-        culprits = tuple(sorted({r for v in hung for r in v.culprits}))
-        return StackEvidence(t, True, culprits, tuple(sorted({r for v in evidence for r in v.waiting})),
-                             any(v.mismatch for v in hung) and not culprits, where,
-                             tuple(sorted({r for v in evidence for r in v.io})),
-                             "hung: " + "; ".join(_said(v) for v in hung if v.summary), error, "",
-                             tuple(g for v in evidence for g in v.groups))
-    if all(v.hung is None for v in evidence):
-        return StackEvidence(t, None, (), (), False, where, (), "", error, "")
-    work = [v for v in evidence if v.hung is False]
-    return StackEvidence(t, False, (), tuple(sorted({r for v in work for r in v.waiting})), False, where,
-                         tuple(sorted({r for v in work for r in v.io})),
-                         "; ".join(v.summary for v in work if v.summary), error, "",
-                         tuple(g for v in evidence for g in v.groups), tuple(sorted({r for v in work for r in v.workers})))

@@ -37,7 +37,8 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Mapping
 
-from ddptop.core.analysis.evidence import HOT_UTIL, KINDS, WAITING_KINDS, StackEvidence, StackGroup, Where, ranks_text
+from ddptop.core.analysis.evidence import HOT_UTIL, KINDS, WAITING_KINDS, StackEvidence, Where
+from ddptop.core.analysis.stack_judge import judge
 from ddptop.core.analysis.stack_dumps import FRAME_LINE as _FRAME
 from ddptop.core.analysis.stack_dumps import PROCESS_LINE as _PROCESS
 from ddptop.core.analysis.stack_dumps import THREAD_LINE as _THREAD
@@ -489,25 +490,6 @@ def moved(before: str, now: str) -> bool | None:
 
 # --------------------------------------------------------------------------- verdict
 
-def _describe(st: RankStack, status: str) -> str:
-    if status == "unclear":
-        return (f"cannot tell: {st.text.replace(' called from ', ' from ', 1)}, possibly a GPU synchronisation "
-                "(no native frames, no GPU telemetry to tell)")
-    if status in ("frozen", "seen") and st.kind == "backward":
-        return "waits in backward (DDP all-reduce)" + (f" at {_at(st.user)}" if st.user else "")
-    if status in ("frozen", "seen") and st.kind == "collective":
-        return st.text.replace(" called from ", " from ", 1)
-    if st.kind in ("gpu-wait", "gpu-lock", "nccl"):
-        return st.text.replace(" called from ", " at ", 1)
-    if status in ("frozen", "seen"):
-        return st.text if st.text.startswith("waits ") else "is " + st.text
-    if status == "busy":
-        return "is busy " + st.text.replace(" (running)", "") + " (on CPU, same line in every sample)"
-    if status == "moving":
-        return "is moving (stack changes between samples), last " + st.text
-    return "has no usable stack"
-
-
 def _spinning_on_gpu(st: RankStack, busy: bool = True) -> RankStack:
     """A rank on one unchanged line while its GPU is busy and no step comes:
     how a CUDA synchronisation point looks without native frames (spinning
@@ -561,8 +543,8 @@ def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None
     lasts: dict[int, str] = {}
     parsed = {r: [(d, parse_dump(d)) for d in dumps or ()] for r, dumps in samples.items()}
     # a GPU job: a caller that knows, or any rank's native frames in a GPU library
-    gpu_job = gpu_job or any(u is not None for u in utils.values()) or any(gpu_library(f) for ds in parsed.values() for _d, ts in ds
-                                             for t in ts for f in t.frames if f.native)
+    gpu_job = gpu_job or any(u is not None for u in utils.values()) or any(
+        gpu_library(f) for ds in parsed.values() for _d, ts in ds for t in ts for f in t.frames if f.native)
     for rank, dumps in sorted(parsed.items()):
         pairs = [(d, rank_state(ts, source_line, gpu_job)) for d, ts in dumps]
         pairs = [(d, s) for d, s in pairs if s.kind != "unknown" or s.exact]
@@ -601,155 +583,16 @@ def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None
         else:
             status[rank] = "frozen"
 
-    one_sample = any(st == "seen" for st in status.values())
-    unclear_ranks = [r for r, s in status.items() if s == "unclear"]
-    pre_notes: list[str] = []
-    if unclear_ranks:
-        # a rank that cannot be told (stuck there, or waiting at a GPU sync?) but sits elsewhere than a
-        # majority that waits is the odd one out either way: stuck, or waiting at another sync (a mismatch)
-        waiting_sigs = {states[r][-1].signature for r, s in status.items()
-                        if s in ("frozen", "seen") and states[r][-1].kind in WAITING_KINDS}
-        n_waiting = sum(1 for r, s in status.items() if s in ("frozen", "seen") and states[r][-1].kind in WAITING_KINDS)
-        odd = [r for r in unclear_ranks if states[r][-1].signature not in waiting_sigs]
-        if waiting_sigs and odd and len(odd) < n_waiting:
-            for r in odd:
-                status[r] = "seen" if len(states[r]) < 2 else "frozen"
-            unclear_ranks = [r for r in unclear_ranks if r not in odd]
-            pre_notes.append(f"{ranks_text(odd)} {'has' if len(odd) == 1 else 'have'} no native frames: "
-                             f"stuck there, or waiting at a GPU sync, but not where the others wait")
-    known = [r for r, s in status.items() if s not in ("unknown", "unclear")]
-    if not known:
-        why = ("cannot tell: fewer than 1 usable stack per rank" if not unclear_ranks else
-               "cannot tell: " + "; ".join(f"rank {r} {_describe(states[r][-1], 'unclear')}" for r in unclear_ranks))
-        return StackEvidence(hung=None, where={r: _where(r, states[r][-1] if states[r] else None, status[r])
-                                                for r in status},
-                             groups=_groups(states, status, lasts), summary=why)
-
-    last = {r: states[r][-1] for r in known}
-    # a rank in I/O in every sample (writing a checkpoint) works, even when its
-    # stack does not change: it counts with the movers, and may be waited for
-    io = [r for r in known if status[r] in ("frozen", "busy") and all(s.kind == "io" for s in states[r])]
-    frozen = [r for r in known if status[r] in ("frozen", "seen") and r not in io]
-    movers = [r for r in known if status[r] in ("moving", "busy") or r in io]
-    waiting = [r for r in frozen if last[r].kind in WAITING_KINDS]
-    outside = [r for r in frozen if r not in waiting]
-    locked = [r for r in frozen if last[r].kind == "gpu-lock"]
-    notes: list[str] = list(pre_notes)
-    mismatch = False
-    deadlock = False
-
-    if not movers:
-        hung: bool | None = True
-        if (waiting or unclear_ranks) and outside:
-            # (a rank that cannot be told may be waiting at a GPU sync: the ranks outside any wait are odd still)
-            culprits = outside
-        elif waiting:
-            # everyone waits: at one place (the same collective: no odd one out), or at several (a mismatch:
-            # the minority took another path, when there is a majority)
-            sigs = {r: last[r].signature for r in waiting}
-            mismatch = len(set(sigs.values())) > 1
-            culprits = _minority(sigs)
-        elif locked and len(locked) == len(frozen) and len(frozen) > 1:
-            # every rank blocked on the CUDA driver's lock: a deadlock in the driver, nobody the odd one out
-            culprits = []
-            deadlock = True
-        else:
-            culprits = _minority({r: last[r].signature for r in frozen})
-            if not culprits and len(frozen) == 1 and status[frozen[0]] == "frozen":
-                culprits = list(frozen)  # a single rank stuck outside any collective (seen stuck in 2 samples)
-    elif waiting:
-        passed = [r for r in movers if any(s.kind in WAITING_KINDS for s in states[r])]
-        if passed:
-            hung = False
-            culprits = []
-            notes.append(f"{ranks_text(passed)} went through a collective/backward between samples, so "
-                         f"{ranks_text(waiting)}, seen waiting there in every sample, most likely just waits"
-                         f" for the others at each step")
-        elif io and not outside and all(r in io for r in movers):
-            hung = False
-            culprits = []
-            notes.append(f"{ranks_text(io)} {'is' if len(io) == 1 else 'are'} in I/O (a checkpoint write?) and "
-                         f"{ranks_text(waiting)} {'waits' if len(waiting) == 1 else 'wait'} for it: work, unless it lasts")
-        else:
-            hung = True
-            culprits = [r for r in movers if r not in io] + outside or list(io)
-    elif outside and all(status[r] == "busy" and r not in io for r in movers):
-        # nobody's stack changes: some ranks frozen in their own code, the others
-        # spinning on one line (polling for the frozen ones, as a collective's
-        # wait does): the frozen ones are the culprits, the spinners wait
-        hung = True
-        culprits = outside
-        waiting = list(movers)
-        notes.append(f"{ranks_text(movers)} {'spins' if len(movers) == 1 else 'spin'} on one line (polling) while "
-                     f"{ranks_text(outside)} {'is' if len(outside) == 1 else 'are'} frozen")
-    elif unclear_ranks:
-        hung = None
-        culprits = []
-        waiting = []
-    else:
-        hung = False
-        culprits = []
-        waiting = []
-
-    culprits = sorted(set(culprits))
-    waiting = sorted(set(waiting) - set(culprits))
-    where = {r: _where(r, states[r][-1] if states[r] else None, status[r]) for r in sorted(status)}
-    workers: list[int] = []
-    if hung and culprits and waiting and all(where[r].working for r in culprits):
-        # the others wait for ranks that visibly work (rank 0 evaluating alone): not a hang, unless it lasts
-        hung, workers, culprits = False, culprits, []
-        notes.append(f"{ranks_text(waiting)} {'waits' if len(waiting) == 1 else 'wait'} for {ranks_text(workers)}, "
-                     f"which {'works' if len(workers) == 1 else 'work'}: not a hang unless it lasts")
-    if unclear_ranks:
-        notes.append("; ".join(f"rank {r} {_describe(states[r][-1], 'unclear')}" for r in unclear_ranks))
-    if one_sample:
-        # one dump per rank: a rank seen once may have been moving; where each rank is still says who is odd
-        notes.insert(0, "one sample per rank: frozen and moving cannot be told apart")
-        hung = None if hung else hung
-    groups = _groups(states, status, lasts, culprits)
-    summary = _summary(hung, culprits, groups, last, status, notes, mismatch, deadlock, one_sample)
-    return StackEvidence(hung=hung, culprits=tuple(culprits), waiting=tuple(waiting), mismatch=mismatch,
-                         where=where, io=tuple(io), summary=summary, groups=groups, workers=tuple(workers),
-                         deadlock=deadlock)
-
-
-def _minority(sigs: dict[int, tuple[str, ...]]) -> list[int]:
-    by: dict[tuple[str, ...], list[int]] = {}
-    for r, s in sigs.items():
-        by.setdefault(s, []).append(r)
-    if len(by) < 2:
-        return []
-    sizes = sorted(len(v) for v in by.values())
-    if sizes[-1] == sizes[-2]:
-        return []  # no majority: nobody is the odd one out
-    return [r for v in by.values() if len(v) < sizes[-1] for r in v]
-
-
-def _groups(states: dict[int, list[RankStack]], status: dict[int, str], lasts: dict[int, str],
-            culprits: Iterable[int] = ()) -> tuple[StackGroup, ...]:
-    odd = set(culprits)
-    by: dict[tuple, list[int]] = {}
-    for r, st in status.items():
-        key = (st, states[r][-1].signature) if st in ("frozen", "busy", "seen", "unclear") else (st,)
-        by.setdefault(key, []).append(r)
-    out = []
-    for key, rs in by.items():
-        st = key[0]
-        last = states[rs[0]][-1] if states[rs[0]] else None
-        kind = last.kind if last and st in ("frozen", "busy", "seen") else ("moving" if st == "moving" else "unknown")
-        desc = _describe(last, st) if last and st in ("frozen", "busy", "seen", "unclear") else (
-            "stack changes between samples (working)" if st == "moving" else "no usable py-spy samples")
-        frames, user = main_frames(lasts[rs[0]]) if rs[0] in lasts else ([], [])
-        out.append(StackGroup(tuple(sorted(rs)), st, kind, _plural(desc, len(rs)), any(r in odd for r in rs),
-                              tuple(frames), tuple(user)))
-    return tuple(sorted(out, key=lambda g: (-len(g.ranks), g.ranks)))
-
-
-def _plural(desc: str, n: int) -> str:
-    if n < 2:
-        return desc
-    verb, _, rest = desc.partition(" ")
-    return {"waits": "wait", "is": "are"}.get(verb, verb) + " " + rest
+    io = [r for r, sts in states.items() if status[r] in ("frozen", "busy") and sts
+          and all(x.kind == "io" for x in sts)]
+    where = {}
+    for r in sorted(status):
+        last = states[r][-1] if states[r] else None
+        w = _where(r, last, status[r])
+        where[r] = replace(w, signature=last.signature if last else (), samples=len(states[r]),
+                           passed=any(x.kind in WAITING_KINDS for x in states[r]))
+    frames = {r: tuple(tuple(x) for x in main_frames(lasts[r])) for r in lasts}
+    return judge(where, io, frames)  # type: ignore[arg-type]
 
 
 def _where(rank: int, st: RankStack | None, status: str) -> Where:
@@ -766,27 +609,3 @@ def _where(rank: int, st: RankStack | None, status: str) -> Where:
                  native_read=st.native_read)
 
 
-def _summary(hung, culprits, groups, last, status, notes, mismatch, deadlock=False, one_sample=False) -> str:
-    parts = []
-    for r in culprits:
-        parts.append(f"rank {r} {_describe(last[r], status[r])}")
-    for g in groups:
-        rs = [r for r in g.ranks if r not in culprits]
-        if not rs or g.status == "unclear":
-            continue
-        if g.status in ("frozen", "busy", "seen"):
-            parts.append(f"{ranks_text(rs)} {_plural(_describe(last[rs[0]], g.status), len(rs))}")
-        elif g.status == "moving":
-            parts.append(f"{ranks_text(rs)} {'is' if len(rs) == 1 else 'are'} moving")
-        else:
-            parts.append(f"{ranks_text(rs)}: no usable samples")
-    head = {True: "hung: ", False: "no hang: ", None: ""}[hung]
-    if deadlock:
-        head = "hung: a deadlock in the CUDA driver (every rank blocked on its lock), no odd rank out: "
-    elif hung and mismatch:
-        head = "hung, ranks wait in different places: " if culprits else "hung, no single culprit: "
-    elif hung and not culprits:
-        head = "hung, no single culprit: "
-    elif one_sample and culprits:
-        head = "if it is hung, the odd rank out: "
-    return head + "; ".join(notes[:1] + parts + notes[1:] if one_sample else parts + notes)

@@ -9,13 +9,12 @@ who is elsewhere, where, and its GPU state.  Pure: no I/O.
 from __future__ import annotations
 
 import signal
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable
 
-from ddptop.core.analysis.native import library_words
 from ddptop.core.analysis.evidence import HOT_UTIL, IDLE_UTIL, StackEvidence, Where, ranks_text
+from ddptop.core.analysis.native import library_words
+from ddptop.core.analysis.rank_state import RankState
 
-if TYPE_CHECKING:
-    from ddptop.core.analysis.detector import RankState
 
 HEADLINES = {
     "lost-peer": "Lost peer: a rank ended while the others wait for it in a collective, where they stay until "
@@ -43,7 +42,7 @@ def exit_words(code: int) -> str:
     return what
 
 
-def phase_of(pool: Iterable["RankState"]) -> str:
+def phase_of(pool: Iterable[RankState]) -> str:
     """"start-up" (no step yet), "eval" or "save" (the hook says the model is
     evaluating or saving since the last step), else "train"."""
     pool = list(pool)
@@ -56,7 +55,7 @@ def phase_of(pool: Iterable["RankState"]) -> str:
     return "train"
 
 
-def silence_words(pool: list["RankState"], silent: float, expected: float | None) -> str:
+def silence_words(pool: list[RankState], silent: float, expected: float | None) -> str:
     """How long, without what: in the job's phase, from its source of progress."""
     phase = phase_of(pool)
     if phase == "start-up":
@@ -85,7 +84,7 @@ def silence_words(pool: list["RankState"], silent: float, expected: float | None
     return text
 
 
-def gpu_words(st: "RankState | None") -> str:
+def gpu_words(st: RankState | None) -> str:
     if st is None or st.util is None:
         return ""
     u = st.util
@@ -134,7 +133,7 @@ def _groups_of(ws: list[Where]) -> list[tuple[list[int], Where]]:
     return list(out.values())
 
 
-def stall_message(kind: str, pool: list["RankState"], everyone: list["RankState"], silent: float,
+def stall_message(kind: str, pool: list[RankState], everyone: list[RankState], silent: float,
                   expected: float | None, v: StackEvidence | None, culprits: list[int], ras_text: str = "",
                   note: str = "") -> str:
     by_rank = {st.rank: st for st in everyone}

@@ -7,24 +7,24 @@ is a method that answers None or empty (the simulator has no topology, no
 Xid errors, no lost GPU), never a missing attribute.  mypy holds both to it:
 :func:`ddptop.core.telemetry.make_backend` returns either as a ``GpuBackend``.
 
-Only :mod:`ddptop.core.gpu.nvml` imports pynvml; its value types (``Topology``,
-``GpuHealth``, ``LinkFacts``, ``XidError``) are named here for the checker only.
+Only :mod:`ddptop.core.gpu.nvml` imports pynvml; the value types the backends
+return (``Topology``, ``GpuHealth``, ``LinkFacts``, ``XidError``, ``RankLoad``) are
+plain values in :mod:`ddptop.core.gpu.facts`, which imports neither.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from ddptop.core.events import GpuEvent
-    from ddptop.core.gpu.nvml import GpuHealth, LinkFacts, Topology, XidError
+    from ddptop.core.gpu.facts import GpuHealth, LinkFacts, Topology, XidError
+
+from ddptop.core.gpu.facts import RankLoad
 
 __all__ = ["GpuBackend", "RankLoad"]
 
-# a rank on this node, as the simulator makes a GPU of it: (global rank, busy %, RSS bytes); busy: the share of
-# the last interval the rank was runnable (on a CPU or waiting for one), else its CPU use
-RankLoad = tuple[int, Optional[float], Optional[int]]
 
 
 class GpuBackend(Protocol):

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING
 from ddptop.core.events import GpuEvent
 
 if TYPE_CHECKING:
-    from ddptop.core.gpu.backend import RankLoad
-    from ddptop.core.gpu.nvml import GpuHealth, LinkFacts, Topology, XidError
+    from ddptop.core.gpu.facts import GpuHealth, LinkFacts, RankLoad, Topology, XidError
 
 SIM_NAME = "SIMULATED GPU (util = rank CPU %)"
 MEM_TOTAL = 16 * 1024**3
