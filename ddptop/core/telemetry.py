@@ -27,6 +27,7 @@ import psutil
 
 from ddptop.core import procs
 from ddptop.core.events import AlarmEvent, Event, GpuEvent, GpuStatusEvent, ProcEvent
+from ddptop.core.analysis.wording import gpu_lost_words, xid_words
 from ddptop.core.gpu.visible import Gpu, RankDevice, rank_device
 
 if TYPE_CHECKING:
@@ -249,13 +250,11 @@ class Telemetry:
                     self._lost_reported.add(idx)
                     on = sorted(by_gpu.get(idx, ()))
                     out.append(AlarmEvent(now, type="gpu", id="gpu-lost", ranks=tuple(on), culprits=tuple(on),
-                                          message=f"GPU {idx} fell off the bus (NVML: GPU is lost)"
-                                          + (f"; rank{'s' if len(on) > 1 else ''} {', '.join(map(str, on))} ran on it" if on else ""),
-                                          node=self.node))
+                                          message=gpu_lost_words(idx, on), node=self.node))
             for x in self.backend.xid_errors():
                 on = sorted(by_gpu.get(x.index, ()))
                 out.append(AlarmEvent(now, type="gpu", id="xid", ranks=tuple(on), culprits=tuple(on),
-                                      message=f"Xid {x.xid} critical error on GPU {x.index}", node=self.node))
+                                      message=xid_words(x.xid, x.index), node=self.node))
         out.extend(gpus)
         for rank, (r, cpu, rss, status, threads, nkids, kid_cpu) in sorted(stats.items()):
             idx, how = rank_gpu.get(rank, (None, ""))

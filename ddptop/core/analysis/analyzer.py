@@ -23,6 +23,7 @@ from ddptop.core.signatures import (ACROSS_RANKS, CAUSE, CONSEQUENCE, TIMEOUT, F
 from ddptop.core.analysis.culprits import Evidence, culprits_of
 from ddptop.core.analysis.detector import Decision, StallDetector
 from ddptop.core.analysis.evidence import StackEvidence
+from ddptop.core.analysis.wording import peer_dead_words, signature_words
 
 
 MAX_FAILURE_NOTES = 20  # parser-failure notes per analyzer, at most
@@ -220,8 +221,7 @@ class Analyzer:
             return None
         self._alarmed.add(key)
         return AlarmEvent(ev.t, type="crash", id="nccl-peer-dead", ranks=tuple(ev.culprits), culprits=tuple(ev.culprits),
-                          message=f"NCCL RAS: {ev.text}. The other ranks will wait for it in their next collective "
-                                  "(until NCCL's watchdog ends them): look at this rank's last lines and how it ended.",
+                          message=peer_dead_words(ev.text),
                           suggested_profiles=("nccl-debug", "flight-recorder"), node=self.node)
 
     def _alarm_for(self, f: Finding, t: float) -> AlarmEvent | None:
@@ -245,7 +245,7 @@ class Analyzer:
         return AlarmEvent(t, type=kind, id=f.signature,
                           ranks=(f.rank,) if f.rank is not None else (),
                           culprits=culprits,
-                          message=f"{f.signature} ({who}): {f.explanation}  Evidence: {f.text[:300]}",
+                          message=signature_words(f.signature, who, f.explanation, f.text),
                           suggested_profiles=f.suggested_profiles, node=self.node)
 
     def decide(self, now: float | None = None) -> tuple[bool, list[AlarmEvent]]:

@@ -31,6 +31,7 @@ from dataclasses import replace
 from typing import Iterable, Mapping
 
 from ddptop.core.analysis.evidence import ranks_text
+from ddptop.core.analysis.wording import cause_elsewhere_words, folded_words
 from ddptop.core.events import AlarmEvent, Event, NoteEvent
 
 HOLD = 5.0  # seconds a node's stall alarm waits for the cross-node alarm of the same hang
@@ -83,7 +84,7 @@ def take_in(alarm: AlarmEvent, others: Iterable[AlarmEvent], rank_nodes: Mapping
         entries.append({"t": across.t, "node": ACROSS, "id": across.id, "culprits": list(across.culprits),
                         "message": across.message})
     return replace(alarm, folded=tuple(alarm.folded) + tuple(entries),
-                   message=f"{alarm.message} Folded into this alarm, the nodes' own view: {'; '.join(said)}.")
+                   message=folded_words(alarm.message, said))
 
 
 def folded_note(alarm: AlarmEvent, into: AlarmEvent, t: float) -> NoteEvent:
@@ -163,9 +164,7 @@ class OneAlarm:
         if first is None:
             elsewhere = sorted(set(rank_nodes.values()) - {main.node})
             if elsewhere:
-                main = replace(main, message=f"{main.message} None of {main.node}'s ranks is the odd one out, and "
-                                             f"the cross-node view raised no stall: the cause may be on "
-                                             f"{', '.join(elsewhere)}.")
+                main = replace(main, message=cause_elsewhere_words(main.message, main.node, elsewhere))
         self._show(take_in(main, rest, rank_nodes), silence_began, out)
 
     def _show(self, a: AlarmEvent, silence_began: float, out: list[Event]) -> None:

@@ -182,3 +182,33 @@ def stall_message(kind: str, pool: list[RankState], everyone: list[RankState], s
     if ras_text:
         parts.append(f"{ras_text[:1].upper()}{ras_text[1:]}.")
     return " ".join(parts)
+
+
+# --------------------------------------------------------------------------- the other alarms' sentences
+
+
+def gpu_lost_words(index: int, ranks: list[int]) -> str:
+    on = f"; rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} ran on it" if ranks else ""
+    return f"GPU {index} fell off the bus (NVML: GPU is lost){on}"
+
+
+def xid_words(xid: int, index: int) -> str:
+    return f"Xid {xid} critical error on GPU {index}"
+
+
+def peer_dead_words(ras_text: str) -> str:
+    return (f"NCCL RAS: {ras_text}. The other ranks will wait for it in their next collective (until NCCL's "
+            "watchdog ends them): look at this rank's last lines and how it ended.")
+
+
+def signature_words(signature: str, who: str, explanation: str, evidence: str) -> str:
+    return f"{signature} ({who}): {explanation}  Evidence: {evidence[:300]}"
+
+
+def folded_words(message: str, said: list[str]) -> str:
+    return f"{message} Folded into this alarm, the nodes' own view: {'; '.join(said)}."
+
+
+def cause_elsewhere_words(message: str, node: str, elsewhere: list[str]) -> str:
+    return (f"{message} None of {node}'s ranks is the odd one out, and the cross-node view raised no stall: the "
+            f"cause may be on {', '.join(elsewhere)}.")
