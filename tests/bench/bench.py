@@ -314,15 +314,18 @@ def bench_native_pause(dumps: int = 20) -> None:
     process while it unwinds) costs a rank: a child process spins a thread
     that notes every gap in its own timeline longer than 1 ms; the gaps that
     fall inside each dump are that dump's pause.  The same for the
-    non-blocking Python-only dump, for comparison."""
-    from ddptop.core.stacks import py_spy
+    non-blocking Python-only dump, for comparison.  Twice: a plain Python
+    process, and a real torch rank (torch imported, its main thread in
+    matrix products: py-spy reads libtorch_cpu's symbols, benfred/py-spy#872)."""
+    from ddptop.core.stacks import NATIVE_TIMEOUT, py_spy
 
     exe = py_spy()
     if exe is None:
         print("native pause: py-spy is not installed")
         return
-    child = subprocess.Popen([sys.executable, "-c", """
+    child_code = """
 import json, sys, threading, time
+WORK
 gaps = []
 def spin():
     last = time.perf_counter()
@@ -335,29 +338,37 @@ threading.Thread(target=spin, daemon=True).start()
 print(time.perf_counter(), flush=True)
 sys.stdin.readline()
 print(json.dumps(gaps), flush=True)
-"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        child.stdout.readline()
-        time.sleep(0.5)
-        windows: dict[str, list[tuple[float, float]]] = {"native": [], "nonblocking": []}
-        for i in range(dumps):
-            for how in ("native", "nonblocking"):
-                t0 = time.perf_counter()
-                subprocess.run([exe, "dump", f"--{how}", "--pid", str(child.pid)], capture_output=True, timeout=30)
-                windows[how].append((t0, time.perf_counter()))
-                time.sleep(0.1)
-        child.stdin.write("\n")
-        child.stdin.flush()
-        gaps = json.loads(child.stdout.readline())
-    finally:
-        child.kill()
-        child.wait()
-    for how, ws in windows.items():
-        pauses = sorted(max([b - a for a, b in gaps if a >= w0 and b <= w1 + 0.01] or [0.0]) for w0, w1 in ws)
-        walls = sorted(w1 - w0 for w0, w1 in ws)
-        print(f"py-spy dump --{how}: the process paused {statistics.median(pauses) * 1000:.1f} ms median, "
-              f"{pauses[-1] * 1000:.1f} ms max over {len(ws)} dumps (the dump itself took "
-              f"{statistics.median(walls) * 1000:.0f} ms median)")
+"""
+    torch_work = ("import torch\ntorch.set_num_threads(1)\nx = torch.randn(256, 256)\n"
+                  "def work():\n    while True:\n        float((x @ x).sum())\n"
+                  "threading.Thread(target=work, daemon=True).start()")
+    for label, work, n in (("plain python", "", dumps), ("torch rank", torch_work, max(5, dumps // 4))):
+        child = subprocess.Popen([sys.executable, "-c", child_code.replace("WORK", work)], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            child.stdout.readline()
+            time.sleep(0.5)
+            windows: dict[str, list[tuple[float, float]]] = {"native": [], "nonblocking": []}
+            for i in range(n):
+                for how in ("native", "nonblocking"):
+                    t0 = time.perf_counter()
+                    subprocess.run([exe, "dump", f"--{how}", "--pid", str(child.pid)], capture_output=True,
+                                   timeout=60)
+                    windows[how].append((t0, time.perf_counter()))
+                    time.sleep(0.1)
+            child.stdin.write("\n")
+            child.stdin.flush()
+            gaps = json.loads(child.stdout.readline())
+        finally:
+            child.kill()
+            child.wait()
+        for how, ws in windows.items():
+            pauses = sorted(max([b - a for a, b in gaps if a >= w0 and b <= w1 + 0.01] or [0.0]) for w0, w1 in ws)
+            walls = sorted(w1 - w0 for w0, w1 in ws)
+            print(f"{label}: py-spy dump --{how}: the process paused {statistics.median(pauses) * 1000:.1f} ms "
+                  f"median, {pauses[-1] * 1000:.1f} ms max over {len(ws)} dumps (the dump itself took "
+                  f"{statistics.median(walls) * 1000:.0f} ms median, {walls[-1] * 1000:.0f} ms max; ddptop gives a "
+                  f"native dump up after {NATIVE_TIMEOUT:g} s)")
 
 
 def bench_stack_watch(ranks: int = 8, seconds: float = 40.0) -> None:

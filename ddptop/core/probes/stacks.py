@@ -124,6 +124,7 @@ class StackSampler(Job):
         self.native_timeout = native_timeout
         self._gpu_util: dict[int, float | None] = {}
         self._ptrace_said = False
+        self._native_said: set[int] = set()
 
     def request(self, gpu_util: Mapping[int, float | None] | set[int] | None = None) -> bool:
         """Start a sampling (False: one is under way, or no rank runs).
@@ -173,7 +174,7 @@ class StackSampler(Job):
                 native = set(raw)
         span = self.clock() - t0
         got = {r: d for r, d in dumps.items() if d}
-        error = self._ptrace_once("; ".join(dict.fromkeys(errors)))
+        error = self._native_once(self._ptrace_once("; ".join(dict.fromkeys(errors))))
         if not got:
             self.emit([StacksEvent(t0, ranks=tuple(sorted(pids)), error=error or "no stack could be read",
                                    node=self.node)])
@@ -209,6 +210,27 @@ class StackSampler(Job):
                                  node=self.node)])
         rest = [p for p in error.split("; ") if p and not mark.fullmatch(p)]
         return "; ".join([f"{PTRACE_REFUSED} for {ranks_text(refused)} (see the note)", *rest])
+
+    def _native_once(self, error: str) -> str:
+        """Why a rank's native frames could not be read (its unwinding failed,
+        or was given up as too slow) is said once per rank in a note, with the
+        reason; the verdict then reads that rank from its Python frames and
+        the GPU's telemetry ("cannot tell" where they do not tell)."""
+        import re
+
+        mark = re.compile(r"rank (\d+): (no native frames \(.*\)|native frames given up .*)")
+        parts = [p for p in error.split("; ") if p]
+        new = []
+        for p in parts:
+            m = mark.fullmatch(p)
+            if m and int(m.group(1)) not in self._native_said:
+                self._native_said.add(int(m.group(1)))
+                new.append(p)
+        if new:
+            self.emit([NoteEvent(self.clock(), "warning", "native stack frames: " + "; ".join(new) +
+                                 ": those ranks are read from their Python frames and their GPU's use",
+                                 node=self.node)])
+        return "; ".join(p for p in parts if not mark.fullmatch(p))
 
     def _save(self, dumps: dict[int, list[str]]) -> Path:
         from ddptop.core.journal import make_private_dir
