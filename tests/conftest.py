@@ -94,6 +94,26 @@ def rank_pids(run_dir: Path):
     return {e["rank"]: e["pid"] for e in journal_events(run_dir) if e["kind"] == "rank" and e["alive"]}
 
 
+def diagnose_agrees(run_dir: Path, live: dict, ended_by: str = "ddptop-on-stall") -> dict:
+    """``ddptop diagnose --json`` of a run ddptop saw hang: its root cause is that hang, replayed from the
+    journal, with the live alarm's culprits and, for each, the same line; who ended the run is said."""
+    r = run_ddptop("diagnose", "--json", str(run_dir))
+    rep = json.loads(r.stdout)
+    rc = rep["root_cause"]
+    assert rc is not None and rc.get("replayed") is True, (rc, r.stderr[-2000:])
+    assert rc["signature"] == live["id"] and sorted(rc["culprits"]) == sorted(live["culprits"]), (rc, live)
+    assert sorted(rep["culprits"]) == sorted(live["culprits"]), rep["culprits"]
+    for k, w in (live.get("where") or {}).items():
+        got = rc["where"].get(k)
+        assert got is not None and (got["file"], got["line"]) == (w["file"], w["line"]), (got, w)
+    assert rep["stalls"]["differences"] == [], rep["stalls"]
+    assert rep["ended_by"]["by"] == ended_by, rep["ended_by"]
+    # the text says the same: the hang first, never "only consequences"
+    text = run_ddptop("diagnose", str(run_dir)).stdout
+    assert text.startswith("Root cause: the job hung") and "only consequences" not in text, text
+    return rep
+
+
 def only_run(runs_dir: Path) -> Path:
     runs = [d for d in runs_dir.iterdir() if (d / "meta.json").exists()]
     assert len(runs) == 1, runs

@@ -2,7 +2,7 @@
 
 import json
 
-from conftest import EXAMPLE, json_events, only_run, run_ddptop
+from conftest import EXAMPLE, diagnose_agrees, json_events, only_run, run_ddptop
 
 
 def alarms(events):
@@ -25,6 +25,8 @@ def test_spinning_hang_raises_stall_naming_the_hung_rank_then_exits_124(runs_dir
     steps = {r_: max(int(e["text"].split()[1]) for e in events if e["kind"] == "log" and e["rank"] == r_ and e["text"].startswith("step "))
              for r_ in (0, 1)}
     assert steps == {0: 19, 1: 19}
+    # the post-mortem of this run starts from the hang ddptop saw, and names the same rank and line
+    diagnose_agrees(only_run(runs_dir), a)
 
 
 def test_without_gpu_telemetry_ranks_spinning_for_a_hung_rank_make_a_collective_hang(runs_dir):
@@ -38,6 +40,7 @@ def test_without_gpu_telemetry_ranks_spinning_for_a_hung_rank_make_a_collective_
     a = stalls[0]
     assert a["id"] == "stall-collective" and a["culprits"] == [1], a
     assert "fewer-workers" not in a["suggested_profiles"] and "train_ddp.py" in a["message"]
+    diagnose_agrees(only_run(runs_dir), a)
 
 
 LONE_EVAL = """\

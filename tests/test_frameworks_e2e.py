@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from conftest import ROOT, json_events, run_ddptop
+from conftest import ROOT, diagnose_agrees, json_events, only_run, run_ddptop
 
 LIGHTNING = ROOT / "examples" / "frameworks" / "lightning_job.py"
 HF = ROOT / "examples" / "frameworks" / "hf_trainer_job.py"
@@ -60,8 +60,9 @@ def test_a_hang_in_a_lightning_callback_names_the_rank_and_its_line(runs_dir):
                    "--steps", "100000", "--hang-rank", "1", "--hang-at-batch", "40", env=env())
     events = json_events(r.stdout)
     assert r.returncode == 124, (r.returncode, r.stderr[-2000:])
-    check_named(events, LIGHTNING, "on_train_batch_start")
+    a = check_named(events, LIGHTNING, "on_train_batch_start")
     assert events[-1]["kind"] == "state" and events[-1]["state"] == "stopped"
+    diagnose_agrees(only_run(runs_dir), a)
 
 
 def test_a_hang_in_a_trainer_callback_names_the_rank_and_its_line(runs_dir):
@@ -69,7 +70,8 @@ def test_a_hang_in_a_trainer_callback_names_the_rank_and_its_line(runs_dir):
                    "--steps", "100000", "--hang-rank", "1", "--hang-at-step", "30", env=env())
     events = json_events(r.stdout)
     assert r.returncode == 124, (r.returncode, r.stderr[-2000:])
-    check_named(events, HF, "on_step_begin")
+    a = check_named(events, HF, "on_step_begin")
+    diagnose_agrees(only_run(runs_dir), a)
 
 
 def quiet_gaps(events):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLE, json_events, run_ddptop
+from conftest import EXAMPLE, diagnose_agrees, json_events, only_run, run_ddptop
 from helpers import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None,
@@ -75,6 +75,7 @@ def test_a_rank_stuck_in_python_while_the_others_spin_at_their_cuda_sync_is_name
     (s,) = [e for e in events if e["kind"] == "stacks"]
     assert s["native"] and s["waiting"] == [0] and s["where"]["0"]["kind"] == "gpu-wait"
     assert s["where"]["0"]["gpu"] == "cuda-runtime" and s["where"]["0"]["line"] == SYNC
+    diagnose_agrees(only_run(runs_dir), a)
 
 
 def test_a_rank_in_another_collective_is_a_collective_mismatch_naming_it_and_both_places(runs_dir, cuda_cache):
@@ -89,6 +90,7 @@ def test_a_rank_in_another_collective_is_a_collective_mismatch_naming_it_and_bot
     assert "Collective mismatch" in a["message"]
     assert f"rank 1 waits on the GPU at train_ddp.py:{METRICS_SYNC}" in a["message"], a["message"]
     assert f"Ranks 0,2 wait on the GPU at train_ddp.py:{SYNC}" in a["message"], a["message"]
+    diagnose_agrees(only_run(runs_dir), a)
 
 
 def test_every_rank_in_the_first_collective_alarms_when_the_grace_runs_out_with_p2p_off_first(runs_dir, cuda_cache):
@@ -104,6 +106,7 @@ def test_every_rank_in_the_first_collective_alarms_when_the_grace_runs_out_with_
     assert "since start-up without a first training step" in a["message"]
     assert f"Ranks 0,1 wait on the GPU at train_ddp.py:{SYNC}" in a["message"], a["message"]
     assert not any(e["kind"] == "log" and e["text"].startswith("step ") for e in events)
+    diagnose_agrees(only_run(runs_dir), a)
 
 
 def test_with_p2p_off_the_same_start_trains(runs_dir, cuda_cache, monkeypatch):

@@ -12,12 +12,14 @@ from pathlib import Path
 
 from dataclasses import dataclass
 
-from ddptop.core import dump_files, journal, paste
+from ddptop.core import dump_files, journal, paste, run_story
+from ddptop.core.run_story import ENDED_WORDS, RunStory
 from ddptop.core.analysis.analyzer import Analyzer
 from ddptop.core.analysis.culprits import WAITED
 from ddptop.core.analysis.evidence import StackEvidence, Where, ranks_text
 from ddptop.core.dump_files import DumpSet
-from ddptop.core.events import LogBatch
+from ddptop.core.events import AlarmEvent, LogBatch
+from ddptop.core.signatures import CONSEQUENCE
 from ddptop.core.prefixes import PrefixReader
 from ddptop.core.tailer import Tailer
 
@@ -291,8 +293,40 @@ def stacks_report(paths: list[str], gpu_job: bool = False) -> StacksReport | Non
     return StacksReport(verdict(ds.samples, source_line, gpu_job=gpu_job), ds)
 
 
+def _iso(t: float | None) -> str | None:
+    if t is None:
+        return None
+    import datetime
+
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _hang_root(story: RunStory, an: Analyzer, rc) -> dict | None:
+    """The run's hang as its root cause, when ddptop saw it hang and no cause
+    in its logs came before: the replayed stall alarm, its culprits and
+    where, and the recorded one when they differ."""
+    hang = story.hang
+    if hang is None:
+        return None
+    rc_t = an.read_at.get(rc) if rc is not None else None
+    if rc is not None and (rc_t is None or rc_t <= hang.t):
+        return None  # a cause in the logs came first (a rank that crashed, then the others hung waiting for it)
+    replayed = bool(story.stalls) and hang is story.stalls[0]
+    from ddptop.core.analysis.evidence import Where
+
+    where = {str(k): Where.from_dict(v, int(k)).to_dict() for k, v in hang.where.items()
+             if isinstance(v, dict) and str(k).lstrip("-").isdigit()}
+    return {"signature": hang.id, "rank": hang.culprits[0] if len(hang.culprits) == 1 else None,
+            "node": hang.node or None, "time": _iso(hang.t), "text": hang.message,
+            "explanation": hang.message.split(". ", 1)[0].rstrip(".") + ".",
+            "source": "ddptop's live analysis, replayed from the run's journal" if replayed else
+                      "ddptop's live alarm, as the run recorded it",
+            "line": None, "suggested_profiles": list(hang.suggested_profiles), "culprits": list(hang.culprits),
+            "where": where, "replayed": replayed}
+
+
 def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[dict] | None = None,
-           stacks: StacksReport | None = None) -> dict:
+           stacks: StacksReport | None = None, story: RunStory | None = None) -> dict:
     from ddptop.core.analysis.culprits import Evidence, culprits_of, lost_peers
     from ddptop.core.signatures import collective_counters, counter_verdict
 
@@ -306,8 +340,21 @@ def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[di
         # (dumps labelled by pid name processes, not ranks: they cannot be the job's culprits)
         stacks=stacks.evidence if stacks is not None and not stacks.dumps.by_pid else None))
     culprits = list(found.culprits)
+    root = rc.to_dict() if rc else None
+    if root is not None:
+        root.update({"node": rc.detail.get("node") or None, "time": _iso(an.read_at.get(rc)) if story else None})
+    hang = _hang_root(story, an, rc) if story is not None else None
+    if hang is not None:
+        root, culprits = hang, list(hang["culprits"])
+    ended = story.ended_by.to_dict() if story is not None else None
+    if ended is not None and ended["by"] == "job" and any(
+            f.signature in ("outside-stop", "scheduler-stopped") and f.level < CONSEQUENCE for f in an.findings):
+        ended["by"], ended["words"] = "outside", ENDED_WORDS["outside"]
     return {
-        "root_cause": rc.to_dict() if rc else None,
+        "root_cause": root,
+        "ended_by": ended,
+        "stalls": {"replayed": [_alarm_dict(a) for a in story.stalls], "recorded": [_alarm_dict(a) for a in story.recorded],
+                   "differences": list(story.differences)} if story is not None else None,
         "culprits": culprits,
         "collectives": {"per_rank": {str(r): {"last_enqueued": e, "last_completed": c}
                                      for r, (e, c) in sorted(counters.items())}, "verdict": said} if counters else None,
@@ -326,13 +373,26 @@ def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[di
     }
 
 
+def _alarm_dict(a: AlarmEvent) -> dict:
+    return {"t": a.t, "time": _iso(a.t), "id": a.id, "culprits": list(a.culprits), "node": a.node,
+            "message": a.message}
+
+
 def format_report(rep: dict, stacks: StacksReport | None = None) -> str:
     out = []
-    if stacks is not None and not rep["findings"]:
+    if stacks is not None and not rep["findings"] and not rep.get("ended_by"):
         # only dumps (no log lines): their verdict is the answer
         return "\n".join(stacks.lines())
     rc = rep["root_cause"]
-    if rc:
+    if rc and "replayed" in rc:
+        who = ", ".join(f"rank {r}" for r in rc["culprits"]) or "no single rank"
+        out.append(f"Root cause: the job hung ({rc['signature']}; odd rank out: {who}"
+                   + (f", on {rc['node']}" if rc.get("node") else "") + f"), at {rc['time']}")
+        out.append(f"  {rc['text']}")
+        out.append(f"  ({rc['source']})")
+        if rc["suggested_profiles"]:
+            out.append(f"  try: {', '.join('--profile ' + p for p in rc['suggested_profiles'])}")
+    elif rc:
         who = (f"rank {rc['rank']}" if rc["rank"] is not None else
                "outside the job" if rc["signature"] in ("outside-stop", "scheduler-stopped") else
                "torchrun" if str(rc.get("source", "")).endswith("torchrun.log") else "rank unknown")
@@ -352,6 +412,11 @@ def format_report(rep: dict, stacks: StacksReport | None = None) -> str:
                    "that failed first left no error in these logs (killed: the OOM killer, the scheduler?)")
     else:
         out.append("Root cause: none found (no known failure signature in these logs)")
+    if rep.get("ended_by"):
+        e = rep["ended_by"]
+        out.append(f"  ended by: {e['words']}" + (f" ({e['message']})" if e.get("message") else ""))
+    for d in (rep.get("stalls") or {}).get("differences", []):
+        out.append(f"  replay and live differ: {d}")
     if rep.get("collectives"):
         out.append(f"  collectives: {rep['collectives']['verdict']}")
     if rep.get("culprit_evidence"):
@@ -410,6 +475,8 @@ def _lost_peer_words(lp: dict) -> list[str]:
 def main(paths: list[str], json_mode: bool) -> int:
     an = analyze_paths(paths)
     st = stacks_report(paths, gpu_job=an.nccl_version is not None)
-    rep = report(an, flight_reports(paths), ras_reports(paths), st)
+    runs = [p for p in paths if (Path(p) / journal.META).is_file()]
+    story = run_story.story(runs[0]) if len(runs) == 1 else None
+    rep = report(an, flight_reports(paths), ras_reports(paths), st, story)
     print(json.dumps(rep, indent=2) if json_mode else format_report(rep, st))
     return 1 if rep["root_cause"] or (st is not None and st.evidence.hung) else 0

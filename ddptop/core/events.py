@@ -58,6 +58,10 @@ class StateEvent(Event):
     exit_code: int | None = None
     message: str = ""
     node: str = ""
+    # who ended the run (a final state only): "ddptop-on-stall" (--on-stall kill), "ddptop-stop" (a stop asked
+    # of ddptop: the TUI, an attachment, a signal to its supervisor), "outside" (torchrun killed by a signal ddptop
+    # did not send), "job" (torchrun exited by itself), "" (not known: an earlier release's journal)
+    ended_by: str = ""
 
 
 @dataclass(frozen=True)

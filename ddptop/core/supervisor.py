@@ -151,6 +151,13 @@ class _Proc:
             pass
 
 
+def _signame(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
 def _exit_code(rc: int) -> int:
     return 128 - rc if rc < 0 else rc
 
@@ -165,6 +172,7 @@ class Supervisor:
         self.ranks: dict[int, tuple[_Proc, dict]] = {}  # pid -> (proc, info)
         self.family: dict[int, _Proc] = {}  # every descendant seen, for the final sweep
         self.stop_requested = False
+        self.stop_signal: int | None = None  # the signal that asked for the stop
         # a signal (stop, relaunch, stacks) wakes the main loop at once instead of after its nap
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -218,6 +226,7 @@ class Supervisor:
             time.sleep(seconds)
 
     def _on_signal(self, signum, frame) -> None:
+        self.stop_signal = signum
         self.stop_requested = True
         self._wake()
 
@@ -384,14 +393,19 @@ class Supervisor:
         self.stacks.wait(timeout=30)  # and a stack capture under way
         self.samples.wait(timeout=30)
         if rc is None:
-            return self.finish(FAILED, 127, "could not start torchrun")
+            return self.finish(FAILED, 127, "could not start torchrun", "job")
         self.discover_end()
         code = _exit_code(rc)
         if self.stall_kill:
-            return self.finish(STOPPED, STALL_EXIT, "stopped by ddptop: the job stalled (--on-stall kill)")
+            return self.finish(STOPPED, STALL_EXIT, "stopped by ddptop: the job stalled (--on-stall kill)",
+                               "ddptop-on-stall")
         if self.stop_requested:
-            return self.finish(STOPPED, code, "stopped on request")
-        return self.finish(SUCCEEDED if code == 0 else FAILED, code, f"torchrun exited with {code}")
+            how = f" ({_signame(self.stop_signal)} to ddptop's supervisor)" if self.stop_signal else ""
+            return self.finish(STOPPED, code, f"stopped on request{how}", "ddptop-stop")
+        if rc < 0:
+            return self.finish(FAILED, code, f"torchrun was killed by {_signame(-rc)}, which ddptop did not send",
+                               "outside")
+        return self.finish(SUCCEEDED if code == 0 else FAILED, code, f"torchrun exited with {code}", "job")
 
     def notify(self, alarm) -> None:
         """--notify-cmd: run the person's command with the alarm as JSON on stdin."""
@@ -560,10 +574,11 @@ class Supervisor:
             if not info.get("ended"):
                 self._ended(pid, info)
 
-    def finish(self, state: str, code: int, message: str) -> int:
+    def finish(self, state: str, code: int, message: str, ended_by: str = "") -> int:
         now = time.time()
-        journal.write_json(self.run_dir / journal.EXIT, {"state": state, "exit_code": code, "t": now, "message": message})
-        self.emit(StateEvent(now, state=state, exit_code=code, message=message))
+        journal.write_json(self.run_dir / journal.EXIT, {"state": state, "exit_code": code, "t": now, "message": message,
+                                                         "ended_by": ended_by})
+        self.emit(StateEvent(now, state=state, exit_code=code, message=message, ended_by=ended_by))
         return code
 
 

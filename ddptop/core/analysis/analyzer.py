@@ -40,6 +40,7 @@ class Analyzer:
         self.detect_stalls = detect_stalls
         self.matchers: dict[str, SignatureMatcher] = {}
         self.findings: list[Finding] = []
+        self.read_at: dict[Finding, float] = {}  # when each finding's line was read (the journal's clock)
         self._alarmed: set[tuple] = set()
         self.line_no: dict[str, int] = {}
         self.finished = False
@@ -151,6 +152,7 @@ class Analyzer:
                             "ddptop stopped the job, as asked: torchrun's agent received its "
                             f"{f.detail.get('signal', 'signal')}."))
                     self.findings.append(f)
+                    self.read_at.setdefault(f, t)
                     new = [f]
                     if f.signature in ACROSS_RANKS:
                         # (what several ranks' lines say together, as it stands now)

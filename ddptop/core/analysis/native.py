@@ -98,8 +98,7 @@ _OPAQUE = re.compile(r"^_nv\d+\w*$|^libcudart_static_\w+$|^__cudart\d+$")
 
 
 def _named(f: Frame) -> bool:
-    fn = f.function.strip()
-    return bool(fn) and not fn.startswith("0x") and fn not in ("??", "<unknown>", "[unknown]")
+    return f.named
 
 
 def _symbol(f: Frame) -> str:

@@ -95,7 +95,8 @@ class Frame:
     @property
     def named(self) -> bool:
         """False for a frame the dump could give no function name for (its address, "??")."""
-        return bool(self.function) and not self.function.startswith("0x") and self.function not in ("??", "???")
+        fn = self.function.strip()
+        return bool(fn) and not fn.startswith("0x") and fn not in ("??", "???", "<unknown>", "[unknown]")
 
     def to_dict(self) -> dict:
         return {"function": self.function, "file": self.file, "line": self.line}

@@ -42,7 +42,7 @@ from ddptop.core.analysis.stack_judge import judge
 from ddptop.core.analysis.stack_dumps import FRAME_LINE as _FRAME
 from ddptop.core.analysis.stack_dumps import PROCESS_LINE as _PROCESS
 from ddptop.core.analysis.stack_dumps import THREAD_LINE as _THREAD
-from ddptop.core.analysis.native import GPU_KEYS, GpuWait, gpu_wait, library_of, primitive
+from ddptop.core.analysis.native import GPU_KEYS, GpuWait, frame_words, gpu_wait, library_of, primitive
 from ddptop.core.analysis.stack_dumps import Frame, Thread, parse_dump, thread_id
 
 __all__ = [
@@ -443,7 +443,8 @@ def main_frames(text: str) -> tuple[list[str], list[int]]:
     t = _main_thread(parse_dump(text))
     if t is None:
         return [], []
-    lines = [f"{f.function} ({_short(f.file)}{f':{f.line}' if f.line else ''})" for f in t.frames]
+    lines = [(f"{frame_words(f)} ({f.base})" if f.native and not f.named else
+              f"{f.function} ({_short(f.file)}{f':{f.line}' if f.line else ''})") for f in t.frames]
     user = [i for i, f in enumerate(t.frames) if classify_frame(f) == "user"]
     return lines, user
 
