@@ -16,6 +16,17 @@ checks the expectations:
                  {"R": N, ...}: rep["progress"]["R"]["last_step"] for each R
   first_profile  rep["root_cause"]["suggested_profiles"][0]
   text_contains  lowercase substrings of the text report
+  root_text_contains
+                 a lowercase substring of rep["root_cause"]["text"] (the deciding
+                 line the root cause quotes); fails when there is no root cause
+  lost_peer_hosts
+                 hosts/addresses each found in " ".join(rep["lost_peers"]["peers"]);
+                 fails when lost_peers is absent
+  ended_by       rep["ended_by"]["by"] (or rep["ended_by"] when it is a string)
+
+A case gives its checks under "expect" (tests/data/heldout/diagnose) or at its
+top level beside case/path/class/source/why (tests/data/heldout/diagnose2);
+"class" is a list of classes or one class name.
 
 Prints one line per case, then per-class scores and the total. Always exits 0.
 """
@@ -49,6 +60,21 @@ def _root(rep: dict) -> dict:
     return rc if isinstance(rc, dict) else {}
 
 
+CHECKS = ("root", "root_rank", "culprits", "progress", "first_profile", "text_contains",
+          "root_text_contains", "lost_peer_hosts", "ended_by")
+
+
+def expectations(case: dict) -> dict:
+    if isinstance(case.get("expect"), dict):
+        return case["expect"]
+    return {k: case[k] for k in CHECKS if k in case}
+
+
+def classes(case: dict) -> list[str]:
+    c = case.get("class", [])
+    return [str(k) for k in (c if isinstance(c, list) else [c])]
+
+
 def check_case(case: dict, data: Path) -> dict:
     path = str(data / case["path"])
     rc_j, out_j, err_j = run(["--json", "--", path])
@@ -65,7 +91,7 @@ def check_case(case: dict, data: Path) -> dict:
     if rc_t is None or (not out_t.strip() and err_t.strip()):
         error += f" text report failed (exit {rc_t}): {err_t.strip()[-300:]}"
     text = out_t.lower()
-    exp = case["expect"]
+    exp = expectations(case)
     checks: list[tuple[str, bool, str]] = []
 
     def add(name: str, ok: bool, got) -> None:
@@ -110,6 +136,25 @@ def check_case(case: dict, data: Path) -> dict:
     if "text_contains" in exp:
         missing = [s for s in exp["text_contains"] if s.lower() not in text]
         add("text_contains", not missing, f"missing {missing}")
+    if "root_text_contains" in exp:
+        want = exp["root_text_contains"].lower()
+        got = rc.get("text") if rc else None
+        ok = isinstance(got, str) and want in got.lower()
+        # the log's own words are not printed (held-out texts stay unseen): only whether a root exists
+        add("root_text_contains", ok, "another line" if isinstance(got, str) else "no root cause")
+    if "lost_peer_hosts" in exp:
+        lp = rep.get("lost_peers")
+        peers = lp.get("peers") if isinstance(lp, dict) else None
+        if not peers:
+            add("lost_peer_hosts", False, "no lost_peers")
+        else:
+            joined = " ".join(str(x) for x in peers).lower()
+            missing = [h for h in exp["lost_peer_hosts"] if h.lower() not in joined]
+            add("lost_peer_hosts", not missing, f"{len(missing)} of {len(exp['lost_peer_hosts'])} hosts missing")
+    if "ended_by" in exp:
+        eb = rep.get("ended_by")
+        got = eb.get("by") if isinstance(eb, dict) else eb
+        add("ended_by", got == exp["ended_by"], got)
     return {"case": case, "checks": checks, "error": error, "text": out_t, "rep": rep}
 
 
@@ -140,13 +185,13 @@ def main() -> int:
         n_ok += sum(ok for _, ok, _ in res["checks"])
         n_checks += len(res["checks"])
         full += ok_all
-        for k in c["class"]:
-            s = per_class.setdefault(str(k), [0, 0, 0, 0])
+        for k in classes(c):
+            s = per_class.setdefault(k, [0, 0, 0, 0])
             s[0] += ok_all
             s[1] += 1
             s[2] += sum(ok for _, ok, _ in res["checks"])
             s[3] += len(res["checks"])
-        cls = ",".join(str(k) for k in c["class"])
+        cls = ",".join(classes(c))
         failed = [f"{n}: {why}" for n, ok, why in res["checks"] if not ok]
         passed = sum(ok for _, ok, _ in res["checks"])
         line = f"{'PASS' if ok_all else 'FAIL'}  {c['case']:<44} [{cls}] {passed}/{len(res['checks'])}"
@@ -160,14 +205,14 @@ def main() -> int:
                 print("      | " + ln)
 
     def key(k: str):
-        return (1, 0) if k == "control" else (0, int(k)) if k.isdigit() else (2, 0)
+        return (2, 0, "") if k == "control" else (0, int(k), "") if k.isdigit() else (1, 0, k)
 
     print()
     print("per class (a case counts in each of its classes):")
     for k in sorted(per_class, key=key):
         s = per_class[k]
-        name = "control" if k == "control" else f"class {k}"
-        print(f"  {name:<9} {s[0]}/{s[1]} cases fully right, {s[2]}/{s[3]} checks")
+        name = f"class {k}" if k.isdigit() else k
+        print(f"  {name:<17} {s[0]}/{s[1]} cases fully right, {s[2]}/{s[3]} checks")
     pct = 100.0 * full / len(results) if results else 0.0
     print()
     print(f"total: {full}/{len(results)} cases fully right ({pct:.0f}%), {n_ok}/{n_checks} checks")
