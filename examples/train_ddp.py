@@ -6,6 +6,7 @@ Runs on CPU with the gloo backend (nccl when CUDA is present).  Prints
     torchrun --nproc-per-node 2 examples/train_ddp.py --steps 200
     ddptop torchrun --nproc-per-node 2 examples/train_ddp.py --steps 200
     torchrun --nproc-per-node 2 examples/train_ddp.py --sim-cuda on --gpu-step-time 0.2:0.5 --fault hang
+    torchrun --nproc-per-node 2 examples/train_ddp.py --sim-cuda on --sim-cuda-sync blocking --fault driver-lock
 
 Faults (``--fault KIND --fault-rank R --fault-step S``):
 
@@ -29,32 +30,52 @@ Faults (``--fault KIND --fault-rank R --fault-step S``):
   other-collective
              rank R all-gathers a metric at step S while the others all-reduce
              (a collective only one rank enters; 3 ranks or more)
+  driver-lock
+             --sim-cuda only (below)
 
 --sim-cuda on|auto (default off) runs the NCCL form of these faults on a CPU,
 with a stand-in for the CUDA runtime (sim_cuda.py, built with gcc on first
 use; auto: the plain gloo form when there is no C compiler).  As with NCCL,
 collectives are asynchronous: each gradient's all-reduce (gloo, async_op) is
-a "kernel" on a CUDA stream, the optimizer step runs on the stream after
-them, and the rank waits for the stream at its synchronisation line
-(cudaStreamSynchronize, where loss.item() waits on a GPU), spinning inside
-libcudart.so.12 at ~100% CPU.  No DDP wrapper (DDP's reducer blocks in
-backward under gloo, NCCL's does not).  A collective that fails (a dead
-peer, a mismatch) never completes, as an NCCL kernel spins until the
-watchdog.  There the faults are:
+a "kernel" on a CUDA stream that keeps the (simulated) GPU busy until it
+completes, the optimizer step runs on the stream after them, and the rank
+waits for the stream at its synchronisation line (cudaStreamSynchronize,
+where loss.item() waits on a GPU) inside libcudart.so.12.  No DDP wrapper
+(DDP's reducer blocks in backward under gloo, NCCL's does not).  A collective
+that fails (a dead peer, a mismatch) never completes, as an NCCL kernel spins
+until the watchdog.
+
+--sim-cuda-sync spin|blocking (default spin) is how a rank waits there:
+  spin       cudaDeviceScheduleSpin, CUDA's default: the waiting thread
+             busy-polls, ~100% CPU, "active" to py-spy
+  blocking   cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync), and the
+             metrics event made blocking (torch.cuda.Event(blocking=True)):
+             the waiting thread sleeps in pthread_cond_wait under the CUDA
+             call, 0% CPU, "idle" to py-spy, while its GPU reads busy
+
+There the faults are:
 
   hang       rank R is stuck in data loading at step S, before its
-             all-reduce; the others spin at the sync line
+             all-reduce; the others wait at the sync line
   other-collective
              rank R all-gathers a metric and waits at the metrics sync line;
-             the others all-reduce and spin at the usual sync line
+             the others all-reduce and wait at the usual sync line
   p2p-hang   every rank's collective of step S never completes (unless
-             NCCL_P2P_DISABLE=1), all ranks spin at the sync; with
+             NCCL_P2P_DISABLE=1), all ranks wait at the sync; with
              --fault-step 1, the broken-P2P start-up hang (no step printed)
-  die        rank R exits at step S; the others spin at the sync line
+  die        rank R exits at step S; the others wait at the sync line
              (until torchrun stops them: see --monitor-interval)
+  driver-lock
+             rank R deadlocks in the CUDA driver at step S, before its
+             all-reduce: a host function written in Python runs on the
+             stream (holding the driver's lock, it needs the GIL) while the
+             rank, holding the GIL, releases a CUDA event through a call that
+             keeps the GIL (cudaEventDestroy waits for the driver's lock);
+             the others wait at the sync line (--sim-cuda only)
   straggler, segv, worker-killed   as above
   --gpu-step-time MIN[:MAX]   each step's "GPU work" takes MIN..MAX seconds
-             (random, the same on every rank), spent spinning at the sync
+             (random, the same on every rank): a kernel that keeps the
+             simulated GPU busy while the rank waits at the sync
 """
 
 from __future__ import annotations
@@ -67,6 +88,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -113,7 +135,8 @@ def parse_args(argv=None):
     p.add_argument("--first-step-time", type=float, default=0.0, help="extra seconds before the first step (model load)")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--fault", choices=["none", "hang", "p2p-hang", "segv", "straggler", "mismatch",
-                                           "unused-param", "worker-killed", "die", "other-collective"], default="none")
+                                           "unused-param", "worker-killed", "die", "other-collective", "driver-lock"],
+                   default="none")
     p.add_argument("--workers", type=int, default=0, help="data-loader worker processes per rank (default 0)")
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=10)
@@ -123,11 +146,17 @@ def parse_args(argv=None):
     p.add_argument("--fail", action="store_true", help="raise an exception at the end (non-zero exit)")
     p.add_argument("--sim-cuda", choices=["off", "auto", "on"], default="off",
                    help="NCCL-like asynchronous collectives on a stand-in CUDA runtime (default off; see above)")
+    p.add_argument("--sim-cuda-sync", choices=["spin", "blocking"], default="spin",
+                   help="with --sim-cuda: how a rank waits at its CUDA sync (default spin; see above)")
     p.add_argument("--gpu-step-time", type=gpu_step_time, default=None, metavar="MIN[:MAX]",
                    help="with --sim-cuda: seconds of simulated GPU work per step")
     args = p.parse_args(argv)
     if args.sim_cuda == "off" and args.gpu_step_time:
         p.error("--gpu-step-time needs --sim-cuda auto or on")
+    if args.sim_cuda == "off" and args.sim_cuda_sync != "spin":
+        p.error("--sim-cuda-sync needs --sim-cuda auto or on")
+    if args.sim_cuda == "off" and args.fault == "driver-lock":
+        p.error("--fault driver-lock needs --sim-cuda auto or on (a CUDA runtime stand-in)")
     if args.sim_cuda != "off" and args.fault in ("mismatch", "unused-param"):
         p.error(f"--fault {args.fault} trips a DDP check; --sim-cuda runs without DDP")
     return args
@@ -152,8 +181,8 @@ def main(argv=None):
         cudart, why = sim_cuda.load()
         if cudart is not None:
             return train_sim_cuda(args, sim_cuda, cudart)
-        if args.sim_cuda == "on":
-            sys.exit(f"--sim-cuda on: no CUDA runtime stand-in: {why}")
+        if args.sim_cuda == "on" or args.fault == "driver-lock":
+            sys.exit(f"--sim-cuda {args.sim_cuda}: no CUDA runtime stand-in: {why}")
         print(f"--sim-cuda auto: no CUDA runtime stand-in ({why}); running the gloo (blocking) form instead", flush=True)
     import torch.distributed as dist
 
@@ -251,24 +280,61 @@ def next_batch(batches, stuck=False):
     return torch.as_tensor(next(batches))
 
 
+def host_callback(started):
+    """A host function written in Python (``cudaLaunchHostFunc`` through a ctypes
+    callback, as numba's ``Stream.add_callback`` and CuPy's ``launch_host_func``
+    run one): the driver runs it on its own thread, holding its lock, and every
+    Python line of it needs the GIL.  It takes a while (host-side bookkeeping,
+    in slices: the GIL is given back and taken again after each)."""
+    started.set()
+    for _ in range(200):
+        time.sleep(0.01)
+
+
+def deadlock_on_the_driver_lock(sim_cuda, cudart, stream):
+    """--sim-cuda --fault driver-lock: the GIL and the CUDA driver's lock taken in
+    opposite orders by two threads.  A Python host function runs on the stream
+    (the driver's thread holds the driver's lock, then needs the GIL); this
+    thread, holding the GIL, frees a CUDA event through a call that keeps the GIL
+    (a C extension that does not release it: torch.cuda.Event's destructor did
+    so before pytorch#119393), and cudaEventDestroy waits for the driver's lock.
+    Neither thread can go on: this one blocks in pthread_rwlock_wrlock inside
+    cudaEventDestroy for good.  (Unless this thread lost the CPU for the host
+    function's whole 2 s between the two lines: then it tries again.)"""
+    cudart_gil = sim_cuda.with_gil(cudart)  # ctypes.PyDLL: its calls keep the GIL
+    while True:
+        timer = ctypes.c_void_p()
+        cudart.cudaEventCreateWithFlags(ctypes.byref(timer), sim_cuda.cudaEventDisableTiming)
+        started = threading.Event()
+        stream.enqueue(functools.partial(host_callback, started))
+        started.wait()
+        cudart_gil.cudaEventDestroy(timer)  # = `del timer` of a torch.cuda.Event: the driver's lock, with the GIL
+
+
 def train_sim_cuda(args, sim_cuda, cudart):
     """The training loop as on GPUs with NCCL (--sim-cuda): collectives are
-    asynchronous kernels on a CUDA stream, and the rank waits (spinning) at its
-    synchronisation lines, here on the CUDA runtime stand-in (see sim_cuda.py)."""
+    asynchronous kernels on a CUDA stream, and the rank waits (spinning, or asleep
+    with --sim-cuda-sync blocking) at its synchronisation lines, here on the CUDA
+    runtime stand-in (see sim_cuda.py)."""
     import torch.distributed as dist
 
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=30))
     print(f"rank {rank}/{world} up on cpu (backend gloo, simulated CUDA stream, pid {os.getpid()})", flush=True)
 
+    cudart.cudaSetDevice(local_rank)  # = torch.cuda.set_device(local_rank)
+    blocking = args.sim_cuda_sync == "blocking"
+    cudart.cudaSetDeviceFlags(sim_cuda.cudaDeviceScheduleBlockingSync if blocking else sim_cuda.cudaDeviceScheduleSpin)
     torch.manual_seed(0)
     model = TwoHeads(args.hidden)  # the same weights on every rank, so no DDP wrapper
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     params = list(model.parameters())
     stream = sim_cuda.Stream(cudart)
-    metrics_done = ctypes.c_void_p()
-    cudart.cudaEventCreate(ctypes.byref(metrics_done))
+    metrics_done = ctypes.c_void_p()  # = torch.cuda.Event(blocking=blocking)
+    cudart.cudaEventCreateWithFlags(ctypes.byref(metrics_done), sim_cuda.cudaEventDisableTiming
+                                    | (sim_cuda.cudaEventBlockingSync if blocking else 0))
     if args.first_step_time:
         time.sleep(args.first_step_time)
 
@@ -299,11 +365,14 @@ def train_sim_cuda(args, sim_cuda, cudart):
             print(f"rank {rank} hangs now (injected fault)", flush=True)
         x = next_batch(batches, stuck=fault == "hang")
         if args.gpu_step_time:  # this step's forward and backward kernels, as long on every rank
-            stream.enqueue(functools.partial(time.sleep, random.Random(step).uniform(*args.gpu_step_time)))
+            stream.run(random.Random(step).uniform(*args.gpu_step_time))
         y = x.sum(dim=1, keepdim=True)
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
+        if fault == "driver-lock":
+            print(f"rank {rank} deadlocks on the CUDA driver's lock now (injected fault)", flush=True)
+            deadlock_on_the_driver_lock(sim_cuda, cudart, stream)
         if fault == "other-collective":
             # a metric gathered on this rank alone: its all-gather meets the others' all-reduce
             print(f"rank {rank} all-gathers a metric alone now (injected fault)", flush=True)
@@ -316,7 +385,7 @@ def train_sim_cuda(args, sim_cuda, cudart):
         mean = loss.detach().reshape(1).clone()
         works = [dist.all_reduce(p.grad, async_op=True) for p in params] + [dist.all_reduce(mean, async_op=True)]
         if p2p_broken and step == args.fault_step:  # the broken P2P transport: this collective's kernel never ends
-            stream.enqueue(sim_cuda.forever)
+            stream.hang()
         for work in works:
             stream.collective(work)
         stream.enqueue(optimizer_step)

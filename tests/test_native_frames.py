@@ -205,3 +205,16 @@ def test_without_native_frames_or_telemetry_a_line_nothing_names_cannot_be_told(
     assert v.culprits == () and v.workers == (1,) and v.hung is False
     asleep = py.replace("(active)", "(idle)")
     assert verdict({0: spin, 1: [asleep, asleep]}, gpu_util={0: 100.0, 1: 0.0}).culprits == (1,)
+
+
+def test_the_recorded_driver_lock_names_the_thread_running_a_host_function_for_the_runtime():
+    """tests/data/stacks/cuda_driver_lock (py-spy --native of the CUDA stand-in's driver-lock deadlock, recorded
+    on this machine): the main thread on the lock inside cudaEventDestroy; the runtime's worker thread running
+    the Python host function that holds it."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent / "data" / "stacks" / "cuda_driver_lock.r1.2.txt").read_text()
+    st = rank_state(parse_dump(text))
+    assert st.kind == "gpu-lock" and st.call == "cudaEventDestroy" or "cudaEventDestroy" in st.text
+    assert len(st.others) == 1 and "called back from the GPU library (`worker`, the CUDA runtime)" in st.others[0]
+    assert "log_metrics" in st.others[0]

@@ -17,6 +17,9 @@ real thing it stands for:
   then syncs (``x.item()``): py-spy's native frames there come from
   libcudart/libcuda and the verdict says "gpu-wait" at that line, while a
   non-blocking dump shows the thread active (spinning) on the same line;
+* the same wait on a blocking event (``torch.cuda.Event(blocking=True)``,
+  cudaEventBlockingSync): the thread sleeps there (idle), and its native
+  frames still come from the CUDA runtime or the driver;
 * NVML, through ddptop's backend, reads that GPU busy meanwhile;
 * what a native dump costs the rank: how long it stops it (figures only);
 * with two GPUs or more, a real NCCL hang of examples/train_ddp.py launched
@@ -94,11 +97,19 @@ print(f"device {torch.cuda.get_device_name(0)} uuid {uuid} cycles/s {per_s}", fl
 for _ in range(max(1, round(seconds))):
     torch.cuda._sleep(per_s)  # one second of GPU time each
 x.add_(1)
+if "--blocking-event" in sys.argv:
+    done = torch.cuda.Event(blocking=True)  # cudaEventBlockingSync: a wait on it sleeps
+    done.record()
+    print("syncing", flush=True)
+    done.synchronize()  # the blocking sync: waits, asleep, for the kernels above
+    print("done", flush=True)
+    sys.exit(0)
 print("syncing", flush=True)
 value = x.item()  # the sync: waits for the kernels above
 print("done", value, flush=True)
 '''
 SYNC = 1 + next(i for i, line in enumerate(CHILD.splitlines()) if "value = x.item()" in line)
+EVENT_SYNC = 1 + next(i for i, line in enumerate(CHILD.splitlines()) if "done.synchronize()" in line)
 
 
 class Child:
@@ -161,17 +172,17 @@ def dump(pid: int, native: bool) -> subprocess.CompletedProcess:
                           timeout=DUMP_TIMEOUT, check=False)
 
 
-def wait_at_sync(child: Child, timeout: float = 30.0):
+def wait_at_sync(child: Child, timeout: float = 30.0, line: int = SYNC):
     """Python-only dumps until the main thread sits on the sync line (the
     line after "syncing"); its RankStack there."""
     deadline = time.monotonic() + timeout
     while True:
         r = dump(child.pid, native=False)
         st = rank_state(parse_dump(r.stdout)) if r.returncode == 0 else None
-        if st is not None and st.user is not None and st.user.line == SYNC:
+        if st is not None and st.user is not None and st.user.line == line:
             return st
         if time.monotonic() > deadline:
-            pytest.fail(f"the child's main thread never showed at line {SYNC}:\n{r.stdout}\n{r.stderr}\n"
+            pytest.fail(f"the child's main thread never showed at line {line}:\n{r.stdout}\n{r.stderr}\n"
                         f"{child.output()}")
         time.sleep(0.2)
 
@@ -203,7 +214,7 @@ def test_a_rank_spinning_at_a_cuda_sync_shows_cuda_frames_under_py_spy_native(tm
                         for f in main.frames))
         print(f"verdict: {st.kind}, gpu library {st.gpu!r}, native frame {st.native!r}: {st.text}")
         assert st.kind == "gpu-wait", r.stdout
-        assert st.gpu in ("libcudart", "libcuda"), st
+        assert st.gpu in ("libcudart", "libcuda", "cuda-runtime", "cuda-driver"), st  # (the keys, before and after)
         assert st.user is not None and Path(st.user.file).name == child.script.name and st.user.line == SYNC, st
 
         # Python-only, non-blocking: the thread runs (spins) on the sync line, in every sample
@@ -214,6 +225,48 @@ def test_a_rank_spinning_at_a_cuda_sync_shows_cuda_frames_under_py_spy_native(tm
             print(f"non-blocking: {st.state} at line {st.user.line if st.user else None}: {st.text}")
             assert st.user is not None and st.user.line == SYNC, r.stdout
             assert st.state == "active", r.stdout
+            time.sleep(0.2)
+        assert child.spinning
+
+
+def test_a_rank_asleep_on_a_blocking_cuda_event_is_idle_with_cuda_frames_under_py_spy_native(tmp_path):
+    """Blocking synchronisation, for real: ``torch.cuda.Event(blocking=True)``
+    (cudaEventBlockingSync) recorded behind long kernels, then
+    ``event.synchronize()``.  The thread sleeps there: py-spy shows it *idle*
+    (not spinning), on that line, in every sample; and its native frames inside
+    that line's Python frame include the CUDA runtime's or the driver's (under
+    them, libc's futex or poll wait), so the rank still reads as waiting on the
+    GPU ("gpu-wait"), not as a rank asleep in Python."""
+    with Child(tmp_path, 60, "--blocking-event") as child:
+        child.wait_for("syncing")
+        wait_at_sync(child, line=EVENT_SYNC)
+        r = dump(child.pid, native=True)
+        assert r.returncode == 0, f"py-spy --native failed: {r.stderr}"
+        assert child.spinning, "the kernels finished before the native dump: make them longer"
+        threads = parse_dump(r.stdout)
+        main = main_thread(threads)
+        st = rank_state(threads)
+        print(f"\n{next((ln for ln in child.lines if ln.startswith('device ')), '')}")
+        print(f"main thread ({main.state}) under py-spy --native, blocking event (innermost first):")
+        print("\n".join(f"  {'*' if gpu_library(f) else ' '} {f.function} ({f.base}{f':{f.line}' if f.line else ''})"
+                        for f in main.frames))
+        print(f"verdict: {st.kind}, gpu library {st.gpu!r}, native frame {st.native!r}: {st.text}")
+        assert main.state == "idle", r.stdout  # asleep, not spinning
+        # (the innermost Python frame is torch's Event.synchronize, the script's line calls it)
+        inner_py = next(i for i, f in enumerate(main.frames) if not f.native)
+        assert any(gpu_library(f) for f in main.frames[:inner_py]), r.stdout  # a CUDA call inside the sync
+        assert any(Path(f.file).name == child.script.name and f.line == EVENT_SYNC for f in main.frames), r.stdout
+        assert st.kind == "gpu-wait", r.stdout
+        assert st.user is not None and st.user.line == EVENT_SYNC, st
+
+        # Python-only, non-blocking: idle on the sync line, in every sample
+        for _ in range(3):
+            r = dump(child.pid, native=False)
+            assert r.returncode == 0, r.stderr
+            st = rank_state(parse_dump(r.stdout))
+            print(f"non-blocking: {st.state} at line {st.user.line if st.user else None}: {st.text}")
+            assert st.user is not None and st.user.line == EVENT_SYNC, r.stdout
+            assert st.state == "idle", r.stdout
             time.sleep(0.2)
         assert child.spinning
 

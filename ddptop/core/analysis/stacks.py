@@ -270,16 +270,32 @@ def _inner_native(t: Thread) -> list[Frame]:
 
 def _other_threads(threads: list[Thread], main: Thread) -> tuple[str, ...]:
     """The other threads worth naming beside a main thread that waits on the
-    GPU or a lock: those in GPU or NCCL code, and the one holding the GIL."""
+    GPU or a lock: those in GPU or NCCL code (below their innermost Python
+    frame), those running Python called back from a GPU library (a host
+    function run by the CUDA runtime's worker: the other half of a lock-order
+    deadlock), and the one holding the GIL."""
     out = []
     for t in threads:
         if t is main:
             continue
-        g = gpu_wait([f for f in t.frames if f.native], t.state == "idle") if t.frames else None
+        inner = _inner_native(t)
+        g = gpu_wait(inner, t.state == "idle") if inner else None
         who = f"thread {t.name!r} ({t.id})" if t.name else f"thread {t.id}"
         gil = " holds the GIL and" if t.gil else ""
+        py_at = next((i for i, f in enumerate(t.frames) if not f.native), None)
+        caller = None
+        if py_at is not None:
+            # a GPU library's frame *outside* the Python frames: Python called back from it
+            caller = next((f for f in t.frames[py_at:] if f.native and gpu_library(f)), None)
         if g is not None:
             out.append(f"{who}{gil} {g.text}")
+        elif caller is not None and py_at is not None:
+            py = t.frames[py_at]
+            lib = library_of(caller)
+            by = f"`{caller.function}`, {lib.words}" if lib is not None and caller.named else \
+                (lib.words if lib is not None else caller.base)
+            out.append(f"{who}{gil} runs Python called back from the GPU library ({by}): in `{py.function}` "
+                       f"({_short(py.file)}:{py.line})" + (", idle" if t.state == "idle" else ""))
         elif t.gil:
             py = next((f for f in t.frames if not f.native), None)
             out.append(f"{who} holds the GIL" + (f", in `{py.function}` ({_short(py.file)}:{py.line})" if py else ""))

@@ -22,8 +22,8 @@ HEADLINES = {
     "mismatch": "Collective mismatch: the ranks wait in different collectives, so none can finish: one rank took "
                 "another code path (a branch on the rank, its data or a condition), or the order of collectives "
                 "differs between ranks",
-    "hot": "Hot stall: GPUs busy but no step progress, the signature of ranks spinning in a collective that one "
-           "rank never joined (an NCCL hang)",
+    "hot": "Hot stall: GPUs busy but no step progress, the signature of ranks waiting in a collective that one "
+           "rank never joined (an NCCL hang: its kernels spin on the GPU)",
     "collective": "Collective hang: the other ranks wait for the odd rank out in a collective it never joined",
     "idle": "Idle stall: no progress and nothing busy",
     "cpu-bound": "CPU-bound stall: no progress while the CPU is pegged (data loading?)",

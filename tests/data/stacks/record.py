@@ -6,11 +6,18 @@ Each scenario starts small real Python programs (single process, or 2 gloo
 ranks on CPU), waits until they reach the point of interest, takes two
 ``py-spy dump`` samples >= 1 s apart per process, writes
 ``<scenario>.r<rank>.<n>.txt`` and kills everything it started.
+
+The ``cuda_*`` scenarios run on the CUDA runtime stand-in
+(examples/sim_cuda.py, built with gcc on first use) and are dumped with
+``--native``: a rank waiting at ``cudaStreamSynchronize`` spinning (the
+default) or asleep (blocking sync), and a rank deadlocked on the CUDA
+driver's lock in ``cudaEventDestroy``.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,6 +27,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+EXAMPLES = HERE.parents[2] / "examples"
 TIMEOUT = 120
 
 PROGRAMS = {
@@ -245,16 +253,101 @@ PROGRAMS = {
         ready()
         dist.barrier()
     """,
+    # --- 2 gloo ranks on the CUDA runtime stand-in (dumped with --native) ---
+    # rank 1 is stuck in Python before its all-reduce; rank 0's all-reduce is a kernel
+    # on its stream, and rank 0 waits at the line that synchronises with the stream
+    "cuda_spin_sync": """
+        import sys, time, torch, torch.distributed as dist
+        sys.path.insert(0, os.environ["EXAMPLES_DIR"])
+        import sim_cuda
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        cudart, why = sim_cuda.load()
+        cudart.cudaSetDevice(rank)
+        stream = sim_cuda.Stream(cudart)
+        def load_batch():
+            ready()
+            time.sleep(3600)
+        def train_step(grad):
+            stream.collective(dist.all_reduce(grad, async_op=True))
+            ready()
+            cudart.cudaStreamSynchronize(stream.handle)  # = loss.item() on a GPU: spins
+        if rank == 1:
+            load_batch()
+        train_step(torch.ones(4))
+    """,
+    "cuda_blocking_sync": """
+        import sys, time, torch, torch.distributed as dist
+        sys.path.insert(0, os.environ["EXAMPLES_DIR"])
+        import sim_cuda
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        cudart, why = sim_cuda.load()
+        cudart.cudaSetDevice(rank)
+        cudart.cudaSetDeviceFlags(sim_cuda.cudaDeviceScheduleBlockingSync)
+        stream = sim_cuda.Stream(cudart)
+        def load_batch():
+            ready()
+            time.sleep(3600)
+        def train_step(grad):
+            stream.collective(dist.all_reduce(grad, async_op=True))
+            ready()
+            cudart.cudaStreamSynchronize(stream.handle)  # = loss.item() on a GPU: sleeps
+        if rank == 1:
+            load_batch()
+        train_step(torch.ones(4))
+    """,
+    # rank 1: a host function written in Python runs on its stream (the driver's lock
+    # held, it needs the GIL) while the main thread, holding the GIL, frees an event
+    # (cudaEventDestroy waits for the driver's lock): deadlocked; rank 0 spins at its sync
+    "cuda_driver_lock": """
+        import ctypes, functools, sys, threading, time, torch, torch.distributed as dist
+        sys.path.insert(0, os.environ["EXAMPLES_DIR"])
+        import sim_cuda
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        cudart, why = sim_cuda.load()
+        cudart.cudaSetDevice(rank)
+        cudart_gil = sim_cuda.with_gil(cudart)  # calls that keep the GIL
+        stream = sim_cuda.Stream(cudart)
+        def log_metrics(started):  # a host function in Python
+            started.set()
+            while True:
+                time.sleep(0.01)
+        def release_timer(timer):
+            ready()
+            cudart_gil.cudaEventDestroy(timer)  # = del a torch.cuda.Event, the GIL held
+        def train_step(grad):
+            stream.collective(dist.all_reduce(grad, async_op=True))
+            ready()
+            cudart.cudaStreamSynchronize(stream.handle)
+        if rank == 1:
+            timer = ctypes.c_void_p()
+            cudart.cudaEventCreate(ctypes.byref(timer))
+            started = threading.Event()
+            stream.enqueue(functools.partial(log_metrics, started))
+            started.wait()
+            release_timer(timer)
+        train_step(torch.ones(4))
+    """,
 }
-WORLD = {"gloo_allreduce": 2, "gloo_barrier": 2, "gloo_recv_deadlock": 2, "ddp_backward": 2, "ddp_healthy": 2, "fsdp_allgather": 2, "slow_checkpoint": 2}
+WORLD = {"gloo_allreduce": 2, "gloo_barrier": 2, "gloo_recv_deadlock": 2, "ddp_backward": 2, "ddp_healthy": 2, "fsdp_allgather": 2, "slow_checkpoint": 2,
+         "cuda_spin_sync": 2, "cuda_blocking_sync": 2, "cuda_driver_lock": 2}
 EXTRA = {"queue_get_json": ["--json"], "sleep_callback": ["--locals"], "gloo_barrier": ["--full-filenames"], "ddp_backward": ["--nonblocking"], "slow_checkpoint": ["--full-filenames", "--nonblocking"],
-         "loop_locals": ["--full-filenames", "--nonblocking", "--locals"]}
+         "loop_locals": ["--full-filenames", "--nonblocking", "--locals"],
+         **{name: ["--native", "--full-filenames"] for name in ("cuda_spin_sync", "cuda_blocking_sync", "cuda_driver_lock")}}
 
 PRELUDE = """
 import os, pathlib
 def ready():
     pathlib.Path(os.environ["READY_FILE"]).touch()
 """
+
+
+def py_spy() -> str:
+    """py-spy beside this Python (a virtual environment's), else the one on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy") or "py-spy"
 
 
 def free_port() -> int:
@@ -273,7 +366,8 @@ def record(name: str) -> None:
     try:
         for rank in range(world):
             env = dict(os.environ, READY_FILE=str(tmp / f"ready{rank}"), RANK=str(rank), WORLD_SIZE=str(world),
-                       LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
+                       LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1",
+                       EXAMPLES_DIR=str(EXAMPLES))
             procs.append(subprocess.Popen([sys.executable, str(script)], env=env, cwd=tmp))
         deadline = time.monotonic() + TIMEOUT
         while not all((tmp / f"ready{r}").exists() for r in range(world)):
@@ -283,7 +377,7 @@ def record(name: str) -> None:
         time.sleep(1.5)
         for n in (1, 2):
             for rank, p in enumerate(procs):
-                cmd = ["py-spy", "dump", "--pid", str(p.pid), *EXTRA.get(name, [])]
+                cmd = [py_spy(), "dump", "--pid", str(p.pid), *EXTRA.get(name, [])]
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
                 if r.returncode != 0:
                     raise RuntimeError(f"{name}: {r.stderr}")
