@@ -389,6 +389,12 @@ def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    from ddptop.core.settings import SettingError, settings
+
+    try:
+        settings()  # a malformed DDPTOP_* variable is said now, naming it, not deep inside a thread
+    except SettingError as e:
+        parser.error(str(e))
     _hoist(parser, args)
     if args.version:
         from ddptop import __version__

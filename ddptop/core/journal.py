@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddptop.core.settings import settings
+
 META = "meta.json"
 EVENTS = "events.jsonl"
 TORCHRUN_LOG = "torchrun.log"
@@ -44,8 +46,8 @@ def state_home() -> Path:
 
 
 def runs_home() -> Path:
-    override = os.environ.get("DDPTOP_RUNS_DIR")
-    return Path(override) if override else state_home() / "runs"
+    override = settings().runs_dir
+    return override if override is not None else state_home() / "runs"
 
 
 def check_owner(path: Path) -> None:

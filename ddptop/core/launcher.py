@@ -19,6 +19,7 @@ from pathlib import Path
 from ddptop import __version__
 from ddptop.core import journal
 from ddptop.core.profiles import is_secret, mask_argv, mask_env, rewrite_script_args
+from ddptop.core.settings import BEAT_DIR, PG_BACKEND, PG_TIMEOUT
 
 # torchrun options that take no value (kept in sync with torch's parser by
 # tests/test_launcher.py::test_flag_list_matches_torchrun).
@@ -225,9 +226,9 @@ def plan_launch(user_command: list[str], run_dir: Path, cwd: str | None = None, 
                 raise LaunchError(f"profile {prof.name!r} overrides init_process_group through ddptop's hook, "
                                   "which --no-inject turns off")
             if prof.backend:
-                env_set["DDPTOP_PG_BACKEND"] = prof.backend
+                env_set[PG_BACKEND] = prof.backend
             if prof.pg_timeout:
-                env_set["DDPTOP_PG_TIMEOUT"] = str(prof.pg_timeout)
+                env_set[PG_TIMEOUT] = str(prof.pg_timeout)
     command = [
         torchrun,
         "--log-dir",
@@ -247,7 +248,7 @@ def plan_launch(user_command: list[str], run_dir: Path, cwd: str | None = None, 
         from ddptop.core.ras import free_port
 
         env_set["NCCL_RAS_ADDR"] = ras_addr or f"127.0.0.1:{free_port()}"
-    env_set["DDPTOP_BEAT_DIR"] = str(run_dir / journal.BEATS)  # where ddptop.beat() writes
+    env_set[BEAT_DIR] = str(run_dir / journal.BEATS)  # where ddptop.beat() writes
     if inject:
         old = os.environ.get("PYTHONPATH")
         env_set["PYTHONPATH"] = INJECT_DIR + (os.pathsep + old if old else "")

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddptop.core.settings import settings
+
 _ADDR = re.compile(r"0x[0-9a-f]+|\(idle\)|\(active[^)]*\)|Thread \d+|Process \d+:.*|Python v[\d.]+.*")
 
 
@@ -33,7 +35,7 @@ def normalise(dump: str) -> str:
 
 
 def _missing() -> str:
-    forced = os.environ.get("DDPTOP_PY_SPY")
+    forced = settings().py_spy
     if forced == "":
         return "stack sampling is off (DDPTOP_PY_SPY is empty)"
     if forced is not None:
@@ -45,7 +47,7 @@ def _missing() -> str:
 def py_spy() -> str | None:
     """py-spy: ``DDPTOP_PY_SPY`` when set (a path; empty turns stack sampling
     off), else on PATH, else beside this interpreter (a venv not activated)."""
-    forced = os.environ.get("DDPTOP_PY_SPY")
+    forced = settings().py_spy
     if forced is not None:
         return forced if forced and os.path.isfile(forced) and os.access(forced, os.X_OK) else None
     exe = shutil.which("py-spy")
@@ -68,7 +70,7 @@ def _alive(pid: int) -> bool:
 # seconds a native dump (py-spy --native, which stops the rank while it unwinds) may take before it is given
 # up for a Python-only one: a CPU torch rank takes about 1 s on a 2-core machine (docs/performance.md), a
 # first dump of a rank with libtorch_cuda loaded can take far longer (benfred/py-spy#872)
-NATIVE_TIMEOUT = 3.0
+NATIVE_TIMEOUT = 3.0  # (the default of DDPTOP_NATIVE_TIMEOUT: settings().native_timeout)
 
 
 def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0, with_locals: bool = False,

@@ -28,6 +28,7 @@ import psutil
 
 from ddptop.core import journal, procs
 from ddptop.core.profiles import MASK
+from ddptop.core.settings import FR_DIR, settings
 from ddptop.core.torchrun import local_rank, rank_env, virtual_local_rank
 from ddptop.core.events import (
     FAILED,
@@ -43,7 +44,7 @@ from ddptop.core.events import (
 )
 
 POLL = 0.5  # main loop: rank discovery and stop handling
-GRACE = float(os.environ.get("DDPTOP_STOP_GRACE", "10"))
+GRACE = settings().stop_grace
 
 
 class EventWriter:
@@ -419,7 +420,7 @@ class Supervisor:
     def on_stall(self, alarm) -> None:
         """The reactions to a stall of a job ddptop owns: flight-recorder dumps
         (that profile), every rank's stack, then --on-stall kill|relaunch."""
-        if self.env_set.get("DDPTOP_FR_DIR"):
+        if self.env_set.get(FR_DIR):
             threading.Thread(target=self.capture_flight, daemon=True, name="ddptop-flight").start()
         self.stacks.request()
         if self.meta.on_stall not in ("relaunch", "kill"):
@@ -451,7 +452,7 @@ class Supervisor:
                                                         "this stall's dumps were not asked for"))
             return
         try:
-            d = Path(self.env_set["DDPTOP_FR_DIR"])
+            d = Path(self.env_set[FR_DIR])
             ranks = self._rank_pids()
             d.mkdir(parents=True, exist_ok=True)
             t0 = time.time()

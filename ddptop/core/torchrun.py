@@ -26,6 +26,7 @@ import psutil
 
 from ddptop.core import journal
 from ddptop.core.procs import alive
+from ddptop.core.settings import BEAT_DIR
 
 __all__ = ["RANK_VARS", "JobWorkers", "TorchrunOptions", "describe", "find_torchruns", "is_rank", "is_torchrun",
            "job_workers", "launched_by_ddptop", "parse_torchrun_options", "rank_env", "running_job_workers",
@@ -81,7 +82,7 @@ def is_torchrun(proc: psutil.Process) -> bool:
 def launched_by_ddptop(proc: psutil.Process) -> Path | None:
     """The run directory of a torchrun that ddptop launched, else None."""
     try:
-        beats = proc.environ().get("DDPTOP_BEAT_DIR")
+        beats = proc.environ().get(BEAT_DIR)
     except (psutil.Error, OSError):
         beats = None
     if beats:

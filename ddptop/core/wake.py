@@ -26,6 +26,8 @@ import threading
 import time
 from typing import Callable, Sequence
 
+from ddptop.core.settings import settings
+
 POLL_EVERY = 0.1  # seconds between polls when file events are not available
 # (seconds since the last change, ms between looks for file events until then)
 STEPS = ((0.1, 5), (1.0, 25), (float("inf"), 100))
@@ -52,7 +54,7 @@ class FileWaker:
         self._timed_out = False  # the last wait ended without a file event
         self._misses = 0
         if force_polling is None:
-            force_polling = os.environ.get("DDPTOP_FILE_EVENTS", "") in ("0", "off", "no")
+            force_polling = not settings().file_events
         if force_polling:
             self.polling = True
             return

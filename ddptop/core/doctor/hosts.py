@@ -8,11 +8,11 @@ and shows the rows per host.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 
 from ddptop.core.doctor.report import Row
+from ddptop.core.settings import settings
 from ddptop.core.sessions.ssh import install_hint
 from ddptop.core.sessions.transports import SSH_OPTIONS, check_host, remote_command
 
@@ -53,8 +53,8 @@ def doctor_on_hosts(hosts: list[str], *, ssh: str | None, remote_ddptop: str | N
     ``ssh`` and ``remote_ddptop`` default to $DDPTOP_SSH and $DDPTOP_REMOTE."""
     from ddptop.core.doctor.report import exit_code, format_rows, summary
 
-    ssh_argv = shlex.split(ssh or os.environ.get("DDPTOP_SSH", "ssh"))
-    remote_cmd = remote_ddptop or os.environ.get("DDPTOP_REMOTE", "ddptop")
+    ssh_argv = shlex.split(ssh) if ssh else list(settings().ssh)
+    remote_cmd = remote_ddptop or settings().remote
     args = (["--workers", str(workers)] if workers is not None else []) + ["--master-port", str(master_port)]
     per_host = {h: doctor_rows(h, ssh_argv, remote_cmd, args) for h in hosts}
     if as_json:

@@ -146,7 +146,8 @@ class StackSampler(Job):
         from dataclasses import replace
 
         from ddptop.core.analysis.stacks import verdict
-        from ddptop.core.stacks import NATIVE_TIMEOUT, dump_stacks
+        from ddptop.core.settings import settings
+        from ddptop.core.stacks import dump_stacks
 
         t0 = self.clock()
         dumps: dict[int, list[str]] = {r: [] for r in pids}
@@ -154,7 +155,7 @@ class StackSampler(Job):
         native: set[int] = set()
         paused: dict[int, float] = {}
         given_up: set[int] = set()
-        limit = self.native_timeout if self.native_timeout is not None else NATIVE_TIMEOUT
+        limit = self.native_timeout if self.native_timeout is not None else settings().native_timeout
         for i in range(self.samples):
             if i:
                 time.sleep(self.gap)

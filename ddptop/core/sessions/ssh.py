@@ -42,6 +42,7 @@ from dataclasses import replace
 
 from ddptop import __version__
 from ddptop.core import journal, wire
+from ddptop.core.settings import settings
 from ddptop.core.events import (FAILED, FINAL_STATES, LOST, STARTING, SUCCEEDED, BadEvent, Event, LaunchEvent, LinkEvent,
                                 LogBatch, LogEvent, NoteEvent, StateEvent, UnknownKind, from_dict)
 from ddptop.core.sessions.protocol import CommandResult, Control, ExitStatus, RemoteRun
@@ -105,10 +106,10 @@ class RemoteSession:
         # times of the node's events when over SKEW_MIN, so that ages and the cross-node stall
         # detector compare like with like
         self.skew = 0.0
-        self.ssh = list(ssh) if ssh else shlex.split(os.environ.get("DDPTOP_SSH", "ssh"))
+        self.ssh = list(ssh) if ssh else list(settings().ssh)
         # how the node is reached (ssh, srun, kubectl): everything else is the same for all
         self.transport: Transport = transport if transport is not None else Ssh(self.host, tuple(self.ssh))
-        self.remote_cmd = remote_cmd or os.environ.get("DDPTOP_REMOTE", "ddptop")
+        self.remote_cmd = remote_cmd or settings().remote
         self.clock = clock
         self.backoff = backoff
         self.silence = silence
