@@ -218,3 +218,71 @@ def test_the_recorded_driver_lock_names_the_thread_running_a_host_function_for_t
     assert st.kind == "gpu-lock" and st.call == "cudaEventDestroy" or "cudaEventDestroy" in st.text
     assert len(st.others) == 1 and "called back from the GPU library (`worker`, the CUDA runtime)" in st.others[0]
     assert "log_metrics" in st.others[0]
+
+
+# --------------------------------------------------------------------------- pastes people make
+
+PY_THEN_GDB = """\
+Thread 367714 (active): "MainThread"
+    ctc_loss (torch/nn/functional.py:3086)
+    compute_loss (myproject/models/aed.py:207)
+    <module> (train.py:11)
+
+#0  0x000014e37c579940 in clock_gettime@plt () from /lib64/libcuda.so.1
+#1  0x000014e37c724994 in ?? () from /lib64/libcuda.so.1
+#2  0x000014e37c63fd8c in ?? () from /lib64/libcuda.so.1
+#3  0x000014e4468293a5 in ?? ()
+   from /venv/lib/python3.12/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12
+#4  0x000014e44688a7d8 in cudaStreamSynchronize ()
+   from /venv/lib/python3.12/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12
+#5  0x000014e44688a7d9 in at::native::ctc_loss_gpu(at::Tensor const&) () from /venv/lib/libtorch_cuda.so
+#6  0x00000000005dc982 in _PyEval_EvalFrameDefault (tstate=0x26c3650) at Python/ceval.c:385
+"""
+
+
+def test_a_python_only_dump_and_a_gdb_backtrace_of_one_process_read_as_one(tmp_path):
+    """People paste `py-spy dump` (Python frames only) and then gdb's `bt` of the same process (native frames
+    only): read together, the rank waits on the GPU at its Python line."""
+    from ddptop.core import dump_files
+
+    f = tmp_path / "rank0.txt"
+    f.write_text(PY_THEN_GDB)
+    ds = dump_files.load([str(f)])
+    v = verdict(ds.samples)
+    w = v.where[0]
+    assert w.kind == "gpu-wait" and w.native.startswith("cudaStreamSynchronize") and w.line == 207, w
+    assert any("read as one" in n for n in ds.notes) and ds.formats == {"py-spy", "gdb"}
+
+
+GDB_SESSION = """\
+#1  0x00007f916b0090dd in pthread_mutex_lock () from /lib/x86_64-linux-gnu/libc.so.6
+(gdb) up
+#2  0x00007f9160c22336 in c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(int, unsigned long, CUstream_st*) ()
+   from /venv/torch/lib/libc10_cuda.so
+(gdb) down
+#1  0x00007f916b0090dd in pthread_mutex_lock () from /lib/x86_64-linux-gnu/libc.so.6
+(gdb) bt
+#0  0x00007f916b002197 in ?? () from /lib/x86_64-linux-gnu/libc.so.6
+#1  0x00007f916b004f1b in pthread_cond_timedwait () from /lib/x86_64-linux-gnu/libc.so.6
+#2  0x00000000004d2a2b in take_gil (tstate=0x7ffc50f44890) at Python/ceval_gil.h:247
+#3  0x00000000005dc982 in PyEval_AcquireThread (tstate=0x26c3650) at Python/ceval.c:385
+#4  0x00007f91323e8c65 in pybind11::gil_scoped_acquire::gil_scoped_acquire() () from /venv/torch/lib/libtorch_python.so
+"""
+
+
+def test_a_gdb_session_with_two_backtraces_is_two_threads_and_a_lock_against_the_gil_is_said():
+    threads = parse_dump(GDB_SESSION)
+    assert len(threads) == 2 and [f.function for f in threads[0].frames][:2] == [
+        "pthread_mutex_lock", "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(int, "
+        "unsigned long, CUstream_st*)"]  # (the frame up/down printed twice is kept once)
+    st = rank_state(threads)
+    assert st.kind == "gpu-lock" and "a lock-order deadlock with the GIL" in st.text
+    assert any("waits to take the GIL" in o for o in st.others)
+
+
+@pytest.mark.parametrize("path,kind", [("fairseq/data/iterators.py", "data"), ("/home/me/proj/dataloader.py", "data"),
+                                       ("/data/users/me/train.py", "user"), ("myproj/models/net.py", "user")])
+def test_data_loading_code_is_told_by_its_file_or_folder_never_by_a_mount_point(path, kind):
+    from ddptop.core.analysis.stacks import classify_frame
+
+    assert classify_frame(Frame("__next__", path, 10)) == kind

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddptop.core.analysis.stack_dumps import format_of, split_processes
+from ddptop.core.analysis.stack_dumps import format_of, split_processes, with_native
 
 __all__ = ["DumpSet", "load", "MAX_BYTES"]
 
@@ -99,6 +99,12 @@ def _bare_frames(text: str) -> str:
 def _from_file(ds: DumpSet, f: Path, text: str, rank: int | None, index: int | None) -> bool:
     """Add one file's dumps; False when it holds none."""
     fmt = format_of(text)
+    merged = with_native(text) if fmt == "py-spy" else text
+    if merged is not text:
+        ds.notes.append(f"{f}: a Python-only py-spy dump and a gdb backtrace of the same process, read as one "
+                        "(the backtrace's native frames under the main thread's Python ones)")
+        ds.formats.add("gdb")
+        text = merged
     if not fmt:
         bare = _bare_frames(text)
         if not bare:

@@ -202,6 +202,7 @@ class GpuWait:
     sleeping: bool  # the thread was idle (a sleeping wait), as the dump says
     innermost: str  # the innermost frame in words: "in the CUDA driver", "pthread_mutex_lock (libc.so.6)"
     nccl_where: str = ""  # kind "nccl": where in NCCL, in words
+    outer: str = ""  # the outermost GPU library in words (the API the program called), when it is not ``library``
 
     @property
     def text(self) -> str:
@@ -209,10 +210,13 @@ class GpuWait:
         if self.kind == "gpu-lock":
             inside = f"inside `{self.call}`" if self.call and not self.call.startswith(("the ", "CUPTI")) else \
                 f"under {self.call}" if self.call else "under a call"
-            return f"is blocked on a lock in {self.library} {inside}, a call that does not wait for GPU work"
+            return (f"is blocked on a lock in {self.library} {inside}, a call that does not wait for GPU work "
+                    "(a deadlock if it stays there)")
         if self.kind == "nccl":
             return f"is in {self.nccl_where or 'NCCL'} (`{self.call}`, {self.library})"
-        return f"waits on the GPU{how} (`{self.call}`, {self.library})" if self.call else \
+        if self.call:
+            return f"waits on the GPU{how} (`{self.call}`, {self.library})"
+        return f"waits on the GPU{how} (in {self.outer}, innermost in {self.library})" if self.outer else \
             f"waits on the GPU{how} (in {self.library})"
 
 
@@ -290,5 +294,6 @@ def gpu_wait(frames: Sequence[Frame], sleeping: bool = False) -> GpuWait | None:
                            _nccl_where(list(reversed(nccl_fns))))
         return GpuWait("nccl", call or nccl_fns[-1], nlib.words, nlib.key, prim, sleeping, innermost,
                        _nccl_where(list(reversed(nccl_fns))))
+    outer = gl[outer_gpu]
     return GpuWait("gpu-wait", call, lib.words if call else in_lib.words, lib.key if call else in_lib.key, prim,
-                   sleeping, innermost)
+                   sleeping, innermost, outer=outer.words if not call and outer.key != in_lib.key else "")

@@ -59,7 +59,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-__all__ = [
+__all__ = ["with_native", 
     "Frame", "Thread", "ProcessDump", "parse_dump", "format_of", "split_processes", "FORMATS",
     "THREAD_LINE", "PROCESS_LINE", "FRAME_LINE", "thread_id",
 ]
@@ -148,6 +148,7 @@ _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 _GDB_CURRENT = re.compile(r"^\[(?:Current thread is|Switching to thread) \S+ \((.*)\)\]")
 _GDB_PID = re.compile(r"^(?:Attaching to process (\d+)|Attaching to program: .*, process (\d+)"
                       r"|\[Inferior \d+ \(process (\d+)\) detached\])")
+_GDB_BT_PROMPT = re.compile(r"^\((?:cuda-)?gdb\) +(?:bt|backtrace|where)\b")
 _GDB_PAGER = re.compile(r"^-{2,3}Type <(?:RET|return)>.*?(?:paging|quit)-{2,3}")
 _GDB_WHERE = re.compile(r"\)\s+(at|from)\s+(\S+)$")
 _PYBT_HEAD = re.compile(r"^Traceback \(most recent call first\):\s*$")
@@ -411,7 +412,7 @@ def _parse_gdb(text: str) -> list[Thread]:
 
     def new(num: str | None, tid: int, name: str) -> dict:
         r: dict = {"num": num, "id": tid, "name": name, "c": [], "c_done": False, "py": [], "py_src": "",
-             "py_done": False}
+             "py_done": False, "nums": set()}
         records.append(r)
         if num is not None:
             by_num[num] = r
@@ -438,6 +439,9 @@ def _parse_gdb(text: str) -> list[Thread]:
         if not m:
             return
         r = ensure()
+        if m.group(1) in r["nums"] and m.group(1) != "0":
+            return  # the same frame printed again (gdb's up/down/frame between two backtraces)
+        r["nums"].add(m.group(1))
         for frame, kind in _gdb_frames(m.group(2)):
             if kind == "py":
                 add_py(r, frame, "full")
@@ -461,6 +465,11 @@ def _parse_gdb(text: str) -> list[Thread]:
             pending = line
             continue
         flush()
+        if _GDB_BT_PROMPT.match(line) and rec is not None and rec["num"] is None and rec["c"]:
+            # a new `bt` at the prompt, after frames no thread header named (printed by up/down/frame, or
+            # another bare backtrace): the backtrace of the thread now current, which may be another
+            rec = new(None, current, "")
+            continue
         m = _GDB_THREAD.match(line)
         if m:
             in_pybt = False
@@ -684,3 +693,60 @@ def split_processes(text: str) -> list[ProcessDump]:
     if cur is not None and cur["content"]:
         close(cur, len(lines))
     return out
+
+
+# --------------------------------------------------------------------------- one process in two formats
+
+# the interpreter's own frames: where a native backtrace (gdb) reaches the Python code
+_INTERPRETER = re.compile(r"^_?Py(?:Eval|Object|_|Function|Method|CFunction|Run)|^cfunction_|^method_vectorcall|"
+                          r"^_PyEval|EvalFrame|^slot_tp_|^vectorcall")
+
+
+def _py_spy_frame(f: Frame) -> str:
+    where = f"{f.file}:{f.line}" if f.file and f.line else (f.file or "?")
+    return f"    {f.function} ({where})"
+
+
+def with_native(text: str) -> str:
+    """One process pasted twice, as people do: a Python-only ``py-spy dump``
+    of it, then a gdb backtrace of the same process (its native frames: what
+    py-spy without ``--native`` leaves out).  Gives the py-spy dump with the
+    backtrace's native frames, up to the interpreter's, put under the main
+    thread's innermost Python frame (as ``py-spy --native`` prints them), so
+    that the dump reads as one with native frames; ``text`` unchanged for
+    anything else (one format, several processes, no main thread in one of
+    the two)."""
+    lines = _lines(text)
+    first_gdb = next((i for i, ln in enumerate(lines) if _gdb_frame_line(ln) or _GDB_THREAD.match(ln)
+                      or ln.startswith("(gdb)") or ln.startswith("(cuda-gdb)")), None)
+    if first_gdb is None or first_gdb == 0:
+        return text
+    py_part, gdb_part = "\n".join(lines[:first_gdb]), "\n".join(lines[first_gdb:])
+    if _sniff(py_part)[0] != "py-spy" or _sniff(gdb_part)[0] != "gdb":
+        return text
+    py_threads, gdb_threads = _parse_py_spy(py_part), _parse_gdb(gdb_part)
+    if len({t.pid for t in py_threads if t.pid}) > 1 or not py_threads or not gdb_threads:
+        return text
+    main = next((t for t in py_threads if t.name == "MainThread"), py_threads[0])
+    if any(f.native for f in main.frames):
+        return text  # (it has native frames of its own)
+    # the backtrace's thread: its main (gdb's Thread 1, listed first), or the one a bare `bt` printed
+    g = gdb_threads[0]
+    native: list[Frame] = []
+    for f in g.frames:
+        if not f.native or _INTERPRETER.search(f.function) or "libpython" in f.base or f.base.startswith("python"):
+            break
+        native.append(f)
+    if not native:
+        return text
+    out, inside = [], False
+    for ln in py_part.splitlines():
+        m = THREAD_LINE.match(ln)
+        if m:
+            inside = thread_id(m.group(1)) == main.id
+            out.append(ln)
+            if inside:
+                out += [_py_spy_frame(f) for f in native]
+            continue
+        out.append(ln)
+    return "\n".join(out) + "\n"

@@ -174,6 +174,11 @@ def classify_frame(frame: Frame) -> str:
     if origin == "stdlib":
         return "stdlib"
     if origin == "user":
+        # data-loading code of the user's project: a file so named, or (a path py-spy shortened, relative to the
+        # project's package) a data folder; never the folder of an absolute path (a /data/ mount holds scripts)
+        p = _norm(frame.file)
+        if _DATA_FILE.search(p) or (not p.startswith("/") and "/" in p and _DATA_PATH.search(p)):
+            return "data"
         return "user"
     if rel.startswith("torch/"):
         if rel.startswith("torch/distributed/checkpoint/"):
@@ -199,12 +204,18 @@ def classify_frame(frame: Frame) -> str:
         return "data"
     if rel.startswith(("safetensors/", "fsspec/")) or "/checkpoint_io" in rel or "/plugins/io/" in rel:
         return "io"
+    if _DATA_PATH.search(rel):
+        return "data"
     if _COLLECTIVE_NAME.search(frame.function):
         # a framework's own collective (DeepSpeed ZeRO's all_gather_coalesced, Megatron's reduce_scatter
         # wrappers): named by the operation, as torch.distributed names it
         return "collective"
     return "framework"
 
+
+# a library's data-loading code, by the folder or file it is in (fairseq/data/iterators.py, a dataloader.py)
+_DATA_FILE = re.compile(r"(?:^|/)(?:iterators?|dataloader|data_loader|datasets?|loader|data_utils)\.py$")
+_DATA_PATH = re.compile(r"(?:^|/)(?:data|dataloaders?|data_loaders?|datasets?|loaders?)/|" + _DATA_FILE.pattern)
 
 # the collective operations, as torch.distributed and NCCL name them (a framework's wrapper of one)
 _COLLECTIVE_NAME = re.compile(r"(?:^|[._])(?:all_?gather|all_?reduce|reduce_?scatter|all_?to_?all|broadcast|"
@@ -268,6 +279,11 @@ def _inner_native(t: Thread) -> list[Frame]:
     return out
 
 
+# a thread blocked taking the GIL (CPython's own frames, pybind11's, a C extension's)
+_TAKE_GIL = re.compile(r"\btake_gil\b|PyEval_AcquireThread|PyEval_RestoreThread|PyGILState_Ensure|"
+                       r"gil_scoped_acquire|PyEval_AcquireLock")
+
+
 def _other_threads(threads: list[Thread], main: Thread) -> tuple[str, ...]:
     """The other threads worth naming beside a main thread that waits on the
     GPU or a lock: those in GPU or NCCL code (below their innermost Python
@@ -287,7 +303,14 @@ def _other_threads(threads: list[Thread], main: Thread) -> tuple[str, ...]:
         if py_at is not None:
             # a GPU library's frame *outside* the Python frames: Python called back from it
             caller = next((f for f in t.frames[py_at:] if f.native and gpu_library(f)), None)
-        if g is not None:
+        taking = next((f for f in t.frames[:py_at] if f.named and _TAKE_GIL.search(f.function)), None)
+        if taking is not None:
+            # blocked taking the GIL: with a main thread on a lock, the other half of a lock-order deadlock
+            # (one thread holds the lock and wants the GIL, the other holds the GIL and wants the lock)
+            out.append(f"{who} waits to take the GIL (`{taking.function.split('(')[0]}`)"
+                       + (f", for `{t.frames[py_at].function}` ({_short(t.frames[py_at].file)}:{t.frames[py_at].line})"
+                          if py_at is not None else ""))
+        elif g is not None:
             out.append(f"{who}{gil} {g.text}")
         elif caller is not None and py_at is not None:
             py = t.frames[py_at]
@@ -297,8 +320,9 @@ def _other_threads(threads: list[Thread], main: Thread) -> tuple[str, ...]:
             out.append(f"{who}{gil} runs Python called back from the GPU library ({by}): in `{py.function}` "
                        f"({_short(py.file)}:{py.line})" + (", idle" if t.state == "idle" else ""))
         elif t.gil:
-            py = next((f for f in t.frames if not f.native), None)
-            out.append(f"{who} holds the GIL" + (f", in `{py.function}` ({_short(py.file)}:{py.line})" if py else ""))
+            held = next((f for f in t.frames if not f.native), None)
+            out.append(f"{who} holds the GIL" + (f", in `{held.function}` ({_short(held.file)}:{held.line})"
+                                                 if held else ""))
     return tuple(out[:6])
 
 
@@ -329,7 +353,9 @@ def rank_state(threads: Iterable[Thread], source_line: SourceLine | None = None,
         # (where it is: the GPU call's frame, else the outermost frame of a GPU library; never libc's)
         at = next((f for f in reversed(inner_native) if f.function.split("@", 1)[0] == g.call), None) or next(
             (f for f in reversed(inner_native) if gpu_library(f)), inner_native[0])
-        return RankStack(g.kind, g.text, None, at, g.call, t.state, t.name, sig, sig, "", g.key,
+        text = g.text + ("; another thread waits to take the GIL: a lock-order deadlock with the GIL"
+                         if g.kind == "gpu-lock" and any("waits to take the GIL" in o for o in others) else "")
+        return RankStack(g.kind, text, None, at, g.call, t.state, t.name, sig, sig, "", g.key,
                          _native_words(g, inner_native), g.library, native_read, "", others)
     cats = [classify_frame(f) for f in frames]
     user_i = next((i for i, c in enumerate(cats) if c == "user"), None)
@@ -352,6 +378,8 @@ def rank_state(threads: Iterable[Thread], source_line: SourceLine | None = None,
         # at a CUDA/HIP synchronisation, a lock in the driver, or in NCCL's host code: read from the shape of
         # the native frames (the outermost GPU API call, the innermost primitive), said in words, never addresses
         where = f" called from {ufn}{loc}" if user else f" in `{frames[0].function}` ({_short(frames[0].file)})"
+        if g.kind == "gpu-lock" and any("waits to take the GIL" in o for o in others):
+            where += "; another thread waits to take the GIL: a lock-order deadlock with the GIL"
         return RankStack(g.kind, g.text + where, user, frames[0], call or g.call, t.state, t.name, signature, exact,
                          code, g.key, _native_words(g, inner_native), g.library, native_read, "", others)
     sync = ""
