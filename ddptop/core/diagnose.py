@@ -333,7 +333,7 @@ def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[di
     rc = an.root_cause()
     counters = collective_counters(an.findings)
     _c, said = counter_verdict(counters)
-    seen = set(an.stall.ranks) | {f.rank for f in an.findings if f.rank is not None}
+    seen = an.ranks_seen() | {f.rank for f in an.findings if f.rank is not None}
     found = culprits_of(Evidence(
         failure=True, findings=tuple(an.findings), seen=frozenset(seen), last_steps=an.last_steps,
         ras_answers=tuple(tuple(r.get("culprits") or ()) for r in ras_answers or []),

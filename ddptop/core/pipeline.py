@@ -165,9 +165,9 @@ class Pipeline:
         """The detector asked for stack samples (a suspected stall): take them,
         and ask NCCL's RAS; say so to the detector if no samples come."""
         self.ask_ras()
-        st = self.analyzer.stall
-        if self.sampler is None or not self.sampler(st.gpu_utils()):
-            st.samples_refused()
+        an = self.analyzer
+        if self.sampler is None or not self.sampler(an.gpu_utils()):
+            an.samples_refused()
 
     def _monitor_wanted(self) -> bool:
         """Follow NCCL's pushed events: the job uses NCCL 2.29+ (or an unknown

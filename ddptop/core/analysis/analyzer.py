@@ -273,5 +273,27 @@ class Analyzer:
             self.stall.samples_refused()
         return alarms
 
+    # -- what the rest of ddptop may ask of the stall detector (never its state itself) -----------------
+
+    def silence_began(self) -> float:
+        """When the job's current silence began (its last sign of life)."""
+        return self.stall.silence_began()
+
+    def rank_nodes(self) -> dict[int, str]:
+        """Each rank's node, as its events said."""
+        return self.stall.nodes()
+
+    def gpu_utils(self) -> dict[int, float | None]:
+        """Each live rank's GPU utilisation (None: unknown or simulated)."""
+        return self.stall.gpu_utils()
+
+    def samples_refused(self) -> None:
+        """The stack samples the detector asked for will not come."""
+        self.stall.samples_refused()
+
+    def ranks_seen(self) -> set[int]:
+        """Every rank the events named."""
+        return set(self.stall.ranks)
+
     def root_cause(self) -> Finding | None:
         return root_cause(self.findings)

@@ -21,7 +21,7 @@ the ones an alarm or a report carries.  Pure: no I/O.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Iterable, Mapping
 
 from ddptop.core.analysis.evidence import HOT_UTIL, IDLE_UTIL, StackEvidence, Where
@@ -64,6 +64,13 @@ def culprits_of(ev: Evidence) -> Culprits:
         # the logs name nobody: the stacks' odd rank out (saved dumps beside the logs)
         return Culprits(tuple(v.culprits), v.shown(), ("stacks: " + v.summary,), "")
     return found
+
+
+def overdue(stacks: StackEvidence, ranks: Iterable[int]) -> StackEvidence:
+    """The stacks' verdict once ddptop's patience with work ran out: the ranks
+    the others wait for (working alone, or in I/O: a hung file system) are
+    now the culprits of a hang."""
+    return replace(stacks, hung=True, culprits=tuple(sorted(set(ranks))))
 
 
 def _stall(ranks: Iterable[RankState], stacks: StackEvidence | None, ras: tuple[int, ...] | None = None) -> Culprits:

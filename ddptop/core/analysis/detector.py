@@ -24,7 +24,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from ddptop.core.analysis.culprits import Evidence, culprits_of
+from ddptop.core.analysis.culprits import Evidence, culprits_of, overdue
 from ddptop.core.analysis.rank_state import RankState
 from ddptop.core.analysis.evidence import HOT_UTIL, IDLE_UTIL, StackEvidence, Where, ranks_text
 from ddptop.core.analysis.stack_judge import combine
@@ -351,14 +351,14 @@ class StallDetector:
             silent = self._silent_pool(pool, now)
             if silent <= max(self.work_patience, *(self.threshold(st) for st in pool)):
                 return None
-            v = replace(v, hung=True, culprits=v.workers)
+            v = overdue(v, v.workers)
             note = (f"{ranks_text(v.workers)} still working after {silent:.0f} s while the others wait (a loop in "
                     "its own code, or work longer than ddptop's patience)")
         elif v is not None and v.hung is False:
             if not (v.io and self._silent_pool(pool, now) > max(self.io_patience, *(self.threshold(st) for st in pool))):
                 return None  # every rank's stack moves (or writes): work (a long evaluation, a save), not a hang
             # in I/O for too long: a file system that hangs (NFS) is a hang too; those ranks are the culprits
-            v = replace(v, hung=True, culprits=v.io)
+            v = overdue(v, v.io)
             note = f"{ranks_text(v.io)} still in I/O after {self._silent_pool(pool, now):.0f} s"
         elif v is not None and v.hung:
             working = self._working(v, pool)

@@ -134,9 +134,9 @@ class MultiSession:
                         "lines and the stall detector mix them. Attach to one node at a time.")))
         alarms = self.pipeline.process(out)
         ending = not self.finished and all(s.finished for s in self.sessions)
-        stall = self.pipeline.analyzer.stall
+        an = self.pipeline.analyzer
         out = self.one_alarm.apply(out, [a for a in alarms if isinstance(a, AlarmEvent)], self.clock(),
-                                   silence_began=stall.silence_began(), rank_nodes=stall.nodes(), flush=ending)
+                                   silence_began=an.silence_began(), rank_nodes=an.rank_nodes(), flush=ending)
         out.extend(a for a in alarms if not isinstance(a, AlarmEvent))
         self.pipeline.react(alarms)
         if ending:
