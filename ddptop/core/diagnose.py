@@ -86,6 +86,14 @@ def _file_events(path: Path, rank: int | None, stream: str, rel: str, named: int
 
 def analyze_paths(paths: list[str]) -> Analyzer:
     an = Analyzer(clock=lambda: 0.0, detect_stalls=False)
+    # cause and consequence ordered by the lines' own time stamps; a stamp without a year (glog's) takes the
+    # year the files were written
+    an.read_stamps = True
+    mtimes = [p.stat().st_mtime for p in map(Path, paths) if p.exists()]
+    if mtimes:
+        import time as _time
+
+        an.default_year = _time.gmtime(max(mtimes)).tm_year
     given: list[Path] = []  # plain files, read after the rest (their names say ranks together)
     for p in map(Path, paths):
         if (p / journal.META).is_file():
@@ -336,13 +344,15 @@ def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[di
     seen = an.ranks_seen() | {f.rank for f in an.findings if f.rank is not None}
     found = culprits_of(Evidence(
         failure=True, findings=tuple(an.findings), seen=frozenset(seen), last_steps=an.last_steps,
+        when=an.stamped_at,
         ras_answers=tuple(tuple(r.get("culprits") or ()) for r in ras_answers or []),
         # (dumps labelled by pid name processes, not ranks: they cannot be the job's culprits)
         stacks=stacks.evidence if stacks is not None and not stacks.dumps.by_pid else None))
     culprits = list(found.culprits)
     root = rc.to_dict() if rc else None
     if root is not None:
-        root.update({"node": rc.detail.get("node") or None, "time": _iso(an.read_at.get(rc)) if story else None})
+        t = an.stamped_at.get(rc, an.read_at.get(rc) if story else None)
+        root.update({"node": an.node_of.get(rc) or rc.detail.get("node") or None, "time": _iso(t)})
     hang = _hang_root(story, an, rc) if story is not None else None
     if hang is not None:
         root, culprits = hang, list(hang["culprits"])

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 from ddptop.core.prefixes import RankMapping, split
 from ddptop.core.progress import clean
 
-# how a finding ranks as a root cause: lower is more likely the cause.  A known cause first; then a
-# rank that failed on its own (an exception no signature knows, a signal); then a timeout, which
-# only says that a rank waited for another; consequences (a lost peer, a stop) are never the cause.
-CAUSE, GENERIC, TIMEOUT, CONSEQUENCE, INFO = 0, 1, 2, 3, 9
+# how a finding ranks as a root cause: lower is more likely the cause.  A known cause first; then an
+# error no signature knows (an exception, any other error line: GENERIC); then how a rank ended (an exit
+# code, a SIGKILL nobody explains: ENDED); then a timeout, which only says that a rank waited for another;
+# consequences (a lost peer, a stop) are never the cause.  An unknown error comes before a timeout only if it
+# came before it in time (root_cause).
+CAUSE, GENERIC, ENDED, TIMEOUT, CONSEQUENCE, INFO = 0, 1, 2, 3, 4, 9
 
 
 @dataclass(frozen=True)
@@ -388,7 +390,7 @@ class SignatureMatcher:
                 elif code != 0 and self._block == "root":
                     out.append(Finding("rank-exit", r, line, t.strip(),
                                        f"Rank {r} exited with code {code} (the first failure torchrun observed); "
-                                       "its own log says why.", (), GENERIC, source,
+                                       "its own log says why.", (), ENDED, source,
                                        {"exit_code": code, "root": True, **({"pid": pid} if pid else {})}))
                 elif code != 0 and pid:
                     out.append(Finding("rank-exit", r, line, t.strip(), f"Rank {r} exited with code {code}.", (),
@@ -409,7 +411,7 @@ class SignatureMatcher:
             else:
                 out.append(Finding("rank-exit", local, line, t.strip(),
                                    f"Local rank {local} exited with code {code} (the first failure torchrun's agent "
-                                   "saw); its own log says why.", (), GENERIC, source,
+                                   "saw); its own log says why.", (), ENDED, source,
                                    {"exit_code": code, "root": True, "pid": pid}))
             return out
         m = _MPI_SIGNAL.search(t) if "noticed that process rank" in t else None
@@ -427,7 +429,7 @@ class SignatureMatcher:
                 r, code = self._mpi_rank, int(m.group("code"))
                 out.append(Finding("rank-exit", r, line, t.strip(),
                                    f"Rank {r} exited with code {code} (the first failure mpirun saw); its own log says "
-                                   "why.", (), GENERIC, source, {"exit_code": code, "root": True}))
+                                   "why.", (), ENDED, source, {"exit_code": code, "root": True}))
             self._mpi_rank = None
             return out
         m = _OUTSIDE_STOP.search(t) if (" death signal" in t or "got signal: " in t) else None
@@ -461,7 +463,7 @@ class SignatureMatcher:
             else:
                 out.append(Finding("rank-exit", r, line, t.strip(),
                                    f"Rank {r} exited with code {code} (the first failure the launcher saw); its own "
-                                   "log says why.", (), GENERIC, source, {"exit_code": code, "root": True}))
+                                   "log says why.", (), ENDED, source, {"exit_code": code, "root": True}))
         for i in sorted(_ALWAYS | {i for h, i in _HINTS if h in t}):  # in catalogue order
             sig = CATALOG[i]
             m = sig.pattern.search(t)
@@ -576,7 +578,7 @@ def _signal_finding(num: int, rank: int | None, line: int | None, text: str, sou
     if consequence or (name in _CONSEQUENTIAL_SIGNALS and not (root and name == "SIGKILL")):
         level = CONSEQUENCE
     elif name == "SIGKILL":
-        level = GENERIC
+        level = ENDED
     else:
         level = CAUSE
     said = f"Rank {rank} was killed by {name}" + (f" (the first failure {who} observed)" if root else "")
@@ -668,7 +670,7 @@ def cascade_level(f: Finding, findings: list[Finding]) -> int:
         lost_peer = any(x.rank == f.rank and x.signature in PEER_LOSS for x in findings)
         # (another finding that is a failure of its own: on another rank, or on this one, such as an
         # out-of-memory; not this rank's own ending, which says only how it ended)
-        if lost_peer and any(x.rank is not None and x.level <= GENERIC and x.signature not in COMM_ERRORS
+        if lost_peer and any(x.rank is not None and x.level <= ENDED and x.signature not in COMM_ERRORS
                              and not (x.rank == f.rank and x.signature in _ENDINGS) for x in findings):
             return CONSEQUENCE
     return f.level
@@ -711,24 +713,56 @@ def counter_verdict(counters: dict[int, tuple[int, int]]) -> tuple[tuple[int, ..
                  + " (PyTorch's per-rank collective counters)")
 
 
-def root_cause(findings: list[Finding]) -> Finding | None:
-    """The finding most likely to be the cause, not a consequence: the lowest
-    level once the cascade is known (``cascade_level``); among equals, one on
-    the rank the launcher saw fail first (torchrun's *Root Cause*), then the
-    first read.  None when there are only consequences (a lost peer, a stop):
-    they say that something failed elsewhere, not what."""
+def root_cause(findings: list[Finding], when: Mapping[Finding, float] | None = None) -> Finding | None:
+    """The finding most likely to be the cause, not a consequence, in this
+    order (``cascade_level``): a known cause; an error no signature knows
+    (an exception, any other error line), earliest first, unless a timeout
+    came before it (then after the timeouts); how a rank ended; a timeout.
+    Among equals: a failure its own warnings explain; one on the rank the
+    launcher saw fail first (torchrun's *Root Cause*); then the earliest, by
+    the lines' own time stamps (``when``) where every candidate has one,
+    else in read order.  A finding after which its own rank made progress
+    again (``detail["recovered"]``: a warning a healthy run prints, a retry
+    that worked) is never the root.  None when there are only consequences
+    (a lost peer, a stop): they say that something failed elsewhere, not what."""
+    when = when or {}
     first = {f.rank for f in findings if f.detail.get("root") and f.rank is not None
              and f.detail.get("summary", True)}
-    # among equals: a failure its own warnings explain; then the rank the launcher saw fail first (its summary's
-    # global rank before its agent's local one); then the first read
-    ranked = [(cascade_level(f, findings), 0 if f.detail.get("explained_by") else 1,
-               0 if (f.detail.get("root") and f.detail.get("summary", True)) or f.rank in first else
-               1 if f.detail.get("root") else 2, i, f)
-              for i, f in enumerate(findings) if f.level < INFO]
-    ranked = [r for r in ranked if r[0] < CONSEQUENCE]
-    if not ranked:
+    cands = [(i, f, cascade_level(f, findings)) for i, f in enumerate(findings)
+             if f.level < INFO and not f.detail.get("recovered")]
+    cands = [(i, f, lv) for i, f, lv in cands if lv < CONSEQUENCE]
+    if not cands:
         return None
-    ranked.sort(key=lambda x: (x[0], x[1], x[2], x[3]))
+    timed = all(f in when for _i, f, _lv in cands)
+
+    def pos(i: int, f: Finding) -> tuple:
+        return (when[f], i) if timed else (i,)
+
+    timeouts = [(i, f) for i, f, lv in cands if lv == TIMEOUT]
+
+    def after_a_timeout(i: int, f: Finding) -> bool:
+        """A timeout came before ``f``: by both lines' time stamps, or (without them) earlier in the same file,
+        whose lines are in the order they were written; across untimed files nothing says which came first."""
+        for j, x in timeouts:
+            if f in when and x in when:
+                if when[x] < when[f]:
+                    return True
+            elif x.source == f.source and x.rank == f.rank and j < i:
+                return True
+        return False
+
+    def level(i: int, f: Finding, lv: int) -> float:
+        if lv == GENERIC and timeouts and not f.detail.get("derived") and after_a_timeout(i, f):
+            return TIMEOUT + 0.5  # (an unknown error after a timeout: what the timeout set off)
+        return lv
+
+    # among equals: a failure its own warnings explain; then the rank the launcher saw fail first (its summary's
+    # global rank before its agent's local one); then the earliest
+    ranked = [(level(i, f, lv), 0 if f.detail.get("explained_by") else 1,
+               0 if (f.detail.get("root") and f.detail.get("summary", True)) or f.rank in first else
+               1 if f.detail.get("root") else 2, pos(i, f), f)
+              for i, f, lv in cands]
+    ranked.sort(key=lambda x: x[:4])
     return ranked[0][4]
 
 

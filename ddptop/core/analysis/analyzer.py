@@ -18,6 +18,7 @@ import traceback
 from ddptop.core.events import (FINAL_STATES, STOPPING, AlarmEvent, Event, GpuEvent, LogBatch, NoteEvent, ProcEvent,
                                 ProgressEvent, RankEvent, RasEvent, StacksEvent, StateEvent)
 from ddptop.core.progress import OTHER, parse_progress
+from ddptop.core.timestamps import Clock
 from ddptop.core.signatures import (ACROSS_RANKS, CAUSE, CONSEQUENCE, TIMEOUT, Finding, SignatureMatcher, across_ranks,
                                     cascade_level, root_cause)
 from ddptop.core.analysis.culprits import Evidence, culprits_of
@@ -41,6 +42,19 @@ class Analyzer:
         self.matchers: dict[str, SignatureMatcher] = {}
         self.findings: list[Finding] = []
         self.read_at: dict[Finding, float] = {}  # when each finding's line was read (the journal's clock)
+        # when each finding's line says it was written (its own time stamp, else the one of the line before it
+        # in its file), where lines carry stamps; read only when ``read_stamps`` (diagnose: ordering by time)
+        self.read_stamps = False
+        self.default_year: int | None = None  # for stamps without a year (the files' year)
+        self.stamped_at: dict[Finding, float] = {}
+        self.node_of: dict[Finding, str] = {}
+        self._clocks: dict[str, Clock] = {}
+        # each rank's findings since its last training step: a step after them means the rank went on (a warning
+        # a healthy run prints, a retry that worked), and they are marked "recovered", never the root
+        self._open: dict[tuple, list[Finding]] = {}  # (rank, file) -> its findings since that file's last step
+        self._file_step: dict[tuple, int] = {}  # (rank, file) -> the last training step that file showed
+        self._step_before: dict[Finding, int | None] = {}
+        self._newer: dict[Finding, set[int]] = {}
         self._alarmed: set[tuple] = set()
         self.line_no: dict[str, int] = {}
         self.finished = False
@@ -78,6 +92,7 @@ class Analyzer:
                 self.hooked.add(ev.rank)
                 st.step(ev.rank, ev.step, ev.t, source="hook")
                 self.last_steps[ev.rank] = ev.step
+                self._went_on(ev.rank, None, ev.t)
             elif isinstance(ev, GpuEvent):
                 if ev.util is not None:
                     for r in ev.ranks:
@@ -135,8 +150,14 @@ class Analyzer:
             m = self.matchers.get(key)
             if m is None:
                 m = self.matchers[key] = SignatureMatcher()
+            clock = None
+            if self.read_stamps:
+                clock = self._clocks.get(key)
+                if clock is None:
+                    clock = self._clocks[key] = Clock(self.default_year)
             for i in range(done):
                 text = texts[i]
+                stamp = clock.read(text) if clock is not None else None
                 self._line = (ev, i, first + i)
                 p = parse_progress(text, progress_failed)
                 if p is not None:
@@ -153,6 +174,13 @@ class Analyzer:
                             f"{f.detail.get('signal', 'signal')}."))
                     self.findings.append(f)
                     self.read_at.setdefault(f, t)
+                    if stamp is not None:
+                        self.stamped_at.setdefault(f, stamp)
+                    if ev.node:
+                        self.node_of.setdefault(f, ev.node)
+                    if f.rank is not None and f.level < CONSEQUENCE:
+                        self._open.setdefault((f.rank, key), []).append(f)
+                        self._step_before[f] = self._file_step.get((f.rank, key))
                     new = [f]
                     if f.signature in ACROSS_RANKS:
                         # (what several ranks' lines say together, as it stands now)
@@ -213,6 +241,36 @@ class Analyzer:
         else:
             self.stall.step(rank, p.step, t, source="log")
             self.last_steps[rank] = p.step if p.step is not None else self.last_steps.get(rank)
+            fkey = (self._line[0].path or str(rank)) if self._line else None
+            self._went_on(rank, fkey, t, p.step)
+            if fkey is not None and p.step is not None:
+                self._file_step[(rank, fkey)] = p.step
+
+    def _went_on(self, rank: int, key: str | None, t: float, step: int | None = None) -> None:
+        """A training step of ``rank``: its findings before it did not stop it.  From a file: a file's lines are
+        in the order they were written, but a rank's stdout and stderr reach one console through separate pipes,
+        so a step counts only when the file had shown the rank's steps before the finding (its stream was
+        flowing) and two newer steps came after it.  From the hook: the findings read a second or more before
+        it came (live, a line is read as it is written)."""
+        for k in [k for k in self._open if k[0] == rank and (k[1] == key if key is not None else True)]:
+            keep = []
+            for f in self._open[k]:
+                if key is None:
+                    went_on = self.read_at.get(f, t) < t - 1.0
+                else:
+                    before = self._step_before.get(f)
+                    newer = self._newer.setdefault(f, set())
+                    if before is not None and step is not None and step > before:
+                        newer.add(step)
+                    went_on = len(newer) >= 2
+                if went_on:
+                    f.detail["recovered"] = True
+                else:
+                    keep.append(f)
+            if keep:
+                self._open[k] = keep
+            else:
+                del self._open[k]
 
     def _peer_dead(self, ev: RasEvent) -> AlarmEvent | None:
         """NCCL's RAS says a process of the job is dead: an alarm at once (the
@@ -243,7 +301,7 @@ class Analyzer:
             # the job's failure as it stands: the same culprits as ``ddptop diagnose`` of this run
             seen = set(self.stall.ranks) | {x.rank for x in self.findings if x.rank is not None}
             culprits = culprits_of(Evidence(failure=True, findings=tuple(self.findings), seen=frozenset(seen),
-                                            last_steps=self.last_steps)).culprits or culprits
+                                            last_steps=self.last_steps, when=self.stamped_at)).culprits or culprits
         return AlarmEvent(t, type=kind, id=f.signature,
                           ranks=(f.rank,) if f.rank is not None else (),
                           culprits=culprits,
@@ -296,4 +354,4 @@ class Analyzer:
         return set(self.stall.ranks)
 
     def root_cause(self) -> Finding | None:
-        return root_cause(self.findings)
+        return root_cause(self.findings, self.stamped_at)

@@ -52,13 +52,14 @@ class Evidence:
     seen: frozenset[int] = frozenset()  # every rank the logs show
     last_steps: Mapping[int, int | None] = field(default_factory=dict)
     ras_answers: tuple[tuple[int, ...], ...] = ()  # the culprits of each NCCL RAS answer kept (post-mortem)
+    when: Mapping["Finding", float] = field(default_factory=dict)  # each finding's time, where its line said it
 
 
 def culprits_of(ev: Evidence) -> Culprits:
     """The culprits, from all the evidence, in one order of trust (see the module)."""
     if not ev.failure:
         return _stall(ev.ranks, ev.stacks, ev.ras)
-    found = _failure(list(ev.findings), set(ev.seen), ev.last_steps, ev.ras_answers)
+    found = _failure(list(ev.findings), set(ev.seen), ev.last_steps, ev.ras_answers, ev.when)
     v = ev.stacks
     if not found.culprits and v is not None and v.culprits and not found.why:
         # the logs name nobody: the stacks' odd rank out (saved dumps beside the logs)
@@ -137,7 +138,7 @@ WAITED = ("nccl-watchdog-timeout", "nccl-heartbeat-timeout", "gloo-timeout")
 
 
 def _failure(findings: list["Finding"], seen: set[int], last_steps: Mapping[int, int | None],
-             ras: Iterable[Iterable[int]] = ()) -> Culprits:
+             ras: Iterable[Iterable[int]] = (), when: Mapping["Finding", float] | None = None) -> Culprits:
     """The culprits of a failure, from its findings (``seen``: every rank the
     logs show; ``ras``: the culprits of each NCCL RAS answer kept):
 
@@ -149,10 +150,10 @@ def _failure(findings: list["Finding"], seen: set[int], last_steps: Mapping[int,
     * NCCL's own view (RAS);
     * the ranks that did not time out while the others did, else the ranks
       whose last step is behind."""
-    from ddptop.core.signatures import (GENERIC, TIMEOUT, cascade_level, collective_counters, counter_verdict,
+    from ddptop.core.signatures import (ENDED, TIMEOUT, cascade_level, collective_counters, counter_verdict,
                                         root_cause)
 
-    rc = root_cause(findings)
+    rc = root_cause(findings, when)
     counters = collective_counters(findings)
     culprits, _said = counter_verdict(counters)
     why = ""
@@ -167,12 +168,12 @@ def _failure(findings: list["Finding"], seen: set[int], last_steps: Mapping[int,
         if str(rc.detail["pid"]) in by_pid:
             culprits = (by_pid[str(rc.detail["pid"])],)
             why = f"pid {rc.detail['pid']} is rank {culprits[0]}'s (torchrun's failure report)"
-    if rc is not None and rc.rank is not None and rc.level <= GENERIC and not culprits and not rc.detail.get("derived"):
+    if rc is not None and rc.rank is not None and rc.level <= ENDED and not culprits and not rc.detail.get("derived"):
         # the same failure (not its consequences: the others' SIGTERM, their lost peer) on most ranks
         kind = (rc.signature, rc.detail.get("signal"))
         first = {f.rank for f in findings if f.detail.get("root")}
         same = sorted({f.rank for f in findings if (f.signature, f.detail.get("signal")) == kind
-                       and f.rank is not None and cascade_level(f, findings) <= GENERIC})
+                       and f.rank is not None and cascade_level(f, findings) <= ENDED})
         if len(same) >= 2 and len(same) * 2 > len(seen):
             why = f"{rc.signature} on ranks {', '.join(map(str, same))}: the same failure on most ranks, no odd one out"
         else:
