@@ -120,6 +120,27 @@ REAL_MORE = [
     ("collective-progress", "[rank1]:[E1120 10:13:51.421811 ProcessGroupNCCL.cpp:616] [PG ID 0 PG GUID 0(default_pg) "
                             "Rank 1] Timeout at NCCL work: 4412, last enqueued NCCL work: 4412, last completed NCCL "
                             "work: 4411."),
+    # the scheduler's reason for a stop: nextflow-io/nextflow#5932 (SLURM 23+: "oom_kill event"), lanl/PyBNF#118
+    # (older: "oom-kill event(s) in step ... cgroup"), and srun's line for the task
+    ("scheduler-oom-kill", "slurmstepd: error: Detected 1 oom_kill event in StepId=11300781.0. Some of the step tasks "
+                           "have been OOM Killed."),
+    ("scheduler-oom-kill", "slurmstepd: error: Detected 2 oom-kill event(s) in step 3756240.batch cgroup."),
+    ("scheduler-oom-kill", "srun: error: sdumont6156: task 0: Out Of Memory"),
+    # ProcessGroupNCCL::WorkNCCL::handleException's message (torch's source; the log line as users quote it, with
+    # torch 1.x's location); srun's report of a task's end (SLURM's wording, as quoted in many job logs)
+    ("nccl-teardown", "[E ProcessGroupNCCL.cpp:414] Some NCCL operations have failed or timed out. Due to the "
+                      "asynchronous nature of CUDA kernels, subsequent GPU operations might run on corrupted/"
+                      "incomplete data."),
+    ("launcher-task-ended", "srun: error: cn-0013: task 0: Exited with exit code 127"),
+    ("launcher-task-ended", "srun: error: irene1949: task 0: Exited with exit code 1"),
+    # NVIDIA/nccl#905 (a flapping link, as NCCL's maintainer read it), NVIDIA/nccl#1919 (a fatal QP event)
+    ("nccl-ib-async-event", "NCCL WARN NET/IB : Got async event : port error"),
+    ("nccl-ib-async-event", "node-0:139577:139678 [0] transport/net_ib.cc:154 NCCL WARN NET/IB : mlx5_1:1 async fatal "
+                            "event on QP (0x7309dc3bb338): invalid request local work queue error"),
+    # NVIDIA/TensorRT-LLM#953, NVIDIA/nccl#1709 (the newer wording names the function and datatype)
+    ("nccl-no-algorithm", "dc:255756:255756 [3] enqueue.cc:1182 NCCL WARN Error : no algorithm/protocol available"),
+    ("nccl-no-algorithm", "[rank238]: Error : no algorithm/protocol available for function AllGather with datatype "
+                          "ncclInt8."),
     ("collective-progress", "[rank0]:[E1120 10:13:51.42 ProcessGroupNCCL.cpp:1834] [PG ID 0 PG GUID 0(default_pg) Rank 0] "
                             "failure detected by watchdog at work sequence id: 4412 PG status: last enqueued work: 4412, "
                             "last completed work: 4411"),

@@ -75,7 +75,8 @@ _IB_COMPLETION = r"NET/IB ?: Got completion (?:from peer \S+ )?with (?:error |st
 
 CATALOG: list[Signature] = [
     _s("nccl-watchdog-timeout",
-       r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)",
+       r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)|"
+       r"Timeout at NCCL work: (?P<seq_w>\d+)",
        "A collective did not finish within the NCCL timeout: at least one rank never joined it "
        "(hung, crashed, or stuck in a different collective). Compare the sequence numbers per rank: "
        "the rank with the lowest one fell behind.",
@@ -114,7 +115,8 @@ CATALOG: list[Signature] = [
     _s("nccl-comm-aborted", r"NCCL communicator was aborted|[Cc]ommunicator was aborted on rank",
        "This rank's NCCL communicator was aborted (by its watchdog after a timeout, or because of an error "
        "elsewhere): a consequence; look for the first failure.", (), CONSEQUENCE),
-    _s("cuda-oom", r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError: CUDA|CUDA error: out of memory",
+    _s("cuda-oom", r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError: CUDA|CUDA error: out of memory|"
+       r"Cuda failure '?out of memory|Failed to CUDA (?:calloc|malloc|host alloc)|cudaErrorMemoryAllocation",
        "A rank ran out of GPU memory.", ("single-gpu",)),
     _s("port-in-use", r"errno: 98 - Address already in use|EADDRINUSE|[Aa]ddress already in use",
        "The rendezvous/master port is taken (often a previous run still alive). Pick another --master-port "
@@ -247,15 +249,45 @@ CATALOG: list[Signature] = [
        "The ranks called different collectives at the same point (TORCH_DISTRIBUTED_DEBUG=DETAIL's check): a code "
        "path that depends on the rank, its data or a condition that differs between ranks (an `if rank == 0` around a "
        "collective, an uneven last batch, a metric gathered on some ranks only).", ("nccl-debug",), GENERIC),
+    _s("scheduler-oom-kill",
+       r"Detected \d+ oom[-_ ]kill events?(?:\(s\))?|\btask \d+: Out Of Memory|oom[-_]kill event\(s\) in StepId|"
+       r"Memory cgroup out of memory|Out of memory: Killed process|OOMKilled",
+       "The kernel's OOM killer ended a process of the job: it used more host memory (RAM, not GPU memory) than "
+       "its node or its cgroup (the scheduler's --mem, the container's limit) allows. The scheduler's stop that "
+       "follows is its consequence. Fewer data-loader workers, a smaller prefetch_factor or a larger memory "
+       "request.", ("fewer-workers",)),
+    _s("nccl-ib-async-event", r"NET/IB ?: (?:\S+:\d+ )?(?:Got async event ?: ?|async fatal event on [^:]*: ?)"
+                              r"(?P<event>[A-Za-z][\w ]*[A-Za-z])",
+       "The InfiniBand/RoCE NIC reported an asynchronous event: a port error (the link went down or flapped), "
+       "a GID table change (a RoCE address changed under the job), or a fatal device error. NCCL's transfers "
+       "over that port fail after it. `ibstat`, the switch port and cable; ib-off runs on TCP sockets to confirm.",
+       ("ib-off", "nccl-debug")),
+    _s("nccl-no-algorithm", r"no algorithm/protocol available|[Nn]o algorithm (?:and|or|/) ?protocol",
+       "NCCL found no algorithm and protocol for this collective: NCCL_ALGO or NCCL_PROTO (set in the job's "
+       "environment) forces one this operation or topology cannot use (CollNet or NVLS without the hardware, "
+       "Tree for an op it does not do). Unset them, or allow a fallback.", ("nccl-debug",)),
+    _s("nccl-teardown",
+       r"Some NCCL operations have failed or timed out|To avoid data inconsistency, we are taking the entire process down",
+       "PyTorch's NCCL watchdog taking the process down after a collective failed or timed out: a consequence; the "
+       "failure or timeout before it is the finding.", (), CONSEQUENCE),
+    _s("launcher-task-ended",
+       r"srun: error: \S+: tasks? (?P<tasks>[\d,\-]+): (?P<how>Exited with exit code (?P<code>\d+)|Terminated|Killed)",
+       "SLURM's srun reporting how tasks (ranks) ended: what they printed before says why.", (), CONSEQUENCE),
     _s("child-failed", r"ChildFailedError|torch\.distributed\.elastic\.multiprocessing\.errors",
        "torchrun's summary that a rank failed (see the root cause it names).", (), CONSEQUENCE),
 ]
+
+# InfiniBand async events that are not failures
+_BENIGN_IB_EVENT = re.compile(r"^(?:port active|client reregister|sm change|lid change)$", re.I)
 
 # the prefilter: (hint, catalogue index), and the signatures searched on every line
 _HINTS = [(h, i) for i, sig in enumerate(CATALOG) if sig.hints is not None for h in sig.hints]
 _ALWAYS = frozenset(i for i, sig in enumerate(CATALOG) if sig.hints is None)
 
 _SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>SIG\w+)\) received by PID (?P<pid>\d+)")
+# UCX's (and Open MPI's) handler, on the process's own fatal signal: "Caught signal 7 (Bus error: nonexistent ...)"
+_UCX_SIGNAL = re.compile(r"Caught signal (?P<num>\d+) \((?:Bus error|Segmentation fault|Aborted|Floating point|"
+                         r"Illegal instruction)")
 # the process's own last words on a fatal signal: faulthandler's, or the shell's
 _FATAL_NAMES = r"Segmentation fault|Aborted|Bus error|Floating point exception|Illegal instruction"
 _FATAL = re.compile(rf"Fatal Python error: (?P<what>{_FATAL_NAMES})|^\S+: line \d+: +\d+ (?P<shell>{_FATAL_NAMES})\b|"
@@ -279,6 +311,31 @@ _TIMEOUT_EXC = re.compile(r"[Tt]ime[dD]?[ _-]?[Oo]ut|timed out|TimeoutError|Dist
 _STOPPED_EXC = re.compile(r"^(?:[\w.]*\.)?(?:KeyboardInterrupt|SignalException|BrokenPipeError)\b")
 _EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): (?P<msg>.*)$")
 _ROOT_BLOCK = re.compile(r"Root Cause \(first observed failure\)")
+# a Python traceback's frame line, and an exception named without a message at a traceback's end
+_TB_FRAME = re.compile(r'^File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
+_BARE_EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception))$")
+_LIBRARY_PATH = re.compile(r"[/\\](?:site|dist)-packages[/\\]|[/\\]lib(?:64)?[/\\]python\d|^<frozen ")
+# an error line no signature knows: error words, and none of a warning's, an INFO line's or a healthy run's
+_ERROR_WORDS = re.compile(r"\b(?:error|ERROR|Error|FATAL|Fatal|fatal|CRITICAL|failed|Failed|FAILED|failure|Failure|"
+                          r"cannot|Cannot|can't|Can't|could not|Could not|unable to|Unable to|"
+                          r"No such file or directory|Permission denied|core dumped|refused|denied|exceeded|"
+                          r"Assertion .* failed)\b|what\(\):|^\[?E\d{4} \d\d:")
+_NOT_ERROR = re.compile(r"\b(?:WARN|WARNING|\w*Warning|warning|INFO|DEBUG|[Dd]eprecat\w*|retry\w*|[Rr]etrying|[Ii]f you|"
+                        r"[Yy]ou (?:can|may|might|should)|[Cc]onsider|[Hh]int|ignor\w*|[Nn]o errors?|without errors?|"
+                        r"0 errors?|errors?[:=] ?0\b|error[_ ]?(?:rate|count|file)|[Tt]raceback|[Tt]o enable)\b|"
+                        r"^\[?[WI]\d{4} |^\[[WI] |above exception|handling of the|^=+$|^-+$|^\S+ FAILED$|"
+                        # (a heading whose error is on the next line; PyTorch's C++ backtrace lines)
+                        r"^Last error:?$|^frame #\d+:|^Exception raised from ")
+_MAX_UNKNOWN = 200  # unclassified error lines kept per matcher (a log full of one error says it already)
+
+
+def _looks_like_error(s: str) -> bool:
+    return bool(s) and len(s) > 3 and _ERROR_WORDS.search(s) is not None and _NOT_ERROR.search(s) is None
+
+
+# torch.multiprocessing.spawn's report of the first process that failed
+_SPAWN = re.compile(r"[Pp]rocess (?P<rank>\d+) terminated with (?:signal (?P<sig>SIG[A-Z]+)|exit code (?P<code>-?\d+)|"
+                    r"(?P<error>the following error))")
 # torch elastic's agent, on the first worker it saw fail (before its summary):
 # "failed (exitcode: -9) local_rank: 0 (pid: 4711) of binary: /usr/bin/python3"
 _AGENT_EXIT = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\)")
@@ -334,6 +391,11 @@ class SignatureMatcher:
         self._seen = 0  # lines fed
         self.mapping = RankMapping()
         self._mpi_rank: int | None = None  # the rank of mpirun's "Process name:" line, for its "Exit code:" line
+        self._spawn_rank: int | None = None  # the process torch.multiprocessing.spawn's error report is about
+        self._frame: dict[int | None, tuple[str, str]] = {}  # per rank, the traceback's innermost frame and user frame
+        self._what: dict[int | None, bool] = {}  # per rank, a C++ exception ("terminate called") waiting for its what()
+        self._echo: dict[int | None, bool] = {}  # per rank, the next line echoes a traceback frame's source
+        self._unknown = 0  # unclassified errors found (at most _MAX_UNKNOWN)
 
     def feed(self, text: str, rank: int | None, line: int | None = None, source: str = "",
              on_error: Callable[[Exception], None] | None = None, node: str = "") -> list[Finding]:
@@ -358,6 +420,8 @@ class SignatureMatcher:
                 m = _RANK_IN_MESSAGE.search(text)
                 if m:
                     rank = int(m.group("rank"))
+        if rank is None and self._spawn_rank is not None:
+            rank = self._spawn_rank  # (the traceback torch.multiprocessing.spawn prints for a failed process)
         t = clean(text)[:8192]
         out: list[Finding] = []
         if "_ranks=" in t or "global_rank_mapping=" in t:
@@ -432,24 +496,40 @@ class SignatureMatcher:
                                    "why.", (), ENDED, source, {"exit_code": code, "root": True}))
             self._mpi_rank = None
             return out
+        m = _SPAWN.search(t) if "terminated with" in t else None
+        if m:
+            # torch.multiprocessing.spawn on the first process that failed: its index is its (local) rank
+            r = int(m.group("rank"))
+            if m.group("sig"):
+                num = next((n for n, name in _SIGNAMES.items() if name == m.group("sig")), 0)
+                out.append(_signal_finding(num, r, line, t.strip(), source, True, who="torch.multiprocessing.spawn"))
+            elif m.group("code") and int(m.group("code")) != 0:
+                out.append(Finding("rank-exit", r, line, t.strip(),
+                                   f"Process {r} exited with code {m.group('code')} (the first failure "
+                                   "torch.multiprocessing.spawn saw); its own traceback says why.", (), ENDED, source,
+                                   {"exit_code": int(m.group("code")), "root": True}))
+            elif m.group("error"):
+                self._spawn_rank = r  # (the traceback spawn prints next is that process's)
+            return out
         m = _OUTSIDE_STOP.search(t) if (" death signal" in t or "got signal: " in t) else None
         if m:
             out.append(_outside_stop(m, rank, line, t.strip(), source))
             return out
-        m = _SIGNAL.search(t)
+        m = _SIGNAL.search(t) or (_UCX_SIGNAL.search(t) if "Caught signal" in t else None)
         if m and not self._block:
-            name = m.group("name")
+            num = int(m.group("num"))
+            name = m.group("name") if "name" in m.groupdict() and m.group("name") else _SIGNAMES.get(num, f"signal {num}")
             level = CONSEQUENCE if name in _CONSEQUENTIAL_SIGNALS else CAUSE
-            out.append(Finding("rank-signal", rank, line, t.strip(), f"A rank was killed by {name}.",
-                               RANK_SIGNAL_PROFILES if level == CAUSE else (), level, source,
-                               {"signal": name, "signum": int(m.group("num"))}))
+            out.append(Finding("rank-signal", rank, line, t.strip(), f"A rank was killed by {name}." + _signal_words(name),
+                               _signal_profiles(name) if level == CAUSE else (), level, source,
+                               {"signal": name, "signum": num}))
         m = _FATAL.search(t.strip()) if ("Fatal Python" in t or "core dumped" in t or ": line " in t) else None
         if m:
             num, name = _FATAL_SIGNALS[m.group("what") or m.group("shell") or m.group("dumped")]
             out.append(Finding("rank-signal", rank, line, t.strip(),
                                f"{'Rank ' + str(rank) if rank is not None else 'A process'} died of {name} "
-                               "(its own last words: faulthandler or the shell).",
-                               RANK_SIGNAL_PROFILES, CAUSE, source, {"signal": name, "signum": num}))
+                               "(its own last words: faulthandler or the shell)." + _signal_words(name),
+                               _signal_profiles(name), CAUSE, source, {"signal": name, "signum": num}))
         m = _LAUNCHER_EXIT.search(t) if "exits with return code" in t else None
         if m and int(m.group("code")) != 0:
             lr = _LOCAL_RANK_ARG.search(t)
@@ -469,12 +549,29 @@ class SignatureMatcher:
             m = sig.pattern.search(t)
             if m:
                 detail = {k: v for k, v in m.groupdict().items() if v is not None}
-                f = Finding(sig.id, rank, line, t.strip(), sig.explanation, sig.profiles, sig.level, source, detail)
+                level = sig.level
+                if "seq_w" in detail:
+                    detail["seq"] = detail.pop("seq_w")  # (the watchdog's timeout, said by its counters alone)
+                if sig.id == "scheduler-stopped" and not detail.get("why"):
+                    level = ENDED  # (a stop that gives no reason says how the job ended; a reason beside it is the cause)
+                if sig.id == "nccl-ib-async-event" and _BENIGN_IB_EVENT.search(detail.get("event", "")):
+                    level = INFO  # (a port coming back)
+                f = Finding(sig.id, rank, line, t.strip(), sig.explanation, sig.profiles, level, source, detail)
                 if sig.id in EXPLAINED_BY_WARNINGS:
                     f = self._explained(f, t, m.start())
                 out.append(f)
         s = t.strip()
-        m = _EXCEPTION.match(s)
+        fm = _TB_FRAME.match(s)
+        if fm:
+            # a traceback's frame: the innermost one (and the innermost of the user's own code) so far
+            path, n, fn = fm.group("file"), fm.group("line"), fm.group("fn")
+            where = f"{path.replace(chr(92), '/').rsplit('/', 1)[-1]}:{n} in {fn}"
+            anyf, userf = self._frame.get(rank, ("", ""))
+            self._frame[rank] = (where, where if not _LIBRARY_PATH.search(path) else userf)
+            self._echo[rank] = True  # (the next line is the frame's source, echoed: not an error of its own)
+            return out
+        echo = self._echo.pop(rank, False)
+        m = _EXCEPTION.match(s) or (_BARE_EXCEPTION.match(s) if rank in self._frame else None)
         if m and not out and not _CASCADE_EXC.match(s):
             # (an exception whose message a signature already reads, a lost peer included, is that finding)
             # one that says a wait ran out is a timeout (another rank did not come); a stop from outside is
@@ -482,8 +579,29 @@ class SignatureMatcher:
             level = (CONSEQUENCE if _STOPPED_EXC.match(s) else
                      TIMEOUT if _TIMEOUT_EXC.search(s[:300]) else GENERIC)
             who = f"Rank {rank}" if rank is not None else "A process (rank unknown)"
-            out.append(Finding("python-exception", rank, line, s, f"{who} raised {m.group('type')}: {m.group('msg')[:200]}",
-                               (), level, source, {"type": m.group("type")}))
+            msg = m.groupdict().get("msg") or ""
+            detail: dict = {"type": m.group("type")}
+            anyf, userf = self._frame.pop(rank, ("", ""))
+            if userf or anyf:
+                detail["where"] = userf or anyf  # the innermost frame of the user's own code, else the innermost
+            out.append(Finding("python-exception", rank, line, s,
+                               f"{who} raised {m.group('type')}" + (f": {msg[:200]}" if msg else "") +
+                               (f", at {detail['where']}" if "where" in detail else ""),
+                               (), level, source, detail))
+        elif m:
+            self._frame.pop(rank, None)
+        if "terminate called after throwing" in s:
+            self._what[rank] = True
+            return out
+        if not out and not m and not echo and not self._block and _looks_like_error(s):
+            # an error no signature knows: its own words are the finding (the root when nothing known came first)
+            what = self._what.pop(rank, False) or s.lstrip().startswith("what():")
+            if self._unknown < _MAX_UNKNOWN:
+                self._unknown += 1
+                out.append(Finding("unclassified-error", rank, line, s,
+                                   "An error no signature of ddptop's knows" + (" (a C++ exception's what())" if what
+                                                                               else "") + ": its own words say what "
+                                   "failed.", (), GENERIC, source, {"unknown": True}))
         return out
 
 
@@ -568,6 +686,25 @@ def _outside_stop(m: re.Match, rank: int | None, line: int | None, text: str, so
                    (), CAUSE, source, {"signal": name})
 
 
+# what a fatal signal most often means for a training rank, in words, and the profiles to try
+_SIGNAL_WORDS = {
+    "SIGBUS": (" A bus error: in a container this is almost always shared memory (/dev/shm, 64 MB by default in "
+               "Docker) running out under the data loader's workers or NCCL's shared-memory transport: give the "
+               "container more (--shm-size, a memory-backed emptyDir on Kubernetes) or use fewer workers.",
+               ("shm-off", "fewer-workers")),
+    "SIGSEGV": (" A segmentation fault in native code: a CUDA, NCCL or C extension library, or a driver. If it runs "
+                "on one GPU or on gloo, the multi-GPU path (NCCL, P2P) is the suspect.", RANK_SIGNAL_PROFILES),
+}
+
+
+def _signal_words(name: str) -> str:
+    return _SIGNAL_WORDS.get(name, ("", ()))[0]
+
+
+def _signal_profiles(name: str) -> tuple[str, ...]:
+    return _SIGNAL_WORDS.get(name, ("", RANK_SIGNAL_PROFILES))[1] or RANK_SIGNAL_PROFILES
+
+
 def _signal_finding(num: int, rank: int | None, line: int | None, text: str, source: str, root: bool, *,
                     consequence: bool = False, who: str = "torchrun", pid: int | None = None,
                     summary: bool = True) -> Finding:
@@ -588,8 +725,10 @@ def _signal_finding(num: int, rank: int | None, line: int | None, text: str, sou
                  "'killed process'` or `journalctl -k`), the job's memory (`sacct -j JOB -o MaxRSS` on SLURM, a "
                  "container's OOMKilled status); the usual fix is fewer data-loader workers or a smaller "
                  "prefetch_factor")
-    return Finding("rank-signal", rank, line, text, said + ".",
-                   RANK_SIGNAL_PROFILES if level == CAUSE else ("fewer-workers",) if name == "SIGKILL" else (),
+    if level == CAUSE:
+        said += "." + _signal_words(name)
+    return Finding("rank-signal", rank, line, text, said if said.endswith(".") else said + ".",
+                   _signal_profiles(name) if level == CAUSE else ("fewer-workers",) if name == "SIGKILL" else (),
                    level, source, {"signal": name, "signum": num, "root": root, **({"pid": pid} if pid else {}),
                                    **({} if summary else {"summary": False})})
 
@@ -631,6 +770,11 @@ PEER_LOSS = frozenset({"peer-connection-reset", "nccl-remote-error", "nccl-ib-fl
 # communication errors that are causes on their own, and consequences when a peer went away first
 COMM_ERRORS = frozenset({"nccl-system-error", "nccl-internal-error", "nccl-ib-error", "nccl-cuda-error"})
 _ENDINGS = frozenset({"rank-signal", "rank-exit"})
+# NCCL's generic errors, and the specific failures that explain them when both are there
+_GENERIC_COMM = frozenset({"nccl-system-error", "nccl-internal-error", "nccl-cuda-error", "nccl-ib-error",
+                           "nccl-invalid-usage"})
+_EXPLAINS_COMM = frozenset({"cuda-oom", "shm-exhausted", "scheduler-oom-kill", "nccl-ib-async-event",
+                            "nccl-no-algorithm", "nccl-duplicate-gpu", "cuda-ecc", "xid"})
 # NCCL errors after which PyTorch's watchdog aborts the process (a SIGABRT on every rank follows)
 ABORTING_ERRORS = COMM_ERRORS | {"nccl-remote-error", "nccl-invalid-usage"}
 
@@ -666,6 +810,11 @@ def cascade_level(f: Finding, findings: list[Finding]) -> int:
         if any(x.rank == f.rank and x.signature not in _ENDINGS and x is not f
                and (x.level < CONSEQUENCE if lenient else x.level == CAUSE) for x in findings):
             return CONSEQUENCE
+    if f.signature in _GENERIC_COMM and any(x.signature in _EXPLAINS_COMM and x.level < CONSEQUENCE
+                                            and not x.detail.get("recovered") for x in findings):
+        # (memory, shared memory, a NIC's port or a forced algorithm that failed explains the communication errors
+        # that followed, on its rank and its peers', whatever order the lines were printed in)
+        return CONSEQUENCE
     if f.signature in COMM_ERRORS and f.rank is not None:
         lost_peer = any(x.rank == f.rank and x.signature in PEER_LOSS for x in findings)
         # (another finding that is a failure of its own: on another rank, or on this one, such as an
