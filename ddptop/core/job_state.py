@@ -27,7 +27,7 @@ from ddptop.core.events import (
 
 HISTORY = 300  # telemetry samples kept per GPU (5 minutes at 1 Hz)
 STEP_LOOKBACK = 256  # lines of a batch looked at (from its end) for the rank table's step
-from ddptop.core.progress import parse_step
+from ddptop.core.progress import TrainingBars
 
 
 @dataclass
@@ -72,6 +72,7 @@ class JobState:
     ras: RasEvent | None = None  # what NCCL's RAS port said last (an answer, not an error)
     notes: list[NoteEvent] = field(default_factory=list)
     links: dict[str, LinkEvent] = field(default_factory=dict)  # attached node -> its link's latest state
+    bars: TrainingBars = field(default_factory=TrainingBars, repr=False, compare=False)  # the one step rule
 
     @property
     def nodes(self) -> list[str]:
@@ -109,7 +110,7 @@ class JobState:
                     # the last line that says a step, looked for from the end (one
                     # parse per batch, usually; at most STEP_LOOKBACK lines)
                     for text in reversed(ev.texts[-STEP_LOOKBACK:]):
-                        step = parse_step(text)
+                        step = self.bars.step(ev.rank, text)
                         if step is not None:
                             info.last_step = step
                             info.last_step_t = ev.t

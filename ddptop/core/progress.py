@@ -30,6 +30,7 @@ class Progress:
     kind: str = TRAIN  # train | other
     epoch: int | None = None
     fmt: str = ""  # which format matched
+    says_train: bool = False  # its own description says training ("Train: 62%|...", "training", "epoch")
 
 
 def strip_ansi(text: str) -> str:
@@ -48,7 +49,14 @@ def clean(text: str) -> str:
 _PREFIX_STARTS = frozenset("[( ")
 
 
-_OTHER_WORDS = re.compile(r"\b(?:eval\w*|valid\w*|val|test\w*|predict\w*|inference|sanity)\b", re.I)
+# bars of work other than training steps: evaluation, and the bars a training run draws for other work (rollouts and
+# generation in RL, loading shards, mapping and tokenising datasets, downloads)
+_OTHER_WORDS = re.compile(r"\b(?:eval\w*|valid\w*|val|test\w*|predict\w*|inference|sanity|rollouts?|generat\w*|"
+                          r"sampl\w*|decod\w*|loading|load\w*|download\w*|map|filter\w*|tokeniz\w*|preprocess\w*|"
+                          r"fetch\w*|shards?|prefill\w*|calibrat\w*|warm[- ]?up|benchmark\w*|reward\w*|"
+                          r"experience|infer\w*)\b", re.I)
+# a bar's description that says training
+_TRAIN_DESC = re.compile(r"\b(?:train\w*|epoch\w*|fit\w*|optim\w*)\b", re.I)
 _CKPT = re.compile(r"\b(?:saving|saved|checkpoint\w*|writing model|save_model)\b", re.I)
 
 # (name, regex, groups) in order of preference
@@ -139,10 +147,15 @@ def _parse(text: str, guarded: bool = True) -> Progress | None:
         if name == "wenet" and g.get("tag") == "CV":
             kind = OTHER
         elif name == "tqdm":
-            if _OTHER_WORDS.search(g.get("desc") or "") or _OTHER_WORDS.search(t[: m.start()]):
+            desc = (g.get("desc") or "") + " " + t[: m.start()]
+            if _OTHER_WORDS.search(desc):
                 kind = OTHER
+            elif _TRAIN_DESC.search(desc):
+                return Progress(step, total, kind, epoch, name, True)
         elif name == "lightning" and _OTHER_WORDS.search(t[: m.start()]):
             kind = OTHER
+        elif name in ("lightning", "epoch-step", "3dspeaker", "icefall", "epoch-batch", "wenet"):
+            return Progress(step, total, kind, epoch, name, True)  # (these formats say training themselves)
         elif name in ("step", "fraction", "epoch-batch") and _OTHER_WORDS.search(t[: m.start()]):
             kind = OTHER
         return Progress(step, total, kind, epoch, name)
@@ -155,3 +168,31 @@ def parse_step(text: str) -> int | None:
     """The training step a line reports, or None (``step 12 loss 0.3`` -> 12)."""
     p = parse_progress(text)
     return p.step if p is not None and p.kind == TRAIN else None
+
+
+class TrainingBars:
+    """The one rule, for the live analysis, the view and ``diagnose`` alike,
+    for which progress bar is the training one when a rank draws several:
+    once a rank's bars have said they are training ones ("Train: 62%|...|
+    5559/9008", "Epoch 3: ..."), a bar that does not say so (a rollout's
+    "0/48", a generation or eval bar without a word) is other progress."""
+
+    _BARS = ("tqdm", "fraction")
+
+    def __init__(self) -> None:
+        self._named: set = set()
+
+    def judge(self, who: object, p: Progress | None) -> Progress | None:
+        if p is None or p.kind == OTHER or p.fmt not in self._BARS:
+            return p
+        if p.says_train:
+            self._named.add(who)
+            return p
+        if who in self._named:
+            return Progress(p.step, p.total, OTHER, p.epoch, p.fmt)
+        return p
+
+    def step(self, who: object, text: str) -> int | None:
+        """The training step ``text`` reports for ``who``, or None."""
+        p = self.judge(who, parse_progress(text))
+        return p.step if p is not None and p.kind == TRAIN else None

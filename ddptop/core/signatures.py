@@ -75,7 +75,8 @@ _IB_COMPLETION = r"NET/IB ?: Got completion (?:from peer \S+ )?with (?:error |st
 
 CATALOG: list[Signature] = [
     _s("nccl-watchdog-timeout",
-       r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)|"
+       r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)"
+       r"(?P<op_end>[,)])?|"
        r"Timeout at NCCL work: (?P<seq_w>\d+)",
        "A collective did not finish within the NCCL timeout: at least one rank never joined it "
        "(hung, crashed, or stuck in a different collective). Compare the sequence numbers per rank: "
@@ -552,6 +553,10 @@ class SignatureMatcher:
                 level = sig.level
                 if "seq_w" in detail:
                     detail["seq"] = detail.pop("seq_w")  # (the watchdog's timeout, said by its counters alone)
+                if "op" in detail and sig.id == "nccl-watchdog-timeout" and not detail.pop("op_end", None):
+                    # (an operation name a terminal or a paste cut or garbled, "_ALLGATHER_BA[451/1919]": unknown,
+                    # never a different collective)
+                    detail["op_damaged"] = detail.pop("op")
                 if sig.id == "scheduler-stopped" and not detail.get("why"):
                     level = ENDED  # (a stop that gives no reason says how the job ended; a reason beside it is the cause)
                 if sig.id == "nccl-ib-async-event" and _BENIGN_IB_EVENT.search(detail.get("event", "")):
@@ -946,12 +951,16 @@ def across_ranks(findings: list[Finding]) -> list[Finding]:
             f"The ranks called different collectives{f' at collective #{seq}' if seq else ''}: {said}. "
             + first.explanation, first.suggested_profiles, CAUSE, first.source,
             {"derived": True, "odd": list(odd), "collectives": {str(r): v for r, v in sorted(ops.items())}}))
-    waits: dict[int, str] = {}
+    seen: dict[int, tuple[str, str | None]] = {}
     first_wait = None
     for f in findings:
         if f.signature == "nccl-watchdog-timeout" and f.rank is not None and "seq" in f.detail:
-            waits.setdefault(f.rank, f"#{f.detail['seq']} ({f.detail.get('op', '?')})")
+            seen.setdefault(f.rank, (f.detail["seq"], f.detail.get("op")))
             first_wait = first_wait or f
+    # a field a rank's line does not say (damaged, or not printed) is unknown, never different: the operations are
+    # compared only where every rank's is known
+    ops_known = all(op for _seq, op in seen.values())
+    waits = {r: f"#{seq}" + (f" ({op})" if ops_known else "") for r, (seq, op) in seen.items()}
     if len(waits) >= 2 and len(set(waits.values())) > 1 and first_wait is not None:
         odd, said = _odd_ones(waits, "timed out in collective")
         out.append(Finding(

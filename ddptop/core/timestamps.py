@@ -26,7 +26,8 @@ __all__ = ["Stamp", "line_time", "Clock"]
 
 _MONTHS = {m: i for i, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov",
                                        "dec"), 1)}
-_GLOG = re.compile(r"^\[?[IWEF](?P<mo>\d\d)(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:\.(?P<f>\d+))?\b")
+_GLOG = re.compile(r"(?:^|[\[:\s])[IWEF](?P<mo>[01]\d)(?P<d>[0-3]\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)"
+                   r"(?:\.(?P<f>\d+))?\b")
 _ISO = re.compile(r"(?<!\d)(?P<y>(?:19|20)\d\d)[-/](?P<mo>\d\d)[-/](?P<d>\d\d)[T ](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)"
                   r"(?:[.,](?P<f>\d+))?")
 _SYSLOG = re.compile(r"\b(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +(?P<d>\d{1,2}) "
@@ -64,7 +65,7 @@ def line_time(text: str) -> Stamp | None:
     """The first time stamp of a line (see the module), or None."""
     if not text or not any(c.isdigit() for c in text[:_HEAD * 2]):
         return None
-    m = _GLOG.match(text.lstrip())
+    m = _GLOG.search(text[:_HEAD])
     if m:
         return _stamp(m, int(m.group("mo")), None)
     m = _ISO.search(text)

@@ -17,7 +17,7 @@ import traceback
 
 from ddptop.core.events import (FINAL_STATES, STOPPING, AlarmEvent, Event, GpuEvent, LogBatch, NoteEvent, ProcEvent,
                                 ProgressEvent, RankEvent, RasEvent, StacksEvent, StateEvent)
-from ddptop.core.progress import OTHER, parse_progress
+from ddptop.core.progress import OTHER, TrainingBars, parse_progress
 from ddptop.core.timestamps import Clock
 from ddptop.core.signatures import (ACROSS_RANKS, CAUSE, CONSEQUENCE, TIMEOUT, Finding, SignatureMatcher, across_ranks,
                                     cascade_level, root_cause)
@@ -63,6 +63,7 @@ class Analyzer:
         # progress no rank is known for (a single-file paste, a launcher that prefixes nothing): the job's
         self.job_step: int | None = None
         self.hooked: set[int] = set()  # ranks whose steps come from the hook/beat
+        self.bars = TrainingBars()  # which bar is the training one, per rank (None: the job)
         self._bar_counts: dict[tuple, int] = {}  # (rank, kind, total, epoch) -> the last count a bar showed
         self.notes: list[NoteEvent] = []  # every note made (``feed`` returns the new ones)
         self._new_notes: list[NoteEvent] = []
@@ -223,6 +224,10 @@ class Analyzer:
         self._new_notes.append(note)
 
     def _progress(self, rank: int | None, p, t: float) -> None:
+        # one step parser for the live analysis, the view and diagnose: once a rank's (or the job's) bars said they
+        # are training ones, a bar that does not say so is other progress (a rollout or eval bar beside the
+        # training one, "Train: 62%|...| 5559/9008" next to "0/48")
+        p = self.bars.judge(rank, p)
         if rank is None:
             # (the job's, never rank 0's; no stall detection: nobody's steps to compare)
             if p.kind != OTHER and p.step is not None:

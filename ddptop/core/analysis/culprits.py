@@ -215,7 +215,9 @@ def _r(rs: list[int]) -> str:
 # where a lost peer is: "[10.0.0.5]:43210", "10.0.0.5:43210", NCCL's "node-5<44821>" / "10.0.0.5<44821>"
 _ADDRESS = re.compile(r"\[(?P<ip6>[0-9a-fA-F:.]*:[0-9a-fA-F:.]+)\]:(?P<port6>\d+)|"
                       r"\[?(?P<ip>\d{1,3}(?:\.\d{1,3}){3})\]?(?::(?P<port>\d{1,5})\b|<(?P<nport>\d+)>)?|"
-                      r"\b(?P<host>[A-Za-z][\w.-]*)<(?P<hport>\d+)>|\[(?P<bhost>[A-Za-z][\w.-]*)\]:(?P<bport>\d+)")
+                      r"\b(?P<host>[A-Za-z][\w.-]*)<(?P<hport>\d+)>|\[(?P<bhost>[A-Za-z][\w.-]*)\]:(?P<bport>\d+)|"
+                      # (a peer named by its host alone: "Connection closed by remote peer gpu004")
+                      r"\b(?:by|from) (?:remote )?peer (?P<phost>[A-Za-z][\w-]*(?:\.[\w-]+)*)(?![\w<:.\[])")
 _REMOTE = re.compile(r"\bremote=(\[[^\]]+\]:\d+|\S+)")
 _PEER_RANK = re.compile(r"\b(?:peer|remote|from|to) (?:local)?[Rr]ank (?P<rank>\d+)\b|\b[Rr]ank (?P<r2>\d+) (?:is )?"
                         r"(?:disconnected|unreachable|dead|died|exited)")
@@ -252,7 +254,7 @@ def lost_peers(findings: list["Finding"]) -> LostPeers:
             if remote:
                 text = remote.group(1)  # (a socket's "addr=" is this side's own: its "remote=" is the peer)
             for m in _ADDRESS.finditer(text):
-                ip = m.group("ip6") or m.group("ip") or m.group("host") or m.group("bhost")
+                ip = m.group("ip6") or m.group("ip") or m.group("host") or m.group("bhost") or m.group("phost")
                 port = m.group("port6") or m.group("port") or m.group("nport") or m.group("hport") or m.group("bport")
                 if not ip or (m.group("ip") and not port and "peer" not in text.lower()):
                     continue
