@@ -330,8 +330,16 @@ _NOT_ERROR = re.compile(r"\b(?:WARN|WARNING|\w*Warning|warning|INFO|DEBUG|[Dd]ep
 _MAX_UNKNOWN = 200  # unclassified error lines kept per matcher (a log full of one error says it already)
 
 
+# substrings one of which every match of _ERROR_WORDS contains (a cheap look first: most lines have none)
+_ERROR_HINTS = ("rror", "RROR", "atal", "ATAL", "RITICAL", "ail", "AIL", "annot", "an't", "ould not", "nable to",
+                "No such", "denied", "refused", "exceeded", "core dumped", "what():", "ssertion")
+
+
 def _looks_like_error(s: str) -> bool:
-    return bool(s) and len(s) > 3 and _ERROR_WORDS.search(s) is not None and _NOT_ERROR.search(s) is None
+    if len(s) <= 3 or not (any(h in s for h in _ERROR_HINTS) or (s[:1] in "E[" and s[1:2].isdigit() or
+                                                                 s[:2] == "[E")):
+        return False
+    return _ERROR_WORDS.search(s) is not None and _NOT_ERROR.search(s) is None
 
 
 # torch.multiprocessing.spawn's report of the first process that failed
