@@ -261,3 +261,57 @@ def test_the_training_bar_is_told_from_a_rollout_bar_beside_it(tmp_path):
     (tmp_path / "rank0.log").write_text("\n".join(bars) + "\n")
     rep = diagnose(tmp_path)
     assert rep["progress"]["0"]["last_step"] == 5559
+
+
+# --------------------------------------------------------------------------- NCCL's and C++'s own error lines
+
+
+def test_an_nccl_warn_line_is_an_error_unless_it_says_a_peer_went_away(tmp_path):
+    # NCCL's bootstrap.cc: WARN is NCCL's error level (NCCL_DEBUG=WARN prints only its errors)
+    (tmp_path / "rank0.log").write_text("node1:22841:22841 [0] bootstrap.cc:37 NCCL WARN Bootstrap : no socket "
+                                        "interface found\n")
+    rc = diagnose(tmp_path)["root_cause"]
+    assert rc["signature"] == "unclassified-error" and "no socket interface found" in rc["text"]
+    # NCCL's socket.cc / proxy.cc on a peer that went away: what a lost peer looks like, never a root
+    (tmp_path / "rank0.log").write_text(
+        "node1:71:99 [2] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote peer node2<57557>\n"
+        "node1:71:99 [2] proxy.cc:1143 NCCL WARN Socket recv failed while polling for opId=0x7f4774cc9620\n")
+    rep = diagnose(tmp_path)
+    assert rep["root_cause"] is None and "node2:57557" in rep["lost_peers"]["peers"]
+
+
+def test_a_cpp_exceptions_what_is_the_error_on_one_line_or_the_next(tmp_path):
+    for text in ("terminate called after throwing an instance of 'std::runtime_error'\n"
+                 "  what():  expected ident but found 'eof' here:\n",
+                 "terminate called after throwing an instance of 'std::runtime_error'  what():  expected ident but "
+                 "found 'eof' here:\n"):
+        (tmp_path / "rank0.log").write_text(text)
+        rc = diagnose(tmp_path)["root_cause"]
+        assert rc["signature"] == "unclassified-error" and "expected ident but found 'eof'" in rc["text"]
+
+
+def test_torchs_newer_watchdog_wording_is_a_timeout(tmp_path):
+    # ProcessGroupNCCL.cpp (torch 2.5+): the watchdog's exception, and its counters
+    (tmp_path / "rank12.log").write_text(
+        "[E909 09:55:29.313379098 ProcessGroupNCCL.cpp:1664] [PG 0 (default_pg) Rank 12] Exception (either an error "
+        "or timeout) detected by watchdog at work: 2070, last enqueued NCCL work: 2070, last completed NCCL work: "
+        "2069.\n")
+    rc = diagnose(tmp_path)["root_cause"]
+    assert rc["signature"] == "nccl-watchdog-timeout" and rc["detail"]["seq"] == "2070"
+
+
+def test_a_loggers_error_line_yields_to_the_traceback_it_announces(tmp_path):
+    (tmp_path / "rank0.log").write_text(
+        "2024-04-29 06:01:12 ERROR [__main__] main failed\nTraceback (most recent call last):\n"
+        '  File "/w/train.py", line 12, in <module>\n    save(model)\n'
+        "OSError: [Errno 28] No space left on device\n")
+    rc = diagnose(tmp_path)["root_cause"]
+    assert rc["signature"] == "python-exception" and "No space left on device" in rc["text"]
+
+
+def test_logs_say_who_ended_the_job_when_a_scheduler_did(tmp_path):
+    (tmp_path / "slurm-9.out").write_text(
+        "step 1 loss 0.5\nslurmstepd: error: *** STEP 6053.0 ON node1 CANCELLED AT 2024-04-23T12:18:08 DUE TO TIME "
+        "LIMIT ***\n")
+    rep = diagnose(tmp_path)
+    assert rep["ended_by"]["by"] == "scheduler" and rep["root_cause"]["signature"] == "scheduler-stopped"

@@ -333,6 +333,27 @@ def _hang_root(story: RunStory, an: Analyzer, rc) -> dict | None:
             "where": where, "replayed": replayed}
 
 
+def _ended_by(an: Analyzer, story: RunStory | None) -> dict | None:
+    """Who ended the job: the run's own record (a run ddptop launched), made
+    precise by what its logs say (a scheduler's stop, a stop from outside);
+    for logs alone, what they say, else unknown (None)."""
+    sched = next((f for f in an.findings if f.signature in ("scheduler-stopped", "scheduler-oom-kill")), None)
+    outside = next((f for f in an.findings if f.signature == "outside-stop" and f.level < CONSEQUENCE), None)
+    if story is not None:
+        ended = story.ended_by.to_dict()
+        if ended["by"] in ("job", "outside", "lost") and (sched or outside):
+            by = "scheduler" if sched else "outside"
+            ended.update(by=by, words=ENDED_WORDS[by])
+        return ended
+    if sched or outside:
+        by = "scheduler" if sched else "outside"
+        f = sched or outside
+        assert f is not None
+        return {"by": by, "words": ENDED_WORDS[by], "state": None, "exit_code": None,
+                "t": an.stamped_at.get(f), "message": f.text}
+    return None
+
+
 def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[dict] | None = None,
            stacks: StacksReport | None = None, story: RunStory | None = None) -> dict:
     from ddptop.core.analysis.culprits import Evidence, culprits_of, lost_peers
@@ -356,10 +377,7 @@ def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[di
     hang = _hang_root(story, an, rc) if story is not None else None
     if hang is not None:
         root, culprits = hang, list(hang["culprits"])
-    ended = story.ended_by.to_dict() if story is not None else None
-    if ended is not None and ended["by"] == "job" and any(
-            f.signature in ("outside-stop", "scheduler-stopped") and f.level < CONSEQUENCE for f in an.findings):
-        ended["by"], ended["words"] = "outside", ENDED_WORDS["outside"]
+    ended = _ended_by(an, story)
     return {
         "root_cause": root,
         "ended_by": ended,

@@ -77,7 +77,9 @@ CATALOG: list[Signature] = [
     _s("nccl-watchdog-timeout",
        r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)"
        r"(?P<op_end>[,)])?|"
-       r"Timeout at NCCL work: (?P<seq_w>\d+)",
+       r"Timeout at NCCL work: (?P<seq_w>\d+)|"
+       # (torch 2.5+: "Exception (either an error or timeout) detected by watchdog at work: N, last enqueued ...")
+       r"Exception \(either an error or timeout\) detected(?: by watchdog at work: (?P<seq_x>\d+))?",
        "A collective did not finish within the NCCL timeout: at least one rank never joined it "
        "(hung, crashed, or stuck in a different collective). Compare the sequence numbers per rank: "
        "the rank with the lowest one fell behind.",
@@ -327,7 +329,11 @@ _NOT_ERROR = re.compile(r"\b(?:WARN|WARNING|\w*Warning|warning|INFO|DEBUG|[Dd]ep
                         r"^\[?[WI]\d{4} |^\[[WI] |above exception|handling of the|^=+$|^-+$|^\S+ FAILED$|"
                         # (a heading whose error is on the next line; PyTorch's C++ backtrace lines)
                         r"^Last error:?$|^frame #\d+:|^Exception raised from ")
-_MAX_UNKNOWN = 200  # unclassified error lines kept per matcher (a log full of one error says it already)
+_NCCL_PEER_WARN = re.compile(r"\bpeer\b|\bremote\b|[Cc]onnection (?:closed|reset|refused)|truncated|[Bb]roken pipe|"
+                             r"\b[Cc]losed\b|[Aa]bort|[Ss]ocket (?:recv|send|poll)|Failed to execute operation|"
+                             r"retcode \d")
+_MAX_UNKNOWN = 200
+_SUPERSEDE_LINES = 60  # an exception this many lines after an unknown error line on its rank says what it was  # unclassified error lines kept per matcher (a log full of one error says it already)
 
 
 # substrings one of which every match of _ERROR_WORDS contains (a cheap look first: most lines have none)
@@ -336,6 +342,10 @@ _ERROR_HINTS = ("rror", "RROR", "atal", "ATAL", "RITICAL", "ail", "AIL", "annot"
 
 
 def _looks_like_error(s: str) -> bool:
+    if "NCCL WARN " in s:
+        # (WARN is NCCL's error level: NCCL_DEBUG=WARN, its default, prints only its errors; those that say a peer
+        # went away are what a lost peer looks like, the reasons of the errors they explain, never a root)
+        return _NCCL_PEER_WARN.search(s) is None
     if len(s) <= 3 or not (any(h in s for h in _ERROR_HINTS) or (s[:1] in "E[" and s[1:2].isdigit() or
                                                                  s[:2] == "[E")):
         return False
@@ -405,6 +415,7 @@ class SignatureMatcher:
         self._what: dict[int | None, bool] = {}  # per rank, a C++ exception ("terminate called") waiting for its what()
         self._echo: dict[int | None, bool] = {}  # per rank, the next line echoes a traceback frame's source
         self._unknown = 0  # unclassified errors found (at most _MAX_UNKNOWN)
+        self._recent_unknown: dict[int | None, list[Finding]] = {}  # per rank, its last unknown error lines
 
     def feed(self, text: str, rank: int | None, line: int | None = None, source: str = "",
              on_error: Callable[[Exception], None] | None = None, node: str = "") -> list[Finding]:
@@ -559,8 +570,9 @@ class SignatureMatcher:
             if m:
                 detail = {k: v for k, v in m.groupdict().items() if v is not None}
                 level = sig.level
-                if "seq_w" in detail:
-                    detail["seq"] = detail.pop("seq_w")  # (the watchdog's timeout, said by its counters alone)
+                for k in ("seq_w", "seq_x"):
+                    if k in detail:
+                        detail["seq"] = detail.pop(k)  # (the watchdog's timeout, said by its counters alone)
                 if "op" in detail and sig.id == "nccl-watchdog-timeout" and not detail.pop("op_end", None):
                     # (an operation name a terminal or a paste cut or garbled, "_ALLGATHER_BA[451/1919]": unknown,
                     # never a different collective)
@@ -597,24 +609,30 @@ class SignatureMatcher:
             anyf, userf = self._frame.pop(rank, ("", ""))
             if userf or anyf:
                 detail["where"] = userf or anyf  # the innermost frame of the user's own code, else the innermost
+            for u in self._recent_unknown.pop(rank, []):
+                if line is None or u.line is None or line - u.line <= _SUPERSEDE_LINES:
+                    u.detail["superseded_by"] = line  # (the traceback's own words say what the error line did not)
             out.append(Finding("python-exception", rank, line, s,
                                f"{who} raised {m.group('type')}" + (f": {msg[:200]}" if msg else "") +
                                (f", at {detail['where']}" if "where" in detail else ""),
                                (), level, source, detail))
         elif m:
             self._frame.pop(rank, None)
-        if "terminate called after throwing" in s:
-            self._what[rank] = True
+        if "terminate called after throwing" in s and "what():" not in s:
+            self._what[rank] = True  # (its what(), on the next line, is the error's text)
             return out
         if not out and not m and not echo and not self._block and _looks_like_error(s):
             # an error no signature knows: its own words are the finding (the root when nothing known came first)
             what = self._what.pop(rank, False) or s.lstrip().startswith("what():")
             if self._unknown < _MAX_UNKNOWN:
                 self._unknown += 1
-                out.append(Finding("unclassified-error", rank, line, s,
-                                   "An error no signature of ddptop's knows" + (" (a C++ exception's what())" if what
-                                                                               else "") + ": its own words say what "
-                                   "failed.", (), GENERIC, source, {"unknown": True}))
+                u = Finding("unclassified-error", rank, line, s,
+                            "An error no signature of ddptop's knows" + (" (a C++ exception's what())" if what
+                                                                        else "") + ": its own words say what failed.",
+                            (), GENERIC, source, {"unknown": True})
+                out.append(u)
+                self._recent_unknown.setdefault(rank, []).append(u)
+                del self._recent_unknown[rank][:-8]
         return out
 
 
@@ -891,7 +909,7 @@ def root_cause(findings: list[Finding], when: Mapping[Finding, float] | None = N
     first = {f.rank for f in findings if f.detail.get("root") and f.rank is not None
              and f.detail.get("summary", True)}
     cands = [(i, f, cascade_level(f, findings)) for i, f in enumerate(findings)
-             if f.level < INFO and not f.detail.get("recovered")]
+             if f.level < INFO and not f.detail.get("recovered") and f.detail.get("superseded_by") is None]
     cands = [(i, f, lv) for i, f, lv in cands if lv < CONSEQUENCE]
     if not cands:
         return None
