@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLE, json_events, only_run, run_ddptop
+from conftest import EXAMPLE, diagnose_agrees, json_events, only_run, run_ddptop
 from helpers import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None,
@@ -130,6 +130,7 @@ def test_ranks_asleep_at_their_cuda_sync_wait_and_the_rank_stuck_in_python_is_na
     assert s["native"] and sorted(s["waiting"]) == [0, 2] and s["culprits"] == [1], s
     for rank in ("0", "2"):
         assert s["where"][rank]["kind"] == "gpu-wait" and s["where"][rank]["line"] == SYNC, s["where"]
+    diagnose_agrees(only_run(runs_dir), a)
 
 
 @pytest.mark.parametrize("sync", ["spin", "blocking"])
@@ -158,6 +159,8 @@ def test_a_rank_deadlocked_on_the_cuda_driver_lock_is_named_as_such(runs_dir, cu
     assert s["native"] and s["culprits"] == [1] and s["waiting"] == [0], s
     assert s["where"]["1"]["kind"] == "gpu-lock" and s["where"]["1"]["line"] == LOCKED, s["where"]
     assert s["where"]["0"]["kind"] == "gpu-wait" and s["where"]["0"]["line"] == SYNC, s["where"]
+    rep = diagnose_agrees(only_run(runs_dir), a)
+    assert rep["stacks"]["ranks"]["1"]["kind"] == "gpu-lock"  # (the run's latest sampling, read post-mortem)
 
 
 def test_steps_asleep_at_the_cuda_sync_for_seconds_are_no_hang(runs_dir, cuda_cache):
