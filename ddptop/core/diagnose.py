@@ -442,7 +442,7 @@ def format_report(rep: dict, stacks: StacksReport | None = None) -> str:
         out.append("Root cause: none found (no known failure signature in these logs)")
     if rep.get("ended_by"):
         e = rep["ended_by"]
-        out.append(f"  ended by: {e['words']}" + (f" ({e['message']})" if e.get("message") else ""))
+        out.append(f"  ended by: {e['words']}" + (f": {e['message']}" if e.get("message") else ""))
     for d in (rep.get("stalls") or {}).get("differences", []):
         out.append(f"  replay and live differ: {d}")
     if rep.get("collectives"):

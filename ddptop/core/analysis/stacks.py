@@ -487,7 +487,8 @@ def main_frames(text: str) -> tuple[list[str], list[int]]:
     t = _main_thread(parse_dump(text))
     if t is None:
         return [], []
-    lines = [(f"{frame_words(f)} ({f.base})" if f.native and not f.named else
+    lines = [((f"{frame_words(f)} ({f.base})" if library_of(f) is not None else frame_words(f))
+              if f.native and not f.named else
               f"{f.function} ({_short(f.file)}{f':{f.line}' if f.line else ''})") for f in t.frames]
     user = [i for i, f in enumerate(t.frames) if classify_frame(f) == "user"]
     return lines, user
