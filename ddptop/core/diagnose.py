@@ -367,6 +367,7 @@ def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[di
         failure=True, findings=tuple(an.findings), seen=frozenset(seen), last_steps=an.last_steps,
         when=an.stamped_at,
         ras_answers=tuple(tuple(r.get("culprits") or ()) for r in ras_answers or []),
+        flight=tuple(tuple(fr.get("culprits") or ()) for fr in flights or []),
         # (dumps labelled by pid name processes, not ranks: they cannot be the job's culprits)
         stacks=stacks.evidence if stacks is not None and not stacks.dumps.by_pid else None))
     culprits = list(found.culprits)

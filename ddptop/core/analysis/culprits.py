@@ -52,6 +52,7 @@ class Evidence:
     seen: frozenset[int] = frozenset()  # every rank the logs show
     last_steps: Mapping[int, int | None] = field(default_factory=dict)
     ras_answers: tuple[tuple[int, ...], ...] = ()  # the culprits of each NCCL RAS answer kept (post-mortem)
+    flight: tuple[tuple[int, ...], ...] = ()  # the culprits of each Flight Recorder analysis (who diverged)
     when: Mapping["Finding", float] = field(default_factory=dict)  # each finding's time, where its line said it
 
 
@@ -59,7 +60,7 @@ def culprits_of(ev: Evidence) -> Culprits:
     """The culprits, from all the evidence, in one order of trust (see the module)."""
     if not ev.failure:
         return _stall(ev.ranks, ev.stacks, ev.ras)
-    found = _failure(list(ev.findings), set(ev.seen), ev.last_steps, ev.ras_answers, ev.when)
+    found = _failure(list(ev.findings), set(ev.seen), ev.last_steps, ev.ras_answers, ev.when, ev.flight)
     v = ev.stacks
     if not found.culprits and v is not None and v.culprits and not found.why:
         # the logs name nobody: the stacks' odd rank out (saved dumps beside the logs)
@@ -138,7 +139,8 @@ WAITED = ("nccl-watchdog-timeout", "nccl-heartbeat-timeout", "gloo-timeout")
 
 
 def _failure(findings: list["Finding"], seen: set[int], last_steps: Mapping[int, int | None],
-             ras: Iterable[Iterable[int]] = (), when: Mapping["Finding", float] | None = None) -> Culprits:
+             ras: Iterable[Iterable[int]] = (), when: Mapping["Finding", float] | None = None,
+             flight: Iterable[Iterable[int]] = ()) -> Culprits:
     """The culprits of a failure, from its findings (``seen``: every rank the
     logs show; ``ras``: the culprits of each NCCL RAS answer kept):
 
@@ -182,6 +184,10 @@ def _failure(findings: list["Finding"], seen: set[int], last_steps: Mapping[int,
         r = tuple(r)
         if not culprits and r:
             culprits = r  # NCCL's own view
+    for r in flight:
+        r = tuple(r)
+        if not culprits and r:
+            culprits = r  # PyTorch's Flight Recorder: the rank whose collectives diverged, or that did not answer
     if not culprits and not why and (rc is None or rc.level >= TIMEOUT) and not (rc and rc.detail.get("derived")):
         culprits, why = _behind(findings, seen, last_steps)
     return Culprits(tuple(culprits), {}, (), why)
