@@ -23,7 +23,7 @@ import pytest
 from conftest import ROOT
 from helpers import free_port, wait_for
 
-from ddptop.core.diagnose import analyze_paths, format_report, report
+from ddptop.core.diagnose import analyze_paths, build_report, format_report, report
 
 pytestmark = pytest.mark.unit
 
@@ -31,8 +31,8 @@ pytestmark = pytest.mark.unit
 def diagnosed(tmp_path: Path, text: str, name: str = "pasted.log") -> tuple[dict, str]:
     f = tmp_path / name
     f.write_text(text)
-    rep = report(analyze_paths([str(f)]))
-    return rep, format_report(rep)
+    typed = build_report(analyze_paths([str(f)]))
+    return typed.to_dict(), format_report(typed)
 
 
 def flattened(text: str) -> str:

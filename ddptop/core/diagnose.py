@@ -11,15 +11,17 @@ import re
 from pathlib import Path
 
 from dataclasses import dataclass
+from typing import Mapping
 
 from ddptop.core import dump_files, journal, paste, run_story
 from ddptop.core.run_story import ENDED_WORDS, RunStory
 from ddptop.core.analysis.analyzer import Analyzer
 from ddptop.core.analysis.culprits import WAITED
+from ddptop.core.analysis.culprits import Culprits, Evidence, LostPeers, culprits_of, lost_peers
 from ddptop.core.analysis.evidence import StackEvidence, Where, ranks_text
 from ddptop.core.dump_files import DumpSet
 from ddptop.core.events import AlarmEvent, LogBatch
-from ddptop.core.signatures import CONSEQUENCE
+from ddptop.core.signatures import CONSEQUENCE, Finding
 from ddptop.core.prefixes import PrefixReader
 from ddptop.core.tailer import Tailer
 
@@ -309,28 +311,17 @@ def _iso(t: float | None) -> str | None:
     return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
-def _hang_root(story: RunStory, an: Analyzer, rc) -> dict | None:
-    """The run's hang as its root cause, when ddptop saw it hang and no cause
-    in its logs came before: the replayed stall alarm, its culprits and
-    where, and the recorded one when they differ."""
+def _hang(story: RunStory, an: Analyzer, rc) -> AlarmEvent | None:
+    """The run's hang, when it is the root cause: ddptop saw it hang and no
+    cause in its logs came before (a rank that crashed, then the others hung
+    waiting for it)."""
     hang = story.hang
     if hang is None:
         return None
     rc_t = an.read_at.get(rc) if rc is not None else None
     if rc is not None and (rc_t is None or rc_t <= hang.t):
-        return None  # a cause in the logs came first (a rank that crashed, then the others hung waiting for it)
-    replayed = bool(story.stalls) and hang is story.stalls[0]
-    from ddptop.core.analysis.evidence import Where
-
-    where = {str(k): Where.from_dict(v, int(k)).to_dict() for k, v in hang.where.items()
-             if isinstance(v, dict) and str(k).lstrip("-").isdigit()}
-    return {"signature": hang.id, "rank": hang.culprits[0] if len(hang.culprits) == 1 else None,
-            "node": hang.node or None, "time": _iso(hang.t), "text": hang.message,
-            "explanation": hang.message.split(". ", 1)[0].rstrip(".") + ".",
-            "source": "ddptop's live analysis, replayed from the run's journal" if replayed else
-                      "ddptop's live alarm, as the run recorded it",
-            "line": None, "suggested_profiles": list(hang.suggested_profiles), "culprits": list(hang.culprits),
-            "where": where, "replayed": replayed}
+        return None
+    return hang
 
 
 def _ended_by(an: Analyzer, story: RunStory | None) -> dict | None:
@@ -354,9 +345,152 @@ def _ended_by(an: Analyzer, story: RunStory | None) -> dict | None:
     return None
 
 
-def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[dict] | None = None,
-           stacks: StacksReport | None = None, story: RunStory | None = None) -> dict:
-    from ddptop.core.analysis.culprits import Evidence, culprits_of, lost_peers
+@dataclass(frozen=True)
+class DiagnoseReport:
+    """What ``ddptop diagnose`` found, typed: its JSON (``to_dict``) and its
+    words (``lines``) are both rendered from these fields."""
+
+    root: Finding | None  # the root cause among the logs' findings
+    hang: AlarmEvent | None  # the run's hang, when it is the root (a run ddptop saw hang)
+    hang_replayed: bool
+    found: Culprits  # the culprits, from culprits_of
+    findings: tuple[Finding, ...]
+    counters: Mapping[int, tuple[int, int]]  # PyTorch's per-rank collective counters
+    counters_said: str
+    last_steps: Mapping[int, int | None]
+    job_step: int | None  # progress no rank is known for: the job's, never rank 0's
+    lost: LostPeers | None  # with only consequences: who lost whom
+    flights: tuple[dict, ...]
+    ras: tuple[dict, ...]
+    notes: tuple[str, ...]  # what went wrong in ddptop's own reading (a line a parser failed on)
+    stacks: StacksReport | None
+    story: RunStory | None
+    ended: dict | None
+    root_time: float | None = None
+    root_node: str | None = None
+
+    @property
+    def culprits(self) -> list[int]:
+        return list(self.hang.culprits) if self.hang is not None else list(self.found.culprits)
+
+    def root_dict(self) -> dict | None:
+        if self.hang is not None:
+            h = self.hang
+            where = {str(k): Where.from_dict(v, int(k)).to_dict() for k, v in h.where.items()
+                     if isinstance(v, dict) and str(k).lstrip("-").isdigit()}
+            return {"signature": h.id, "rank": h.culprits[0] if len(h.culprits) == 1 else None,
+                    "node": h.node or None, "time": _iso(h.t), "text": h.message,
+                    "explanation": h.message.split(". ", 1)[0].rstrip(".") + ".",
+                    "source": "ddptop's live analysis, replayed from the run's journal" if self.hang_replayed else
+                              "ddptop's live alarm, as the run recorded it",
+                    "line": None, "suggested_profiles": list(h.suggested_profiles), "culprits": list(h.culprits),
+                    "where": where, "replayed": self.hang_replayed}
+        if self.root is None:
+            return None
+        return {**self.root.to_dict(), "node": self.root_node, "time": _iso(self.root_time)}
+
+    def to_dict(self) -> dict:
+        st = self.story
+        return {
+            "root_cause": self.root_dict(),
+            "ended_by": self.ended,
+            "stalls": {"replayed": [_alarm_dict(a) for a in st.stalls], "recorded": [_alarm_dict(a) for a in st.recorded],
+                       "differences": list(st.differences)} if st is not None else None,
+            "culprits": self.culprits,
+            "collectives": {"per_rank": {str(r): {"last_enqueued": e, "last_completed": c}
+                                         for r, (e, c) in sorted(self.counters.items())},
+                            "verdict": self.counters_said} if self.counters else None,
+            "findings": [f.to_dict() for f in self.findings],
+            "progress": {str(r): {"last_step": s} for r, s in sorted(self.last_steps.items())},
+            "job_progress": {"last_step": self.job_step} if self.job_step is not None else None,
+            "lost_peers": self.lost.to_dict() if self.lost is not None else None,
+            "culprit_evidence": self.found.why,
+            "flight_recorder": list(self.flights),
+            "nccl_ras": list(self.ras),
+            "notes": list(self.notes),
+            "stacks": self.stacks.to_dict() if self.stacks is not None else None,
+        }
+
+    def lines(self) -> list[str]:
+        out: list[str] = []
+        if self.stacks is not None and not self.findings and self.ended is None:
+            return self.stacks.lines()  # only dumps (no log lines): their verdict is the answer
+        out += self._root_lines()
+        if self.ended is not None:
+            e = self.ended
+            out.append(f"  ended by: {e['words']}" + (f": {e['message']}" if e.get("message") else ""))
+        if self.story is not None:
+            out += [f"  replay and live differ: {d}" for d in self.story.differences]
+        if self.counters:
+            out.append(f"  collectives: {self.counters_said}")
+        if self.found.why and self.hang is None:
+            out.append(f"  {self.found.why}")
+        if self.culprits:
+            out.append(f"  culprit: {', '.join(f'rank {r}' for r in self.culprits)}")
+        seen: dict[tuple, list[Finding]] = {}
+        for f in self.findings:
+            seen.setdefault((f.signature, f.rank), []).append(f)
+        if seen:
+            out += ["", "Findings:"]
+            for (sig, rank), fs in seen.items():
+                who = f"rank {rank}" if rank is not None else "-"
+                n = f" (x{len(fs)})" if len(fs) > 1 else ""
+                out.append(f"  {sig:<24} {who:<8} {fs[0].source}:{fs[0].line}: {fs[0].text[:120]}{n}")
+        if self.last_steps:
+            out += ["", "Last training step per rank: " + ", ".join(
+                f"r{r}={s if s is not None else '?'}" for r, s in sorted(self.last_steps.items()))]
+        if self.job_step is not None:
+            out += ["", f"Last training step (the job's: no rank prefix says whose): {self.job_step}"]
+        for r in self.ras:
+            out.append("")
+            out.append(f"NCCL RAS ({r['file']}): unreadable: {r['error']}" if r.get("error") else
+                       f"NCCL RAS ({r['file']}, NCCL {r['version'] or '?'}, {r['format']}): {r['verdict']}")
+        for note in self.notes:
+            out += ["", f"Note: {note}"]
+        for fr in self.flights:
+            out += ["", f"Flight recorder ({fr['dir']}, ranks {', '.join(map(str, fr['ranks'])) or 'none'}):"]
+            out += [f"  {f}" for f in fr["findings"]] + [f"  unreadable: {p}" for p in fr["problems"]]
+        if self.stacks is not None:
+            out += [""] + self.stacks.lines()
+        return out
+
+    def _root_lines(self) -> list[str]:
+        rc = self.root
+        if self.hang is not None:
+            h = self.hang
+            who = ", ".join(f"rank {r}" for r in h.culprits) or "no single rank"
+            out = [f"Root cause: the job hung ({h.id}; odd rank out: {who}" + (f", on {h.node}" if h.node else "")
+                   + f"), at {_iso(h.t)}", f"  {h.message}",
+                   "  (ddptop's live analysis, replayed from the run's journal)" if self.hang_replayed else
+                   "  (ddptop's live alarm, as the run recorded it)"]
+            if h.suggested_profiles:
+                out.append(f"  try: {', '.join('--profile ' + p for p in h.suggested_profiles)}")
+            return out
+        if rc is not None:
+            who = (f"rank {rc.rank}" if rc.rank is not None else
+                   "outside the job" if rc.signature in ("outside-stop", "scheduler-stopped") else
+                   "torchrun" if rc.source.endswith("torchrun.log") else "rank unknown")
+            if rc.signature in WAITED and rc.rank is not None:
+                who = f"seen first on rank {rc.rank}, which waited for another"
+            out = [f"Root cause: {rc.signature} ({who})", f"  {rc.explanation}",
+                   f"  evidence: {rc.source}:{rc.line}: {rc.text[:200]}"]
+            for w in rc.detail.get("explained_by", ())[-2:]:
+                out.append(f"  because: {rc.source}:{w['line']}: NCCL WARN {w['text'][:200]}")
+            if rc.suggested_profiles:
+                out.append(f"  try: {', '.join('--profile ' + p for p in rc.suggested_profiles)}")
+            return out
+        if self.lost is not None and (self.lost.peers or self.lost.reported_by):
+            return _lost_peer_words(self.lost.to_dict())
+        if self.findings:
+            return ["Root cause: none found: only consequences (a lost peer, a stop from outside), so the process "
+                    "that failed first left no error in these logs (killed: the OOM killer, the scheduler?)"]
+        return ["Root cause: none found (no known failure signature in these logs)"]
+
+
+def build_report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[dict] | None = None,
+                 stacks: StacksReport | None = None, story: RunStory | None = None) -> DiagnoseReport:
+    """The typed report of what the analyzer (and the run's story, its dumps, its RAS answers and Flight
+    Recorder dumps) found; the culprits through the one function, culprits_of."""
     from ddptop.core.signatures import collective_counters, counter_verdict
 
     rc = an.root_cause()
@@ -370,36 +504,21 @@ def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[di
         flight=tuple(tuple(fr.get("culprits") or ()) for fr in flights or []),
         # (dumps labelled by pid name processes, not ranks: they cannot be the job's culprits)
         stacks=stacks.evidence if stacks is not None and not stacks.dumps.by_pid else None))
-    culprits = list(found.culprits)
-    root = rc.to_dict() if rc else None
-    if root is not None:
-        t = an.stamped_at.get(rc, an.read_at.get(rc) if story else None)
-        root.update({"node": an.node_of.get(rc) or rc.detail.get("node") or None, "time": _iso(t)})
-    hang = _hang_root(story, an, rc) if story is not None else None
-    if hang is not None:
-        root, culprits = hang, list(hang["culprits"])
-    ended = _ended_by(an, story)
-    return {
-        "root_cause": root,
-        "ended_by": ended,
-        "stalls": {"replayed": [_alarm_dict(a) for a in story.stalls], "recorded": [_alarm_dict(a) for a in story.recorded],
-                   "differences": list(story.differences)} if story is not None else None,
-        "culprits": culprits,
-        "collectives": {"per_rank": {str(r): {"last_enqueued": e, "last_completed": c}
-                                     for r, (e, c) in sorted(counters.items())}, "verdict": said} if counters else None,
-        "findings": [f.to_dict() for f in an.findings],
-        "progress": {str(r): {"last_step": s} for r, s in sorted(an.last_steps.items())},
-        # progress no rank is known for (a single-file paste without rank prefixes): the job's, never rank 0's
-        "job_progress": {"last_step": an.job_step} if an.job_step is not None else None,
-        # with only consequences in the logs: who lost whom (the cause is there, or in the network)
-        "lost_peers": lost_peers(an.findings).to_dict() if rc is None and an.findings else None,
-        "culprit_evidence": found.why,
-        "flight_recorder": flights or [],
-        "nccl_ras": ras_answers or [],
-        # what went wrong in ddptop's own reading (a parser that failed on a line: that line was skipped)
-        "notes": [n.message for n in an.notes],
-        "stacks": stacks.to_dict() if stacks is not None else None,
-    }
+    hang = _hang(story, an, rc) if story is not None else None
+    return DiagnoseReport(
+        root=rc, hang=hang, hang_replayed=bool(story and story.stalls and hang is story.stalls[0]), found=found,
+        findings=tuple(an.findings), counters=counters, counters_said=said, last_steps=dict(an.last_steps),
+        job_step=an.job_step, lost=lost_peers(an.findings) if rc is None and an.findings else None,
+        flights=tuple(flights or ()), ras=tuple(ras_answers or ()), notes=tuple(n.message for n in an.notes),
+        stacks=stacks, story=story, ended=_ended_by(an, story),
+        root_time=(an.stamped_at.get(rc, an.read_at.get(rc) if story else None) if rc is not None else None),
+        root_node=(an.node_of.get(rc) or rc.detail.get("node") or None) if rc is not None else None)
+
+
+def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[dict] | None = None,
+           stacks: StacksReport | None = None, story: RunStory | None = None) -> dict:
+    """``build_report(...)`` as the JSON ``--json`` prints."""
+    return build_report(an, flights, ras_answers, stacks, story).to_dict()
 
 
 def _alarm_dict(a: AlarmEvent) -> dict:
@@ -407,85 +526,8 @@ def _alarm_dict(a: AlarmEvent) -> dict:
             "message": a.message}
 
 
-def format_report(rep: dict, stacks: StacksReport | None = None) -> str:
-    out = []
-    if stacks is not None and not rep["findings"] and not rep.get("ended_by"):
-        # only dumps (no log lines): their verdict is the answer
-        return "\n".join(stacks.lines())
-    rc = rep["root_cause"]
-    if rc and "replayed" in rc:
-        who = ", ".join(f"rank {r}" for r in rc["culprits"]) or "no single rank"
-        out.append(f"Root cause: the job hung ({rc['signature']}; odd rank out: {who}"
-                   + (f", on {rc['node']}" if rc.get("node") else "") + f"), at {rc['time']}")
-        out.append(f"  {rc['text']}")
-        out.append(f"  ({rc['source']})")
-        if rc["suggested_profiles"]:
-            out.append(f"  try: {', '.join('--profile ' + p for p in rc['suggested_profiles'])}")
-    elif rc:
-        who = (f"rank {rc['rank']}" if rc["rank"] is not None else
-               "outside the job" if rc["signature"] in ("outside-stop", "scheduler-stopped") else
-               "torchrun" if str(rc.get("source", "")).endswith("torchrun.log") else "rank unknown")
-        if rc["signature"] in WAITED and rc["rank"] is not None:
-            who = f"seen first on rank {rc['rank']}, which waited for another"
-        out.append(f"Root cause: {rc['signature']} ({who})")
-        out.append(f"  {rc['explanation']}")
-        out.append(f"  evidence: {rc['source']}:{rc['line']}: {rc['text'][:200]}")
-        for w in (rc.get("detail") or {}).get("explained_by", ())[-2:]:
-            out.append(f"  because: {rc['source']}:{w['line']}: NCCL WARN {w['text'][:200]}")
-        if rc["suggested_profiles"]:
-            out.append(f"  try: {', '.join('--profile ' + p for p in rc['suggested_profiles'])}")
-    elif rep.get("lost_peers") and (rep["lost_peers"]["peers"] or rep["lost_peers"]["reported_by"]):
-        out += _lost_peer_words(rep["lost_peers"])
-    elif rep["findings"]:
-        out.append("Root cause: none found: only consequences (a lost peer, a stop from outside), so the process "
-                   "that failed first left no error in these logs (killed: the OOM killer, the scheduler?)")
-    else:
-        out.append("Root cause: none found (no known failure signature in these logs)")
-    if rep.get("ended_by"):
-        e = rep["ended_by"]
-        out.append(f"  ended by: {e['words']}" + (f": {e['message']}" if e.get("message") else ""))
-    for d in (rep.get("stalls") or {}).get("differences", []):
-        out.append(f"  replay and live differ: {d}")
-    if rep.get("collectives"):
-        out.append(f"  collectives: {rep['collectives']['verdict']}")
-    if rep.get("culprit_evidence"):
-        out.append(f"  {rep['culprit_evidence']}")
-    if rep.get("culprits"):
-        out.append(f"  culprit: {', '.join(f'rank {r}' for r in rep['culprits'])}")
-    seen: dict[tuple, list] = {}
-    for f in rep["findings"]:
-        seen.setdefault((f["signature"], f["rank"]), []).append(f)
-    if seen:
-        out.append("")
-        out.append("Findings:")
-        for (sig, rank), fs in seen.items():
-            who = f"rank {rank}" if rank is not None else "-"
-            n = f" (x{len(fs)})" if len(fs) > 1 else ""
-            out.append(f"  {sig:<24} {who:<8} {fs[0]['source']}:{fs[0]['line']}: {fs[0]['text'][:120]}{n}")
-    if rep["progress"]:
-        out.append("")
-        out.append("Last training step per rank: " + ", ".join(
-            f"r{r}={v['last_step'] if v['last_step'] is not None else '?'}" for r, v in rep["progress"].items()))
-    if rep.get("job_progress"):
-        out.append("")
-        out.append(f"Last training step (the job's: no rank prefix says whose): {rep['job_progress']['last_step']}")
-    for r in rep.get("nccl_ras", []):
-        out.append("")
-        if r.get("error"):
-            out.append(f"NCCL RAS ({r['file']}): unreadable: {r['error']}")
-        else:
-            out.append(f"NCCL RAS ({r['file']}, NCCL {r['version'] or '?'}, {r['format']}): {r['verdict']}")
-    for note in rep.get("notes", []):
-        out.append("")
-        out.append(f"Note: {note}")
-    for fr in rep.get("flight_recorder", []):
-        out.append("")
-        out.append(f"Flight recorder ({fr['dir']}, ranks {', '.join(map(str, fr['ranks'])) or 'none'}):")
-        out += [f"  {f}" for f in fr["findings"]] + [f"  unreadable: {p}" for p in fr["problems"]]
-    if stacks is not None:
-        out.append("")
-        out += stacks.lines()
-    return "\n".join(out)
+def format_report(rep: DiagnoseReport) -> str:
+    return "\n".join(rep.lines())
 
 
 def _lost_peer_words(lp: dict) -> list[str]:
@@ -506,6 +548,6 @@ def main(paths: list[str], json_mode: bool) -> int:
     st = stacks_report(paths, gpu_job=an.nccl_version is not None)
     runs = [p for p in paths if (Path(p) / journal.META).is_file()]
     story = run_story.story(runs[0]) if len(runs) == 1 else None
-    rep = report(an, flight_reports(paths), ras_reports(paths), st, story)
-    print(json.dumps(rep, indent=2) if json_mode else format_report(rep, st))
-    return 1 if rep["root_cause"] or (st is not None and st.evidence.hung) else 0
+    rep = build_report(an, flight_reports(paths), ras_reports(paths), st, story)
+    print(json.dumps(rep.to_dict(), indent=2) if json_mode else format_report(rep))
+    return 1 if rep.root is not None or rep.hang is not None or (st is not None and st.evidence.hung) else 0
