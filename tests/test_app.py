@@ -22,7 +22,7 @@ from ddptop.ui.themes import load_themes  # noqa: E402
 from conftest import rank_started, write_run
 from helpers import logs, wait_until
 
-TEST_TIMEOUT = 30  # seconds per test
+TEST_TIMEOUT = 120  # seconds per test: a guard against a hung app (a loaded 2-core machine under -n 4 took over 30 s)
 SIZE = (120, 40)
 
 
