@@ -47,7 +47,7 @@ from ddptop.core.analysis.stack_dumps import Frame, Thread, parse_dump, thread_i
 
 __all__ = [
     "Frame", "Thread", "RankStack",
-    "parse_dump", "classify_frame", "gpu_library", "rank_state", "verdict", "main_active", "main_frames", "moved",
+    "parse_dump", "classify_frame", "gpu_library", "rank_state", "verdict", "main_frames", "moved",
     "CATEGORIES", "KINDS", "WAITING_KINDS",
 ]
 
@@ -472,12 +472,6 @@ def _native_words(g: GpuWait, inner: list[Frame]) -> str:
         f = next((f for f in reversed(inner) if f.function.split("@", 1)[0] == g.call), None)
         return f"{g.call} ({f.base}{f':{f.line}' if f.line else ''})" if f is not None and f.file else g.call
     return f"in {g.library}"
-
-
-def main_active(text: str) -> bool:
-    """The main thread of one dump is on the CPU (py-spy says "active")."""
-    t = _main_thread(parse_dump(text))
-    return t is not None and t.state == "active"
 
 
 def main_frames(text: str) -> tuple[list[str], list[int]]:
