@@ -1,7 +1,13 @@
 """`ddptop diagnose PATH...`: the live analysis, post-mortem.
 
 PATH may be a ddptop run directory, a torchrun --log-dir, or plain log files
-(torchrun --tee output with ``[defaultN]:`` prefixes included).
+(torchrun --tee output with ``[defaultN]:`` prefixes included), and saved stack
+dumps.  It reads them (``analyze_paths``, ``stacks_report``, the run's story),
+builds one typed ``DiagnoseReport`` and renders it as JSON or words.
+
+One module, though over 500 lines: it is one command's reading and its one
+report; the judging lives in ``analysis/``, the finding of dumps in
+``dump_files``, the run's replay in ``run_story``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """Stack dumps as text, read into threads and frames (pure: text in, ``Thread`` out).
 
+One module, though over 500 lines: one idea, the dump formats people hand over
+read into one shape (``Thread``, ``Frame``); each format's parser is a function
+of its own here, and they share the frame and thread types and the sniffing.
+
     parse_dump(text) -> list[Thread]              one process's dump, in any format below
     format_of(text) -> str                        which format a text is a dump in ("" for none)
     split_processes(text) -> list[ProcessDump]    a paste of several processes' dumps, one item each
