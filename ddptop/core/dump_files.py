@@ -96,7 +96,7 @@ def _bare_frames(text: str) -> str:
     return "Thread 0 (unknown)\n" + "\n".join(f"    {ln.strip()}" for ln in lines) + "\n"
 
 
-def _from_file(ds: DumpSet, f: Path, text: str, rank: int | None, index: int | None) -> bool:
+def _from_file(ds: DumpSet, f: Path, text: str, rank: int | None) -> bool:
     """Add one file's dumps; False when it holds none."""
     fmt = format_of(text)
     merged = with_native(text) if fmt == "py-spy" else text
@@ -152,8 +152,8 @@ def _from_dir(ds: DumpSet, d: Path) -> bool:
         text = _read(f)
         if text is None:
             continue
-        rank, index = _rank_of_name(f.name)
-        found = _from_file(ds, f, text, rank, index) or found
+        rank, _index = _rank_of_name(f.name)
+        found = _from_file(ds, f, text, rank) or found
     return found
 
 
@@ -178,7 +178,7 @@ def _load_one(p: Path) -> DumpSet:
         text = _read(p)
         if text is not None:
             rank, _index = _rank_of_name(p.name)
-            _from_file(ds, p, text, rank, _index)
+            _from_file(ds, p, text, rank)
     return ds
 
 

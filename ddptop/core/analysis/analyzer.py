@@ -51,7 +51,8 @@ class Analyzer:
         self._clocks: dict[str, Clock] = {}
         # each rank's findings since its last training step: a step after them means the rank went on (a warning
         # a healthy run prints, a retry that worked), and they are marked "recovered", never the root
-        self._open: dict[tuple, list[Finding]] = {}  # (rank, file) -> its findings since that file's last step
+        # rank -> file -> its findings since that file's last step
+        self._open: dict[int, dict[str, list[Finding]]] = {}
         self._file_step: dict[tuple, int] = {}  # (rank, file) -> the last training step that file showed
         self._step_before: dict[Finding, int | None] = {}
         self._newer: dict[Finding, set[int]] = {}
@@ -180,7 +181,7 @@ class Analyzer:
                     if ev.node:
                         self.node_of.setdefault(f, ev.node)
                     if f.rank is not None and f.level < CONSEQUENCE:
-                        self._open.setdefault((f.rank, key), []).append(f)
+                        self._open.setdefault(f.rank, {}).setdefault(key, []).append(f)
                         self._step_before[f] = self._file_step.get((f.rank, key))
                     new = [f]
                     if f.signature in ACROSS_RANKS:
@@ -257,9 +258,12 @@ class Analyzer:
         so a step counts only when the file had shown the rank's steps before the finding (its stream was
         flowing) and two newer steps came after it.  From the hook: the findings read a second or more before
         it came (live, a line is read as it is written)."""
-        for k in [k for k in self._open if k[0] == rank and (k[1] == key if key is not None else True)]:
+        files = self._open.get(rank)
+        if not files:
+            return
+        for k in [key] if key is not None else list(files):
             keep = []
-            for f in self._open[k]:
+            for f in files.get(k, ()):
                 if key is None:
                     went_on = self.read_at.get(f, t) < t - 1.0
                 else:
@@ -273,9 +277,9 @@ class Analyzer:
                 else:
                     keep.append(f)
             if keep:
-                self._open[k] = keep
+                files[k] = keep
             else:
-                del self._open[k]
+                files.pop(k, None)
 
     def _peer_dead(self, ev: RasEvent) -> AlarmEvent | None:
         """NCCL's RAS says a process of the job is dead: an alarm at once (the

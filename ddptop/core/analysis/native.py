@@ -97,10 +97,6 @@ _NCCL_FUNC = re.compile(r"^p?(?:nccl|bootstrap|ncclProxy|ncclTransport)[A-Z]?|^n
 _OPAQUE = re.compile(r"^_nv\d+\w*$|^libcudart_static_\w+$|^__cudart\d+$")
 
 
-def _named(f: Frame) -> bool:
-    return f.named
-
-
 def _symbol(f: Frame) -> str:
     """The bare symbol of a frame: its function without a namespace's C++ arguments or a version tag."""
     fn = f.function.strip()
@@ -115,7 +111,7 @@ def library_of(f: Frame) -> Library | None:
     if not f.native:
         return None
     sym = _symbol(f)
-    if _named(f):
+    if f.named:
         for lib in LIBRARIES:
             if lib.symbols is not None and lib.symbols.match(sym):
                 # (RCCL keeps NCCL's API names: its file says which)
@@ -130,9 +126,9 @@ def library_of(f: Frame) -> Library | None:
     for lib in LIBRARIES:
         if lib.sources is not None and lib.sources.search(path) and (
                 _NCCL_FUNC.search(sym) or "/nccl" in path.lower() or "/rccl" in path.lower()
-                or not _named(f) or "::" not in sym):
+                or not f.named or "::" not in sym):
             return lib
-    if _named(f) and _NCCL_FUNC.match(sym):
+    if f.named and _NCCL_FUNC.match(sym):
         return _BY_KEY["nccl"]
     return None
 
@@ -146,7 +142,7 @@ def api_call(frames: Sequence[Frame]) -> tuple[int, Frame] | None:
     API call (innermost first: the highest index), or None."""
     found = None
     for i, f in enumerate(frames):
-        if f.native and _named(f) and _API.match(_symbol(f)):
+        if f.native and f.named and _API.match(_symbol(f)):
             found = (i, f)
     return found
 
@@ -167,7 +163,7 @@ def primitive(frames: Sequence[Frame], upto: int | None = None) -> str:
     or "" (nothing named: spinning in a library)."""
     end = len(frames) if upto is None else upto
     for f in frames[:end]:
-        if not _named(f):
+        if not f.named:
             continue
         sym = _symbol(f).lstrip("_") if not _symbol(f).startswith("std::") else _symbol(f)
         if _LOCK.search(sym) or _LOCK.search(_symbol(f)):
@@ -178,7 +174,7 @@ def primitive(frames: Sequence[Frame], upto: int | None = None) -> str:
                 continue
             return "wait"
     # only futexes (or nothing) named: a futex wait is a wait
-    if any(_named(f) and "futex" in _symbol(f) for f in frames[:end]):
+    if any(f.named and "futex" in _symbol(f) for f in frames[:end]):
         return "wait"
     return ""
 
@@ -239,7 +235,7 @@ def frame_words(f: Frame) -> str:
     """One native frame in words: its name and library file, or for an
     unnamed frame its library ("in the CUDA driver"), never its address."""
     lib = library_of(f)
-    if not _named(f):
+    if not f.named:
         return f"in {lib.words}" if lib is not None else (f"in {f.base}" if f.file else "in native code")
     where = f.base if f.file and not f.line else (f"{f.base}:{f.line}" if f.file else "")
     return f"{f.function} ({where})" if where else f.function
@@ -263,18 +259,18 @@ def gpu_wait(frames: Sequence[Frame], sleeping: bool = False) -> GpuWait | None:
         lib: Library = libs[ci] or _BY_KEY["cuda-runtime"]
     else:
         # no API symbol: the outermost named frame of a GPU library (c10::cuda::memcpy_and_sync), else its library
-        named = [i for i in gpu_idx if _named(native[i]) and not _OPAQUE.match(_symbol(native[i]))]
+        named = [i for i in gpu_idx if native[i].named and not _OPAQUE.match(_symbol(native[i]))]
         ci = max(named) if named else outer_gpu
         cf = native[ci]
-        call = _symbol(cf) if _named(cf) and not _OPAQUE.match(_symbol(cf)) else ""
+        call = _symbol(cf) if cf.named and not _OPAQUE.match(_symbol(cf)) else ""
         lib = gl.get(ci) or gl[outer_gpu]
     prim = primitive(native, upto=ci if call_at is not None else None)
-    inner = next((f for f in native if _named(f)), native[0])
-    innermost = frame_words(native[0]) if not _named(native[0]) else frame_words(inner)
+    inner = next((f for f in native if f.named), native[0])
+    innermost = frame_words(native[0]) if not native[0].named else frame_words(inner)
     # the library the thread is *in*: the innermost GPU library's frame (the driver under the runtime)
     in_lib = gl[min(gpu_idx)]
-    nccl_fns = [_symbol(native[i]) for i in gpu_idx if gl[i].key in ("nccl", "rccl") and _named(native[i])]
-    calls = [_symbol(f) for f in native if f.native and _named(f) and _API.match(_symbol(f))]
+    nccl_fns = [_symbol(native[i]) for i in gpu_idx if gl[i].key in ("nccl", "rccl") and native[i].named]
+    calls = [_symbol(f) for f in native if f.native and f.named and _API.match(_symbol(f))]
     waits = any(_WAITS_FOR_WORK.search(c) for c in calls) or bool(call and _WAITS_FOR_WORK.search(call))
     # a library none of whose calls waits for GPU work (a profiler) among the thread's GPU frames
     no_work = any(gl[i].waits_for_work is False for i in gpu_idx)
