@@ -96,7 +96,7 @@ def _watch(session, args) -> int:
 def _watch_inner(session, args) -> int:
     hint = session.location.attach_hint
     if args.headless or args.json:
-        from ddptop.core.headless import run_headless
+        from ddptop.headless import run_headless
 
         code = run_headless(session, json_mode=args.json)
         if session.error:
@@ -115,7 +115,7 @@ def _watch_inner(session, args) -> int:
     if result == "fix":
         return _fix_after_ui(session, args)
     if result == "stop":
-        from ddptop.core.headless import run_headless
+        from ddptop.headless import run_headless
 
         print("ddptop: stopping the job...", file=sys.stderr)
         # drain quietly until the job has ended
@@ -138,9 +138,9 @@ def _fix_after_ui(session, args) -> int:
     """The UI's F key: the job has been stopped (or had ended); search for a profile."""
     import io
 
-    from ddptop.core.fix import main as fix
-    from ddptop.core.headless import run_headless
-    from ddptop.core.profiles import ProfileError, resolve
+    from ddptop.core.run.profiles import ProfileError, resolve
+    from ddptop.core.tools.fix import main as fix
+    from ddptop.headless import run_headless
 
     if not session.finished:
         print("ddptop: stopping the job...", file=sys.stderr)
@@ -148,9 +148,9 @@ def _fix_after_ui(session, args) -> int:
     meta = session.meta
     if meta is None:
         return _err("this job's command is not known: nothing to run again")
-    from ddptop.core import journal
-    from ddptop.core.sessions.protocol import LocalRun
-    from ddptop.core.profiles import mask_argv
+    from ddptop.core.model.session_protocol import LocalRun
+    from ddptop.core.run import journal
+    from ddptop.core.run.profiles import mask_argv
 
     loc = session.location
     cmd = journal.real_argv(loc.run_dir, meta)[1] if isinstance(loc, LocalRun) else list(meta.user_command)
@@ -223,7 +223,13 @@ a job ddptop did not launch (--pid PID, or found as above):
 
 
 def cmd_attach(rest: list[str], args) -> int:
-    from ddptop.core.factory import AttachRequest, K8sRequest, OpenError, WatchOptions, open_target
+    from ddptop.core.sessions.factory import (
+        AttachRequest,
+        K8sRequest,
+        OpenError,
+        WatchOptions,
+        open_target,
+    )
 
     ap = argparse.ArgumentParser(prog="ddptop attach", formatter_class=argparse.RawDescriptionHelpFormatter,
                                  allow_abbrev=False,
@@ -313,19 +319,20 @@ def _sub_parser(name: str, description: str) -> argparse.ArgumentParser:
 def cmd_runs(rest: list[str], args) -> int:
     import json as _json
 
-    from ddptop.core import journal
+    from ddptop.core.model import run_dirs
+    from ddptop.core.run import journal
 
     ap = _sub_parser("runs", "The runs in the runs directory, oldest first: id, state, command. "
                              "Any id (or `latest`) can be given to `ddptop attach` or `ddptop diagnose`.")
     ap.add_argument("--json", action="store_true", help="one JSON object per run")
     a = ap.parse_args(rest)
-    home = journal.runs_home()
-    runs = sorted((d for d in home.glob("*") if (d / journal.META).is_file()), key=lambda d: d.stat().st_mtime)
+    home = run_dirs.runs_home()
+    runs = sorted((d for d in home.glob("*") if (d / run_dirs.META).is_file()), key=lambda d: d.stat().st_mtime)
     if not runs:
         print(f"ddptop: no runs in {home}", file=sys.stderr)
     for d in runs:
         st = journal.run_state(d)
-        meta = journal.read_json(d / journal.META)
+        meta = journal.read_json(d / run_dirs.META)
         cmd = meta.get("user_command") if isinstance(meta, dict) else None
         if args.json or a.json:
             print(_json.dumps({"id": d.name, "state": st.state, "dir": str(d),
@@ -389,7 +396,7 @@ def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    from ddptop.core.settings import SettingError, settings
+    from ddptop.core.model.settings import SettingError, settings
 
     try:
         settings()  # a malformed DDPTOP_* variable is said now, naming it, not deep inside a thread
@@ -408,7 +415,7 @@ def _main(argv: list[str] | None = None) -> int:
     if cmd[0] == "attach":
         return cmd_attach(cmd[1:], args)
     if cmd[0] == "agent":
-        from ddptop.core.agent import main as agent
+        from ddptop.core.sessions.agent import main as agent
 
         code = agent(cmd[1:])
         sys.stdout.flush()
@@ -423,7 +430,9 @@ def _main(argv: list[str] | None = None) -> int:
             return 0
         if cmd[1:2] != ["p2p"]:
             return _err("usage: ddptop bench p2p [--json] [--timeout S] [--sizes B,B,...] [--ranks N] [--copy-mb M]")
-        from ddptop.core.gpu_bench import main as bench_p2p  # torch only in the worker processes it starts
+        from ddptop.core.tools.p2p_bench import (
+            main as bench_p2p,  # torch only in the worker processes it starts
+        )
 
         return bench_p2p(cmd[2:] + (["--json"] if args.json and "--json" not in cmd else []))
     if cmd[0] == "fix":
@@ -433,9 +442,9 @@ def _main(argv: list[str] | None = None) -> int:
             return 0
         if not rest or os.path.basename(rest[0]) != "torchrun":
             return _err("usage: ddptop [--json] [--fix-steps K] [--fix-time S] fix torchrun [TORCHRUN OPTIONS] SCRIPT [ARGS]")
-        from ddptop.core.fix import main as fix
-        from ddptop.core.launcher import LaunchError, plan_launch
-        from ddptop.core.profiles import ProfileError, resolve
+        from ddptop.core.run.launcher import LaunchError, plan_launch
+        from ddptop.core.run.profiles import ProfileError, resolve
+        from ddptop.core.tools.fix import main as fix
 
         try:
             base = resolve(args.profile)
@@ -448,7 +457,7 @@ def _main(argv: list[str] | None = None) -> int:
     if cmd[0] == "profiles":
         import json as _json
 
-        from ddptop.core.profiles import ProfileError, format_table, load_all
+        from ddptop.core.run.profiles import ProfileError, format_table, load_all
 
         ap = _sub_parser("profiles", "The launch profiles: the built-in ones, then those of "
                                      "~/.config/ddptop/profiles.toml and ./ddptop.toml (a later one of the same name "
@@ -465,7 +474,7 @@ def _main(argv: list[str] | None = None) -> int:
             print(format_table(allp))
         return 0
     if cmd[0] == "doctor":
-        from ddptop.core.doctor import main as doctor
+        from ddptop.core.tools.doctor import main as doctor
 
         return doctor(cmd[1:] + (["--json"] if args.json and "--json" not in cmd else []))
     if cmd[0] == "diagnose":
@@ -477,11 +486,12 @@ def _main(argv: list[str] | None = None) -> int:
         ap.add_argument("--json", action="store_true", help="the verdict as JSON")
         a = ap.parse_args(cmd[1:])
         rest = a.paths
-        from ddptop.core.diagnose import main as diagnose
+        from ddptop.core.tools.diagnose import main as diagnose
 
         def path_of(ref: str) -> str:
             """A path as given; else a run id or `latest`, as for attach."""
-            from ddptop.core.journal import JournalError, resolve_run
+            from ddptop.core.model.run_dirs import JournalError
+            from ddptop.core.run.journal import resolve_run
 
             if os.path.exists(ref):
                 return ref
@@ -495,8 +505,8 @@ def _main(argv: list[str] | None = None) -> int:
         except FileNotFoundError as e:
             return _err(str(e))
     if os.path.basename(cmd[0]) == "torchrun":
-        from ddptop.core.factory import OpenError, open_launch
-        from ddptop.core.profiles import ProfileError, resolve
+        from ddptop.core.run.profiles import ProfileError, resolve
+        from ddptop.core.sessions.factory import OpenError, open_launch
 
         try:
             profiles = resolve(args.profile)
@@ -513,10 +523,10 @@ def _main(argv: list[str] | None = None) -> int:
         if not (args.headless or args.json):
             print(f"ddptop: run {session.location}", file=sys.stderr)
         code = _watch(session, args)
-        from ddptop.core.sessions.protocol import LocalRun
+        from ddptop.core.model.session_protocol import LocalRun
 
         if isinstance(session.location, LocalRun):
-            from ddptop.core import journal
+            from ddptop.core.run import journal
 
             # agents streaming the run to `ddptop attach` clients send its end before this process exits (in a
             # container, this process is the first, and its exit ends them)

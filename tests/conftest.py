@@ -61,7 +61,7 @@ def stop_run(run: Path, timeout: float = 60) -> None:
     sup = run / "supervisor.json"
     if not sup.exists() or (run / "exit.json").exists():
         return
-    from ddptop.core.session import Session
+    from ddptop.core.run.run_session import Session
 
     s = Session.open(run)
     if s.is_live:

@@ -78,7 +78,7 @@ def wait_for(pred: Callable[[], Any], timeout: float = 60, interval: float = 0.1
 def per_line(events) -> list:
     """The events with every ``logs`` batch spread into one ``log`` event per
     line (what ``--json`` prints): for tests that look at lines one by one."""
-    from ddptop.core.events import LogBatch
+    from ddptop.core.model.events import LogBatch
 
     out: list = []
     for e in events:
@@ -94,7 +94,7 @@ def logs(t: float, rank, *texts: str, stream: str = "stdout", path: str = "", tr
     """A ``logs`` batch of these lines (offsets as if they were the file's first lines)."""
     from itertools import accumulate
 
-    from ddptop.core.events import LogBatch
+    from ddptop.core.model.events import LogBatch
 
     offsets = tuple(accumulate((len(x.encode("utf-8", "surrogatepass")) + 1 for x in texts[:-1]), initial=0))
     return LogBatch(t, rank, stream, 0, path, "", offsets, tuple(texts), tuple(partial), transient)
@@ -107,7 +107,7 @@ def log_line(t: float, rank=None, stream: str = "stdout", text: str = "", path: 
 
 def matcher_fails_on(monkeypatch, marker: str = "BAD") -> None:
     """Make the signature matcher raise (a bug) on lines holding ``marker``, as if it had one."""
-    from ddptop.core.signatures import SignatureMatcher
+    from ddptop.core.analysis.signatures import SignatureMatcher
 
     inner = SignatureMatcher._feed
 

@@ -12,13 +12,13 @@ pytest.importorskip("textual")
 
 from textual.widgets import DataTable, RichLog, TabbedContent  # noqa: E402
 
-from ddptop.core.events import AlarmEvent, ProgressEvent, RankEvent, StateEvent  # noqa: E402
-from ddptop.core.sessions.protocol import CommandResult  # noqa: E402
-from ddptop.core.session import Session  # noqa: E402
+from ddptop.core.model.events import AlarmEvent, ProgressEvent, RankEvent, StateEvent  # noqa: E402
+from ddptop.core.model.session_protocol import CommandResult  # noqa: E402
+from ddptop.core.run.run_session import Session  # noqa: E402
 from ddptop.ui import logview  # noqa: E402
 from ddptop.ui.app import make_app  # noqa: E402
 from ddptop.ui.dialogs import QuitScreen  # noqa: E402
-from ddptop.ui.themes import load_themes  # noqa: E402
+from ddptop.ui.theme_files import load_themes  # noqa: E402
 from conftest import rank_started, write_run
 from helpers import logs, wait_until
 

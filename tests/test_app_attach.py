@@ -17,10 +17,11 @@ pytest.importorskip("textual")
 from textual.content import Content  # noqa: E402
 from textual.widgets import DataTable  # noqa: E402
 
-from ddptop.core.events import LinkEvent  # noqa: E402
+from ddptop.core.model.events import LinkEvent  # noqa: E402
+from ddptop.core.model.evidence import Where  # noqa: E402
 from ddptop.core.sessions.cross_node import MultiSession  # noqa: E402
 from ddptop.core.sessions.ssh import RemoteSession  # noqa: E402
-from ddptop.core.session import Session  # noqa: E402
+from ddptop.core.run.run_session import Session  # noqa: E402
 from ddptop.ui.app import make_app  # noqa: E402
 from ddptop.ui.header import HeaderBar, link_markup  # noqa: E402
 from ddptop.ui.alarm_box import AlarmBox  # noqa: E402
@@ -235,8 +236,8 @@ def test_link_states_in_the_header():
 def test_the_cross_node_alarm_shows_the_culprits_node(tmp_path):
     """Issue 27: the one stall alarm of a hang across nodes names the culprit's node in the alarm box
     (its ``node``), and culprits on several nodes each with theirs."""
-    from ddptop.core.events import AlarmEvent
-    from ddptop.core.job_state import JobState
+    from ddptop.core.model.events import AlarmEvent
+    from ddptop.core.analysis.job_state import JobState
     from ddptop.ui.alarm_box import alarm_markup
 
     now = time.time()
@@ -262,7 +263,7 @@ def test_the_cross_node_alarm_shows_the_culprits_node(tmp_path):
     run_async(go())
     # culprits on two nodes: the alarm is "all nodes", each culprit says its node
     spread = AlarmEvent(now, type="stall", id="stall-mismatch", culprits=(1, 3), node="all nodes",
-                        where={"1": {"node": "node-b"}, "3": {"node": "node-c"}})
+                        where={1: Where(1, node="node-b"), 3: Where(3, node="node-c")})
     model = JobState()
     model.apply([spread])
     text = Content.from_markup(alarm_markup(model)[0]).plain

@@ -14,8 +14,8 @@ pytest.importorskip("textual")
 
 from textual.widgets import OptionList, RichLog, Static  # noqa: E402
 
-from ddptop.core.events import LaunchEvent  # noqa: E402
-from ddptop.core.session import Session  # noqa: E402
+from ddptop.core.model.events import LaunchEvent  # noqa: E402
+from ddptop.core.run.run_session import Session  # noqa: E402
 from ddptop.ui.app import make_app  # noqa: E402
 from ddptop.ui.dialogs import ProfilePicker  # noqa: E402
 from ddptop.ui.header import HeaderBar  # noqa: E402

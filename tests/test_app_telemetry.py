@@ -12,7 +12,7 @@ pytest.importorskip("textual")
 
 from textual.widgets import DataTable  # noqa: E402
 
-from ddptop.core.session import Session  # noqa: E402
+from ddptop.core.run.run_session import Session  # noqa: E402
 from ddptop.ui.app import make_app  # noqa: E402
 from ddptop.ui.alarm_box import AlarmBox, alarm_markup  # noqa: E402
 from ddptop.ui.gpu_pane import GpuPane, sparkline  # noqa: E402
@@ -186,8 +186,8 @@ def test_ranks_mapped_by_device_in_a_container_are_no_guess(tmp_path):
             assert "by device" in note and "guess" not in note
 
     run_async(go())
-    from ddptop.core.events import ProcEvent
-    from ddptop.core.job_state import RankInfo
+    from ddptop.core.model.events import ProcEvent
+    from ddptop.core.analysis.job_state import RankInfo
     from ddptop.ui.rank_table import rank_cells
 
     sample = ProcEvent(1.0, rank=0, pid=42, gpu=3, gpu_mapping="device")
@@ -195,8 +195,8 @@ def test_ranks_mapped_by_device_in_a_container_are_no_guess(tmp_path):
 
 
 def test_alarm_box_offers_r_only_for_jobs_ddptop_can_relaunch():
-    from ddptop.core.events import AlarmEvent
-    from ddptop.core.job_state import JobState
+    from ddptop.core.model.events import AlarmEvent
+    from ddptop.core.analysis.job_state import JobState
 
     model = JobState()
     model.apply([AlarmEvent(1.0, type="stall", id="stall-hang", culprits=(1,), message="no step for 10 s",
@@ -210,8 +210,8 @@ def test_alarm_box_offers_r_only_for_jobs_ddptop_can_relaunch():
 
 def test_an_ended_rank_shows_no_live_process_figures():
     """After a rank exits its row must not keep saying `running` at 66% CPU."""
-    from ddptop.core.events import ProcEvent
-    from ddptop.core.job_state import RankInfo
+    from ddptop.core.model.events import ProcEvent
+    from ddptop.core.analysis.job_state import RankInfo
     from ddptop.ui.rank_table import rank_cells
 
     sample = ProcEvent(1.0, rank=0, pid=42, cpu=66.0, rss=300 << 20, status="running", threads=4,

@@ -9,8 +9,8 @@ pytest.importorskip("textual")
 from textual.widgets import DataTable, Static  # noqa: E402
 
 import fake_nvml  # noqa: E402
-from ddptop.core.gpu_bench import Row  # noqa: E402
-from ddptop.core.session import Session  # noqa: E402
+from ddptop.core.tools.p2p_bench import Row  # noqa: E402
+from ddptop.core.run.run_session import Session  # noqa: E402
 from ddptop.ui.app import make_app  # noqa: E402
 from ddptop.ui.tool_screens import matrix_text  # noqa: E402
 from helpers import wait_until  # noqa: E402
@@ -22,7 +22,7 @@ def no_nvidia_driver(monkeypatch):
     as pynvml's does when libnvidia-ml cannot be found."""
     import pynvml
 
-    from ddptop.core.gpu import nvml
+    from ddptop.core.sources import gpu_nvml as nvml
 
     monkeypatch.setattr(nvml, "_load", lambda: fake_nvml.make([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
 

@@ -24,9 +24,9 @@ import pytest
 
 from helpers import per_line
 from conftest import EXAMPLE, ROOT, TIMEOUT, alive, ddptop_cmd, json_events, wait_for
-from ddptop.core.events import ENDED, FINAL_STATES
+from ddptop.core.model.events import ENDED, FINAL_STATES
 from ddptop.core.sessions.pid import EXIT_UNKNOWN, ForeignError, ForeignSession, _start_offset, resolve_pid
-from ddptop.core.torchrun import parse_torchrun_options, torchrun_args
+from ddptop.core.sources.proc_torchrun import parse_torchrun_options, torchrun_args
 
 
 # -- helpers ------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from helpers import per_line
 from conftest import EXAMPLE, ROOT, TIMEOUT, alive, ddptop_cmd, json_events, journal_events, wait_for
 from ddptop.core.sessions.cross_node import MultiSession
 from ddptop.core.sessions.ssh import RemoteSession
-from ddptop.core.session import Session
+from ddptop.core.run.run_session import Session
 from sshd import remote_ddptop
 
 P2P_HANG = ["--nproc-per-node", "2", EXAMPLE, "--steps", "40", "--step-time", "0.05", "--fault", "p2p-hang",
@@ -400,8 +400,8 @@ def test_nodes_that_differ_in_nccl_version_or_transport_are_a_finding(tmp_path, 
 
 def gpus_row_here():
     """The doctor's GPUs row for this machine, from the same check run here."""
-    from ddptop.core.doctor import check_gpus
-    from ddptop.core.gpu.nvml import NvmlBackend
+    from ddptop.core.tools.doctor import check_gpus
+    from ddptop.core.sources.gpu_nvml import NvmlBackend
 
     b = NvmlBackend()
     try:

@@ -11,8 +11,8 @@ import pytest
 
 from conftest import ROOT, ddptop_cmd
 import fake_nvml
-from ddptop.core.gpu_bench import _nvml_index, algbw, busbw, link_rates, memory_rate, nvlink_link_rate, pcie_rate, percent
-from ddptop.core.gpu.nvml import NvmlBackend
+from ddptop.core.tools.p2p_bench import _nvml_index, algbw, busbw, link_rates, memory_rate, nvlink_link_rate, pcie_rate, percent
+from ddptop.core.sources.gpu_nvml import NvmlBackend
 
 
 def test_bandwidth_arithmetic_against_hand_computed_values():

@@ -20,8 +20,8 @@ from fake_cluster import BIN, FakeCluster, _child, ddptop_words, unshare_works
 from helpers import free_port, per_line
 from test_attach_ssh import drain
 
-from ddptop.core import k8s
-from ddptop.core.session import Session
+from ddptop.core.sessions import k8s_pods as k8s
+from ddptop.core.run.run_session import Session
 from ddptop.core.sessions.ssh import RemoteSession
 from ddptop.core.sessions.transports import Kubectl, Srun
 
@@ -198,12 +198,13 @@ def test_attach_k8s_shows_each_pod_as_a_node(tmp_path, cluster):
 
 def test_a_launching_ddptop_waits_for_live_readers_only(tmp_path):
     """``readers/<pid>``: an agent streaming the run; a stale one (its process gone) holds nothing up."""
-    from ddptop.core import journal
+    from ddptop.core.model import run_dirs
+    from ddptop.core.run import journal
 
     run = tmp_path / "run"
     run.mkdir()
-    (run / journal.READERS).mkdir()
-    (run / journal.READERS / "999999").write_text('{"pid": 999999, "create_time": 1.0}')
+    (run / run_dirs.READERS).mkdir()
+    (run / run_dirs.READERS / "999999").write_text('{"pid": 999999, "create_time": 1.0}')
     assert journal.wait_for_readers(run, 10)  # (True: none left, not the 10 s run out)
     me = journal.add_reader(run)
     assert me is not None and not journal.wait_for_readers(run, 0.3)

@@ -67,7 +67,7 @@ def busy_seconds(proc: psutil.Process) -> float:
     """Seconds its threads were runnable: on a CPU, or waiting in a run queue for one
     (/proc/PID/task/*/schedstat). A spinning thread is runnable all the time, however few
     cycles a loaded machine gives it (its CPU time there is its share of the cores)."""
-    from ddptop.core.telemetry import runnable_ns
+    from ddptop.core.sources.telemetry import runnable_ns
 
     ns = runnable_ns(proc.pid)
     return sum(ns.values()) / 1e9 if ns else cpu_seconds(proc)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ddptop.core.analysis.culprits import Evidence, culprits_of, overdue
-from ddptop.core.analysis.evidence import StackEvidence, Where
+from ddptop.core.model.evidence import StackEvidence, Where
 from ddptop.core.analysis.rank_state import RankState
-from ddptop.core.signatures import SignatureMatcher
+from ddptop.core.analysis.signatures import SignatureMatcher
 
 WATCHDOG = ("[Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=40, OpType=ALLREDUCE, "
             "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600012 milliseconds before timing out.")

@@ -3,7 +3,7 @@
 import pytest
 
 from ddptop.core.analysis.detector import StallDetector
-from ddptop.core.analysis.evidence import StackEvidence, Where
+from ddptop.core.model.evidence import StackEvidence, Where
 
 
 def StackVerdict(t, hung, culprits=(), summary="", where=None, error="", io=(), node="", waiting=(), mismatch=False):
@@ -219,14 +219,14 @@ def test_stacks_that_say_io_hold_the_alarm_until_the_io_patience_runs_out():
         c.t += 1.0
         alarm = d.decide().stall
     assert alarm is not None and alarm.culprits == (0,)
-    assert "still in I/O" in alarm.message and alarm.where["0"]["function"] == "save_checkpoint"
+    assert "still in I/O" in alarm.message and alarm.where[0].function == "save_checkpoint"
 
 
 def test_a_progress_bar_redrawn_with_the_same_count_is_not_life():
     """tqdm redraws its bar (a new elapsed time, the same count) while the loop is
     stuck: the alarm must neither wait for it nor end and come again."""
     from ddptop.core.analysis.analyzer import Analyzer
-    from ddptop.core.events import ProgressEvent
+    from ddptop.core.model.events import ProgressEvent
     from helpers import log_line
 
     c = Clock()
@@ -252,7 +252,7 @@ def test_a_job_being_stopped_raises_no_new_stall():
     """After a stall, --on-stall kill (or the person) stops the job; a rank interrupted by the
     SIGTERM may draw one more batch and wait again: that is no second stall. A relaunch runs again."""
     from ddptop.core.analysis.analyzer import Analyzer
-    from ddptop.core.events import ProgressEvent, StateEvent
+    from ddptop.core.model.events import ProgressEvent, StateEvent
 
     c = Clock()
     a = Analyzer(c)
@@ -307,7 +307,7 @@ def test_a_job_watched_by_its_stacks_alone_is_judged_after_the_watch_patience_no
         if d.suspect() and d.verdict is None:
             d.stacks(StackVerdict(c.t, True, (1,), "hung: rank 1 is in `f` at train.py:9", {"1": {"line": 9}}))
         alarm = d.decide().stall
-    assert alarm is not None and alarm.culprits == (1,) and alarm.where["1"]["line"] == 9
+    assert alarm is not None and alarm.culprits == (1,) and alarm.where[1].line == 9
     assert c.t - frozen_at <= 40, c.t - frozen_at  # the watch patience (30 s), not the 120 s first-step grace
 
 
@@ -365,7 +365,7 @@ def test_each_nodes_stack_verdict_counts_whichever_arrives_last():
         while alarm is None and c.t < 1000 + 60:
             c.t += 0.5
             alarm = d.decide().stall
-        assert alarm is not None and alarm.culprits == (1,) and alarm.where["1"]["line"] == 3 and alarm.where["1"]["node"] == "node-b", order
+        assert alarm is not None and alarm.culprits == (1,) and alarm.where[1].line == 3 and alarm.where[1].node == "node-b", order
         assert "rank 1 on node-b is in `f` at t.py:3" in alarm.message, alarm.message
 
 
@@ -487,7 +487,7 @@ def test_ranks_frozen_in_different_collectives_are_a_mismatch():
                           "from `main` at t.py:21; rank 1 waits in `broadcast` (torch.distributed) from `main` at "
                           "t.py:48", where, waiting=(0, 1), mismatch=True))
     s = d.decide().stall
-    assert s.kind == "mismatch" and s.culprits == () and {r: (w["line"], w["call"]) for r, w in s.where.items()} == {"0": (21, "all_reduce"), "1": (48, "broadcast")}
+    assert s.kind == "mismatch" and s.culprits == () and {r: (w.line, w.call) for r, w in s.where.items()} == {0: (21, "all_reduce"), 1: (48, "broadcast")}
     assert "Collective mismatch" in s.message and "t.py:48" in s.message
     assert "flight-recorder" in s.suggested_profiles
     assert not any("t.py:48" in e for e in s.evidence)  # (said once, in the message)
@@ -553,7 +553,7 @@ def test_complete_stack_evidence_raises_the_alarm_before_the_learned_threshold()
     assert s is not None and s.culprits == (1,) and s.kind == "hot" and s.silent_for < 5, s
     assert "rank 1 is in `next_batch` at train.py:60 (`time.sleep`), its GPU idle (2%)" in s.message, s.message
     assert "Ranks 0,2 wait on the GPU at train.py:88 (`cudaStreamSynchronize`, the CUDA runtime), GPUs at 100%" in s.message
-    assert s.where["1"]["line"] == 60
+    assert s.where[1].line == 60
 
 
 def test_ranks_spinning_on_the_gpu_at_different_lines_are_a_mismatch_naming_the_odd_one():
@@ -565,7 +565,7 @@ def test_ranks_spinning_on_the_gpu_at_different_lines_are_a_mismatch_naming_the_
                           {0: gpu_wait(0, 88), 1: gpu_wait(1, 140), 2: gpu_wait(2, 88)}, waiting=(0, 2), mismatch=True))
     s = d.decide().stall
     assert s is not None and s.kind == "mismatch" and s.culprits == (1,)
-    assert set(s.where) == {"0", "1", "2"} and s.where["1"]["line"] == 140
+    assert set(s.where) == {0, 1, 2} and s.where[1].line == 140
     assert s.suggested_profiles[0] == "flight-recorder"
 
 

@@ -117,7 +117,7 @@ def test_consequences_alone_are_no_failure(tmp_path):
 
 def test_a_line_ddptop_failed_to_read_is_said_in_the_post_mortem(tmp_path, monkeypatch, capsys):
     """A parser bug skips a line; diagnose says so instead of being silently less sure."""
-    from ddptop.core import diagnose as dg
+    from ddptop.core.tools import diagnose as dg
     from helpers import matcher_fails_on
 
     matcher_fails_on(monkeypatch)

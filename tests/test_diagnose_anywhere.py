@@ -23,7 +23,7 @@ import pytest
 from conftest import ROOT
 from helpers import free_port, wait_for
 
-from ddptop.core.diagnose import analyze_paths, build_report, format_report, report
+from ddptop.core.tools.diagnose import analyze_paths, build_report, format_report, report
 
 pytestmark = pytest.mark.unit
 

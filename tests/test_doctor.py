@@ -19,9 +19,9 @@ import pytest
 
 import fake_nvml
 from conftest import ROOT, run_ddptop, wait_for
-from ddptop.core import torchrun
-from ddptop.core import doctor as d
-from ddptop.core.gpu.nvml import NvmlBackend
+from ddptop.core.sources import proc_torchrun as torchrun
+from ddptop.core.tools import doctor as d
+from ddptop.core.sources.gpu_nvml import NvmlBackend
 
 H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -618,7 +618,7 @@ def test_real_doctor_on_this_machine(runs_dir):
 
 
 def test_the_doctor_process_never_imports_torch():
-    code = ("import sys, io, contextlib\nfrom ddptop.core.doctor import run_checks\nrun_checks(workers=1)\n"
+    code = ("import sys, io, contextlib\nfrom ddptop.core.tools.doctor import run_checks\nrun_checks(workers=1)\n"
             "print('torch' in sys.modules, 'textual' in sys.modules, 'rich' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr

@@ -3,9 +3,10 @@
 import asyncio
 import time
 
-from ddptop.core.event_text import describe
-from ddptop.core.events import AlarmEvent, LinkEvent, NoteEvent, RankEvent, StacksEvent, StateEvent
-from ddptop.core.headless import format_text
+from ddptop.core.analysis.event_text import describe
+from ddptop.core.model.events import AlarmEvent, LinkEvent, NoteEvent, RankEvent, StacksEvent, StateEvent
+from ddptop.core.model.evidence import Where
+from ddptop.headless import format_text
 
 
 def test_each_kind_in_words_and_headless_decorates_them():
@@ -33,19 +34,19 @@ def test_stacks_where_the_others_wait_for_a_working_rank_are_not_said_to_be_hung
     t = time.time()
     working = StacksEvent(t, ranks=(0, 1), samples=2, span=1.0, hung=True, culprits=(0,),
                           summary="hung: rank 0 is moving (stack changes between samples), last in `evaluate`",
-                          where={"0": {"rank": 0, "status": "moving"}})
+                          where={0: Where(0, "moving")})
     assert "the others wait for ranks that work" in format_text(working) and "frozen" not in format_text(working)
     markup = stacks_markup(working)
     assert "working, the others wait for it: rank 0" in markup and "culprit" not in markup
     frozen = StacksEvent(t, ranks=(0, 1), samples=2, span=1.0, hung=True, culprits=(1,), summary="hung: ...",
-                         where={"1": {"rank": 1, "status": "frozen"}})
+                         where={1: Where(1, "frozen")})
     assert ": frozen;" in format_text(frozen) and "culprit: rank 1" in stacks_markup(frozen)
 
 
 def test_the_ui_writes_the_same_words_into_its_merged_log(tmp_path):
     """An alarm, a note, a state change and stacks reach the UI's merged log in
     the words headless mode prints (without its == decoration)."""
-    from ddptop.core.session import Session
+    from ddptop.core.run.run_session import Session
     from ddptop.ui.app import make_app
     from helpers import wait_until
     from test_app import log_text, make_run

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from ddptop.core.events import BadEvent, LogBatch, LogEvent, from_dict, from_json
-from ddptop.core.headless import format_text
-from ddptop.core.tailer import Tailer
+from ddptop.core.model.events import BadEvent, LogBatch, LogEvent, from_dict, from_json
+from ddptop.headless import format_text
+from ddptop.core.sources.log_tailer import Tailer
 
 TEXTS = ['step 1 loss 0.5', 'quote " and \\ backslash', "héllo wörld ✓", "\udcff lone surrogate", "", "tab\there"]
 

@@ -8,7 +8,7 @@ import subprocess
 import threading
 
 from conftest import EXAMPLE, ROOT, TIMEOUT, ddptop_cmd
-from ddptop.core import flight
+from ddptop.core.sources import flight_recorder as flight
 
 
 def entry(seq, op="gloo:all_reduce", sizes=((4,),), state="scheduled", pg=("0", "default_pg"), p2p=False):

@@ -145,7 +145,7 @@ def _two_nodes_attached(tmp_path, sshd, fault: str):
     import subprocess
 
     from conftest import ROOT, alive, ddptop_cmd, journal_events
-    from ddptop.core.session import Session
+    from ddptop.core.run.run_session import Session
     from sshd import remote_ddptop
     from test_attach_ssh import finish, launch as launch_node
 

@@ -14,10 +14,10 @@ import pytest
 from helpers import per_line
 from conftest import (EXAMPLE, ROOT, TIMEOUT, alive, ddptop_cmd, json_events, rank_pids, rank_started, wait_for,
                       write_run)
-from ddptop.core import journal
-from ddptop.core.sessions.protocol import AttachedPid, LocalRun, Nodes, RemoteRun
-from ddptop.core.factory import AttachRequest, OpenError, open_local, open_target
-from ddptop.core.session import Session
+from ddptop.core.run import journal
+from ddptop.core.model.session_protocol import AttachedPid, LocalRun, Nodes, RemoteRun
+from ddptop.core.sessions.factory import AttachRequest, OpenError, open_local, open_target
+from ddptop.core.run.run_session import Session
 
 
 def _env(runs_dir: Path) -> dict:
@@ -97,7 +97,7 @@ def test_a_running_run_is_running_by_its_supervisor_not_by_a_missing_exit_json(r
                        timeout=60, what="the supervisor").parent
         assert journal.run_state(run).state == "running"
         # a plain `ddptop attach` picks the running run (not a job ddptop did not launch)
-        opened = open_local(options=__import__("ddptop.core.factory", fromlist=["WatchOptions"]).WatchOptions())
+        opened = open_local(options=__import__("ddptop.core.sessions.factory", fromlist=["WatchOptions"]).WatchOptions())
         assert opened.session.location == LocalRun(run)
         c = opened.session.control()
         assert c.stop and c.relaunch and c.stacks and c.fix and not c.refused

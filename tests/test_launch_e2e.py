@@ -191,11 +191,12 @@ def test_a_runs_directory_of_another_user_is_refused(runs_dir, tmp_path, monkeyp
     r = run_ddptop("--headless", "torchrun", "--nproc-per-node", "1", EXAMPLE, "--steps", "1")
     assert r.returncode == 2 and "belongs to another user (uid 65534)" in r.stderr, r.stderr[-2000:]
     assert list(runs_dir.iterdir()) == [] and "step 1" not in r.stdout  # nothing started, nothing written
-    from ddptop.core import journal
+    from ddptop.core.model import run_dirs
+    from ddptop.core.run import journal
 
     monkeypatch.setenv("DDPTOP_RUNS_DIR", str(runs_dir))
-    with pytest.raises(journal.JournalError, match="belongs to another user"):
-        journal.make_private_dir(journal.attached_dir("pid-1") / "stacks" / "x")
+    with pytest.raises(run_dirs.JournalError, match="belongs to another user"):
+        run_dirs.make_private_dir(journal.attached_dir("pid-1") / "stacks" / "x")
     assert not (runs_dir / "attached").exists()
     os.chown(runs_dir, 0, 0)  # ours again: the same launch goes ahead
     ok = run_ddptop("--headless", "torchrun", "--nproc-per-node", "1", EXAMPLE, "--steps", "1", "--step-time", "0")

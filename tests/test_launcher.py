@@ -3,7 +3,8 @@ from pathlib import Path
 
 
 from conftest import EXAMPLE, run_ddptop
-from ddptop.core.launcher import TORCHRUN_FLAGS, parse_torchrun_args, plan_launch
+from ddptop.core.run.launcher import parse_torchrun_args, plan_launch
+from ddptop.core.sources.proc_torchrun import TORCHRUN_FLAGS
 
 
 def test_torchrun_args_pass_through_unchanged(tmp_path):

@@ -13,9 +13,9 @@ import psutil
 import pytest
 
 from conftest import ROOT, TIMEOUT, ddptop_cmd, rank_started, write_run
-from ddptop.core import session as session_mod
-from ddptop.core.session import Session
-from ddptop.core.wake import FileWaker
+from ddptop.core.run import run_session as session_mod
+from ddptop.core.run.run_session import Session
+from ddptop.core.sources.log_wake import FileWaker
 from helpers import per_line, wait_for
 
 
@@ -229,7 +229,7 @@ def test_a_wake_does_not_lose_a_file_event(watched):
 
 
 def test_diagnose_reads_past_an_over_long_line(tmp_path):
-    from ddptop.core.diagnose import analyze_paths
+    from ddptop.core.tools.diagnose import analyze_paths
 
     log = "x\n" + "y" * (10 << 20) + "\nRuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
     f = tmp_path / "rank_0.log"

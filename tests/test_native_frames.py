@@ -1,4 +1,4 @@
-"""What native frames say (ddptop.core.analysis.native) and how the verdict reads them.
+"""What native frames say (ddptop.core.analysis.native_frames) and how the verdict reads them.
 
 The dumps here follow the shapes real GPU ranks show under ``py-spy dump --native``
 (see tests/data/stacks/public for dumps people posted, with their sources): the
@@ -15,9 +15,9 @@ import itertools
 
 import pytest
 
-from ddptop.core.analysis.native import gpu_wait, library_of, library_words
+from ddptop.core.analysis.native_frames import gpu_wait, library_of, library_words
 from ddptop.core.analysis.stack_dumps import Frame, parse_dump
-from ddptop.core.analysis.stacks import rank_state, verdict
+from ddptop.core.analysis.stack_verdict import rank_state, verdict
 
 _addr = itertools.count(0x7F0A3C1B2F7A, 0x1F3)
 
@@ -243,7 +243,7 @@ Thread 367714 (active): "MainThread"
 def test_a_python_only_dump_and_a_gdb_backtrace_of_one_process_read_as_one(tmp_path):
     """People paste `py-spy dump` (Python frames only) and then gdb's `bt` of the same process (native frames
     only): read together, the rank waits on the GPU at its Python line."""
-    from ddptop.core import dump_files
+    from ddptop.core.sources import stack_files as dump_files
 
     f = tmp_path / "rank0.txt"
     f.write_text(PY_THEN_GDB)
@@ -283,6 +283,6 @@ def test_a_gdb_session_with_two_backtraces_is_two_threads_and_a_lock_against_the
 @pytest.mark.parametrize("path,kind", [("fairseq/data/iterators.py", "data"), ("/home/me/proj/dataloader.py", "data"),
                                        ("/data/users/me/train.py", "user"), ("myproj/models/net.py", "user")])
 def test_data_loading_code_is_told_by_its_file_or_folder_never_by_a_mount_point(path, kind):
-    from ddptop.core.analysis.stacks import classify_frame
+    from ddptop.core.analysis.stack_verdict import classify_frame
 
     assert classify_frame(Frame("__next__", path, 10)) == kind

@@ -32,7 +32,7 @@ import pytest
 
 import fake_nvml
 from conftest import EXAMPLE, ROOT, TIMEOUT, ddptop_cmd
-from ddptop.core.procs import pid_namespace
+from ddptop.core.sources.proc_tree import pid_namespace
 
 GiB = 1024**3
 
@@ -102,7 +102,7 @@ def doctor(env: dict) -> tuple[dict, int]:
 SAMPLE = """
     import json, pynvml
     from dataclasses import asdict
-    from ddptop.core.gpu.nvml import NvmlBackend
+    from ddptop.core.sources.gpu_nvml import NvmlBackend
     b = NvmlBackend()
     ok = b.init()
     evs = [asdict(e) for e in b.sample()] if ok else []
@@ -150,7 +150,7 @@ def test_a_field_a_gpu_does_not_support_is_asked_once(libs, tmp_path):
     conf.write_text(TWO_GPUS)
     r = python("""
         import json
-        from ddptop.core.gpu.nvml import NvmlBackend
+        from ddptop.core.sources.gpu_nvml import NvmlBackend
         b = NvmlBackend()
         powers = [[e.power_w for e in b.sample()] for _ in range(5)]
         print(json.dumps(powers))
@@ -168,8 +168,8 @@ def test_gpu_lost_mid_run_and_xid_become_alarms_naming_the_ranks_on_it(libs, tmp
     me = os.getpid()
     r = python(f"""
         import json, os, time
-        from ddptop.core.gpu.nvml import NvmlBackend
-        from ddptop.core.telemetry import RankProc, Telemetry
+        from ddptop.core.sources.gpu_nvml import NvmlBackend
+        from ddptop.core.sources.telemetry import RankProc, Telemetry
         conf = {str(conf)!r}
         tel = Telemetry(NvmlBackend())
         ranks = [RankProc(0, 0, os.getpid()), RankProc(1, 1, {me})]
@@ -309,8 +309,8 @@ def test_bench_link_rates_through_the_real_pynvml(libs, tmp_path):
     conf.write_text("\n".join(lines) + "\n")
     r = python("""
         import json
-        from ddptop.core.gpu_bench import link_rates
-        from ddptop.core.gpu.nvml import NvmlBackend
+        from ddptop.core.tools.p2p_bench import link_rates
+        from ddptop.core.sources.gpu_nvml import NvmlBackend
         r = link_rates(NvmlBackend().links())
         print(json.dumps({"pair": {f"{i}-{j}": v for (i, j), v in r.pair.items()}, "pcie": r.pcie,
                           "memory": r.memory, "lines": r.lines}))
@@ -352,8 +352,8 @@ def test_a_driver_upgraded_without_a_reboot_is_a_failure_with_the_fix_not_no_gpu
     # the live view says so too: the GPU status carries the fault and the fix
     r = python("""
         import json
-        from ddptop.core.headless import format_text
-        from ddptop.core.telemetry import Telemetry, make_backend
+        from ddptop.headless import format_text
+        from ddptop.core.sources.telemetry import Telemetry, make_backend
         (ev,) = Telemetry(make_backend("auto")).tick([])
         print(json.dumps([ev.to_dict(), format_text(ev)]))
     """, env)
@@ -415,9 +415,9 @@ def test_gpus_without_a_fabric_skip_the_fabric_row(libs, tmp_path):
 
 IN_POD = """
     import json, os, subprocess, sys, time
-    from ddptop.core.procs import pid_namespace
-    from ddptop.core.gpu.nvml import NvmlBackend
-    from ddptop.core.telemetry import RankProc, Telemetry
+    from ddptop.core.sources.proc_tree import pid_namespace
+    from ddptop.core.sources.gpu_nvml import NvmlBackend
+    from ddptop.core.sources.telemetry import RankProc, Telemetry
     conf, envs = sys.argv[1], json.loads(sys.argv[2])
     keep = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}
     kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "ddptop-test-rank"],

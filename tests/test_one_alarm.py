@@ -3,7 +3,8 @@ events, and the cross-node detector naming the culprit's node in the alarm's fie
 
 from ddptop.core.analysis.analyzer import Analyzer
 from ddptop.core.analysis.nodes import ACROSS, HOLD, OneAlarm, stands_alone
-from ddptop.core.events import AlarmEvent, LogBatch, NoteEvent, ProgressEvent, RankEvent, StacksEvent
+from ddptop.core.model.events import AlarmEvent, LogBatch, NoteEvent, ProgressEvent, RankEvent, StacksEvent
+from ddptop.core.model.evidence import Where
 
 TWO = {0: "node-a", 1: "node-b"}  # rank -> node: one rank per node, the culprit (rank 1) on the second
 
@@ -31,9 +32,9 @@ def test_the_cross_node_alarm_takes_the_nodes_own_in_as_its_evidence():
     out = apply(f, [], [cross], now=100.3)
     (a,) = alarms(out)
     assert a.id == "stall-hot" and a.node == "node-b" and a.culprits == (1,)
-    assert [(d["node"], d["id"], d["culprits"]) for d in a.folded] == [
+    assert [(d.node, d.id, list(d.culprits)) for d in a.folded] == [
         ("node-a", "stall-collective", []), ("node-b", "stall-idle", [1])]
-    assert a.folded[0]["message"] == own_a.message  # their text is kept whole
+    assert a.folded[0].message == own_a.message  # their text is kept whole
     assert "node-a: Collective hang, none of its ranks the odd one out" in a.message, a.message
     assert "node-b: Idle stall, naming rank 1" in a.message, a.message
     # nothing more is shown for this hang, however long it lasts
@@ -67,7 +68,7 @@ def test_without_a_cross_node_alarm_a_node_naming_its_own_culprit_stands_alone()
     assert apply(f, [own_a, own_b], now=100.0) == []
     assert apply(f, now=100.0 + HOLD / 2) == []
     (a,) = apply(f, now=100.0 + HOLD)
-    assert a.node == "node-b" and a.id == "stall-idle" and [d["node"] for d in a.folded] == ["node-a"]
+    assert a.node == "node-b" and a.id == "stall-idle" and [d.node for d in a.folded] == ["node-a"]
 
 
 def test_a_node_alarm_naming_nobody_of_its_own_is_never_lost_and_points_elsewhere():
@@ -87,7 +88,7 @@ def test_a_node_that_has_every_rank_holds_the_whole_story():
     assert apply(f, [], [cross], now=100.0, rank_nodes=only_a) == []  # held: the node's own may tell it all
     (a,) = apply(f, [own], now=100.2, rank_nodes=only_a)
     assert a.id == "stall-collective" and a.node == "node-a"
-    assert [(d["node"], d["id"]) for d in a.folded] == [(ACROSS, "stall-hot")]
+    assert [(d.node, d.id) for d in a.folded] == [(ACROSS, "stall-hot")]
     # and when the node's own never comes, the cross-node one is shown after all
     g = OneAlarm()
     apply(g, [], [cross], now=100.0, rank_nodes=only_a)
@@ -115,18 +116,16 @@ def test_the_cross_node_detector_names_the_culprits_node_in_the_alarm_fields():
         an.feed([ProgressEvent(t[0], rank=r, step=step, node=n) for r, n in TWO.items()])
         assert an.check() == []
     t[0] += 3.0
-    where0 = {"rank": 0, "function": "main", "file": "train.py", "line": 9, "call": "all_reduce",
-              "kind": "collective", "status": "frozen"}
-    where1 = {"rank": 1, "function": "next_batch", "file": "train.py", "line": 5, "call": "time.sleep",
-              "kind": "sleep/wait in user code", "status": "frozen"}
+    where0 = Where(0, "frozen", "collective", "main", "train.py", 9, "all_reduce")
+    where1 = Where(1, "frozen", "sleep/wait in user code", "next_batch", "train.py", 5, "time.sleep")
     an.feed([StacksEvent(t[0], ranks=(0,), samples=2, hung=True, summary="hung: every rank waits",
-                         where={"0": where0}, waiting=(0,), node="node-a"),
+                         where={0: where0}, waiting=(0,), node="node-a"),
              StacksEvent(t[0], ranks=(1,), samples=2, hung=True, culprits=(1,), summary="hung: rank 1 frozen",
-                         where={"1": where1}, node="node-b")])
+                         where={1: where1}, node="node-b")])
     (a,) = an.check()
     assert a.type == "stall" and a.culprits == (1,)
     assert a.node == "node-b", a  # the culprit's node, in the field
-    assert a.where["1"]["node"] == "node-b" and a.where["1"]["line"] == 5
+    assert a.where[1].node == "node-b" and a.where[1].line == 5
     assert "rank 1 on node-b" in a.message
 
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from ddptop.core.timestamps import Clock, line_time
+from ddptop.core.analysis.timestamps import Clock, line_time
 
 
 def diagnose(*paths) -> dict:

@@ -7,7 +7,7 @@ import sys
 import psutil
 import pytest
 
-from ddptop.core import procs
+from ddptop.core.sources import proc_tree as procs
 from helpers import wait_for
 
 TREE = r"""

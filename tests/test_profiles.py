@@ -4,8 +4,8 @@ import os
 import pytest
 
 from conftest import EXAMPLE, ROOT, json_events, only_run, run_ddptop
-from ddptop.core.launcher import plan_launch
-from ddptop.core.profiles import BUILTIN, ProfileError, load_all, load_file, resolve, rewrite_script_args
+from ddptop.core.run.launcher import plan_launch
+from ddptop.core.run.profiles import BUILTIN, ProfileError, load_all, load_file, resolve, rewrite_script_args
 
 NCCL_SCRIPT = (
     "import torch, torch.distributed as dist\n"
@@ -109,7 +109,7 @@ def test_profiles_command_lists_and_bad_file_is_a_clear_error(tmp_path):
 
 
 def test_secret_names_by_segment_and_secret_option_values_masked():
-    from ddptop.core.profiles import is_secret, mask_argv
+    from ddptop.core.run.profiles import is_secret, mask_argv
 
     for name in ("HF_TOKEN", "hfToken", "API_KEY", "APIKEY", "DB_PASSWD", "AWS_SECRET_ACCESS_KEY",
                  "GOOGLE_CREDENTIALS", "BASIC_AUTH", "WANDB_API_KEY", "hf-token", "api-key", "HUGGING_FACE_HUB_TOKEN"):

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from ddptop.core.progress import OTHER, TRAIN, parse_progress, parse_step
+from ddptop.core.analysis.progress import OTHER, TRAIN, parse_progress, parse_step
 
 CASES = [
     # (real-world line, step, total, kind)
@@ -47,8 +47,8 @@ def test_eval_progress_is_not_a_training_step():
 @given(st.binary(max_size=2000))
 def test_no_byte_sequence_crashes_the_parsers(data):
     # the inner functions: the public ones catch everything, so testing them could not fail
-    from ddptop.core import progress
-    from ddptop.core.signatures import SignatureMatcher
+    from ddptop.core.analysis import progress
+    from ddptop.core.analysis.signatures import SignatureMatcher
     text = data.decode("utf-8", "replace")
     progress._parse(text)
     SignatureMatcher()._feed(text, 0, 1, "")
@@ -59,11 +59,11 @@ def test_a_line_the_progress_parser_fails_on_is_noted_once_and_later_lines_are_s
     """A parser bug on one line must neither pass silently nor turn progress
     detection off: one warning note (however often the bug strikes), and the
     steps after the bad lines are still counted."""
-    from ddptop.core import progress
+    from ddptop.core.analysis import progress
     from ddptop.core.analysis.analyzer import Analyzer
-    from ddptop.core.events import AlarmEvent, NoteEvent
+    from ddptop.core.model.events import AlarmEvent, NoteEvent
     from helpers import log_line
-    from ddptop.core.pipeline import Pipeline
+    from ddptop.core.run.pipeline import Pipeline
 
     inner = progress._parse
 
@@ -121,7 +121,7 @@ def test_the_format_guards_change_no_answer(pieces):
     """Each format's regex runs only on lines holding text it cannot match
     without: on any mix of the formats' own pieces, the answer is the one
     every regex gives when run on every line."""
-    from ddptop.core.progress import _parse
+    from ddptop.core.analysis.progress import _parse
 
     text = "".join(pieces)
     assert _parse(text) == _parse(text, guarded=False)
@@ -129,6 +129,6 @@ def test_the_format_guards_change_no_answer(pieces):
 
 @pytest.mark.parametrize("line,step,total,kind", CASES)
 def test_the_format_guards_keep_every_known_format(line, step, total, kind):
-    from ddptop.core.progress import _parse
+    from ddptop.core.analysis.progress import _parse
 
     assert _parse(line) == _parse(line, guarded=False)

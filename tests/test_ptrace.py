@@ -42,7 +42,7 @@ def victim():
 
 def test_a_refused_ptrace_is_recognised_by_the_failure_itself(victim):
     r = run_unprivileged(f"""
-        from ddptop.core.stacks import dump_stacks, ptrace_refused
+        from ddptop.core.sources.stack_pyspy import dump_stacks, ptrace_refused
         raw, groups, err = dump_stacks({{3: {victim}}})
         print(repr((ptrace_refused({victim}), raw, err)))
     """)
@@ -50,7 +50,7 @@ def test_a_refused_ptrace_is_recognised_by_the_failure_itself(victim):
     refused, raw, err = eval(r.stdout.strip())  # (our own repr)
     assert refused is True and raw == {} and err == "rank 3: ptrace is refused", err
     # and as ourselves (root), nothing is refused
-    from ddptop.core.stacks import ptrace_refused
+    from ddptop.core.sources.stack_pyspy import ptrace_refused
 
     assert ptrace_refused(victim) is False
 
@@ -62,7 +62,7 @@ def test_the_sampler_says_it_once_per_run_with_the_fix(victim, tmp_path):
     os.chmod(d, 0o777)
     r = run_unprivileged(f"""
         import json
-        from ddptop.core.probes.stacks import StackSampler
+        from ddptop.core.sources.stack_probe import StackSampler
         out = []
         s = StackSampler({str(d)!r}, lambda: {{0: {victim}, 1: {victim}}}, out.extend, samples=2, gap=0.1)
         for _ in range(3):
@@ -79,7 +79,7 @@ def test_the_sampler_says_it_once_per_run_with_the_fix(victim, tmp_path):
 
 
 def test_doctor_checks_the_capability_and_yama(tmp_path):
-    from ddptop.core.doctor.host import check_ptrace
+    from ddptop.core.tools.doctor.host import check_ptrace
 
     def root(cap_eff: int, scope: int | None):
         r = tmp_path / f"r{cap_eff}-{scope}"

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from ddptop.core import dump_files
-from ddptop.core.analysis.stacks import verdict
-from ddptop.core.diagnose import StacksReport
+from ddptop.core.sources import stack_files as dump_files
+from ddptop.core.analysis.stack_verdict import verdict
+from ddptop.core.tools.diagnose import StacksReport
 
 PUBLIC = Path(__file__).resolve().parent / "data" / "stacks" / "public"
 CASES = sorted(d.name for d in PUBLIC.iterdir() if (d / "case.json").is_file())

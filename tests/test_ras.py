@@ -11,8 +11,10 @@ import random
 
 import pytest
 
-from ddptop.core import ras
-from ddptop.core.analysis.ras import verdict as ras_verdict
+from ddptop.core.sources import ras_client as ras
+from ddptop.core.sources import ras_parse
+from ddptop.core.model.ras_types import RasError
+from ddptop.core.analysis.ras_verdict import verdict as ras_verdict
 from ras_server import Job, Rank, RasServer
 
 
@@ -234,7 +236,7 @@ def test_no_server_and_not_a_ras_server_are_clear_errors():
     import socket
 
     port = ras.free_port()
-    with pytest.raises(ras.RasError, match="refused"):
+    with pytest.raises(RasError, match="refused"):
         ras.query(f"127.0.0.1:{port}", timeout=1)
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
@@ -247,7 +249,7 @@ def test_no_server_and_not_a_ras_server_are_clear_errors():
             c.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
             c.close()
         threading.Thread(target=hello, daemon=True).start()
-        with pytest.raises(ras.RasError, match="is not NCCL RAS"):
+        with pytest.raises(RasError, match="is not NCCL RAS"):
             ras.query(f"127.0.0.1:{srv.getsockname()[1]}", timeout=2)
     finally:
         srv.close()
@@ -268,12 +270,12 @@ def test_damaged_answers_never_crash_the_parsers():
         for fmt, body in (("json", s.json_report(s.job())), ("text", s.text_report(s.job()))):
             rng = random.Random(fmt)
             for cut in range(0, len(body), max(1, len(body) // 60)):
-                ras_verdict(ras.parse(body[:cut], fmt))
+                ras_verdict(ras_parse.parse(body[:cut], fmt))
             for _ in range(50):
                 b = list(body)
                 for _ in range(10):
                     b[rng.randrange(len(b))] = rng.choice("{}[]\",:0 \nA")
-                ras_verdict(ras.parse("".join(b), fmt))
+                ras_verdict(ras_parse.parse("".join(b), fmt))
     finally:
         s.close()
 
@@ -346,8 +348,8 @@ def test_the_rank_table_shows_what_ras_says_while_the_stall_lasts(tmp_path):
 
     from textual.widgets import DataTable
 
-    from ddptop.core.events import ProgressEvent, RasEvent
-    from ddptop.core.session import Session
+    from ddptop.core.model.events import ProgressEvent, RasEvent
+    from ddptop.core.run.run_session import Session
     from ddptop.ui.app import make_app
     from helpers import wait_until
     from test_app import log_text, make_run
@@ -364,7 +366,7 @@ def test_the_rank_table_shows_what_ras_says_while_the_stall_lasts(tmp_path):
             t = time.time()  # (after the steps the logs gave)
             app.ingest([RasEvent(t, addr="127.0.0.1:1", ok=True, version="2.29.2", format="json", culprits=(held,),
                                  text=f"rank {1 - held} launched AllReduce #12; rank {held} stopped at #11 (NCCL RAS)",
-                                 behind={str(held): "AllReduce #11 (others #12)"}, took=0.01)])
+                                 behind={held: "AllReduce #11 (others #12)"}, took=0.01)])
             col = [str(c.label) for c in table.columns.values()].index("NCCL (RAS)")
             await wait_until(pilot, lambda: str(table.get_row(str(held))[col]) == "AllReduce #11 (others #12)",
                              what="the culprit's RAS count")
@@ -378,14 +380,14 @@ def test_the_rank_table_shows_what_ras_says_while_the_stall_lasts(tmp_path):
 
 
 def test_monitor_lines_as_nccl_writes_them():
-    e = ras.parse_monitor_line("[2025-12-19 13:07:07] PEER_DEAD: Process 1524345 on node 172.16.64.245 managing GPU 1 ")
+    e = ras_parse.parse_monitor_line("[2025-12-19 13:07:07] PEER_DEAD: Process 1524345 on node 172.16.64.245 managing GPU 1 ")
     assert (e.event, e.pid, e.host, e.details) == ("PEER_DEAD", 1524345, "172.16.64.245", "")
-    e = ras.parse_monitor_line("[2025-12-19 13:07:07] PEER_UNRESPONSIVE: Process 7 on node 10.0.0.2 managing GPUs "
+    e = ras_parse.parse_monitor_line("[2025-12-19 13:07:07] PEER_UNRESPONSIVE: Process 7 on node 10.0.0.2 managing GPUs "
                                "0,1 peer not responding for 5s (keepalive warning)")
     assert e.pid == 7 and e.details == "peer not responding for 5s (keepalive warning)"
-    e = ras.parse_monitor_line("[2025-12-19 13:07:07] PEER_DEAD: 10.0.0.9<28028>")
+    e = ras_parse.parse_monitor_line("[2025-12-19 13:07:07] PEER_DEAD: 10.0.0.9<28028>")
     assert e.pid == -1 and e.details == "10.0.0.9<28028>"
-    assert ras.parse_monitor_line("RAS Monitor Mode - watching") is None
+    assert ras_parse.parse_monitor_line("RAS Monitor Mode - watching") is None
 
 
 def test_a_dead_peer_nccl_pushes_is_an_alarm_at_once(runs_dir):
@@ -438,8 +440,8 @@ def test_without_monitor_before_2_29_it_is_said_once(server):
     import threading
     from pathlib import Path
 
-    from ddptop.core.events import NoteEvent
-    from ddptop.core.probes.ras import RasProbe
+    from ddptop.core.model.events import NoteEvent
+    from ddptop.core.sources.ras_probe import RasProbe
 
     s = server(job_of(2, set()), "2.28.9")
     got: list = []
@@ -458,7 +460,7 @@ def test_without_monitor_before_2_29_it_is_said_once(server):
 def test_one_version_parser_reads_nccls_package_versions():
     """NCCL's package versions carry a build part (2.29.1-1): the guard for the versions whose RAS must not
     be asked often (2.26 to 2.29.1) must see 2.29.1, not 2.29.11."""
-    from ddptop.core.versions import version_tuple
+    from ddptop.core.model.version_numbers import version_tuple
 
     assert version_tuple("2.29.1-1") == (2, 29, 1) and version_tuple("2.29.2+cuda12.8") == (2, 29, 2)
     assert (2, 26) <= version_tuple("2.29.1-1") < (2, 29, 2)
@@ -470,8 +472,8 @@ def test_two_answers_in_one_second_are_both_kept_and_diagnose_reads_the_later(se
     used to overwrite the first), named so that it sorts after it, as `ddptop diagnose` takes the last."""
     from pathlib import Path
 
-    from ddptop.core.diagnose import ras_reports
-    from ddptop.core.probes.ras import RasProbe
+    from ddptop.core.tools.diagnose import ras_reports
+    from ddptop.core.sources.ras_probe import RasProbe
     from helpers import wait_for
 
     s = server(job_of(2, {1}))

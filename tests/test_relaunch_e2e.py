@@ -6,7 +6,7 @@ import signal
 import subprocess
 
 from conftest import EXAMPLE, ROOT, TIMEOUT, alive, ddptop_cmd, json_events, journal_events, wait_for
-from ddptop.core.session import Session
+from ddptop.core.run.run_session import Session
 
 P2P_HANG = ["--nproc-per-node", "2", EXAMPLE, "--steps", "40", "--step-time", "0.05", "--fault", "p2p-hang", "--fault-step", "10"]
 

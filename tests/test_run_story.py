@@ -1,4 +1,4 @@
-"""A run's own story (ddptop.core.run_story): the journal replayed through the live analysis on its own clock.
+"""A run's own story (ddptop.core.tools.run_story): the journal replayed through the live analysis on its own clock.
 
 The journals here are written as the supervisor writes them (steps from the hook, a stack sampling at a
 suspected stall, the alarm it raised, the stop it made), without torchrun; the end-to-end hang tests diagnose
@@ -11,7 +11,7 @@ import json
 
 from conftest import run_ddptop, write_run
 
-from ddptop.core.run_story import story
+from ddptop.core.tools.run_story import story
 
 T0 = 1_700_000_000.0
 
@@ -49,7 +49,7 @@ def test_the_replay_raises_the_runs_hang_with_the_same_culprit_and_says_who_ende
     s = story(run)
     assert [a.culprits for a in s.stalls] == [(1,)] and s.stalls[0].id == "stall-collective"
     assert abs(s.stalls[0].t - alarm_t) < 1.5  # when the live analysis had the samples
-    assert s.stalls[0].where["1"]["line"] == 60 and s.differences == ()
+    assert s.stalls[0].where[1].line == 60 and s.differences == ()
     # a journal of an earlier release (no ended_by): read from the supervisor's words
     assert s.ended_by.by == "ddptop-on-stall" and s.ended_by.exit_code == 124
 

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from helpers import per_line
 from conftest import rank_started, write_run
-from ddptop.core.session import Session
-from ddptop.core.tailer import Tailer
+from ddptop.core.run.run_session import Session
+from ddptop.core.sources.log_tailer import Tailer
 
 
 def read_all(run, max_bytes=1 << 20, resume_every=None, seed=0):

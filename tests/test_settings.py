@@ -1,4 +1,4 @@
-"""The one typed settings object (ddptop.core.settings): every DDPTOP_* a person may set, read in one place."""
+"""The one typed settings object (ddptop.core.model.settings): every DDPTOP_* a person may set, read in one place."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ddptop.core.settings import USER, SettingError, Settings, settings
+from ddptop.core.model.settings import USER, SettingError, Settings, settings
 
 
 def test_defaults_when_nothing_is_set():

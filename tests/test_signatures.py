@@ -1,6 +1,6 @@
 import pytest
 
-from ddptop.core.signatures import SignatureMatcher, root_cause
+from ddptop.core.analysis.signatures import SignatureMatcher, root_cause
 
 REAL = {
     "nccl-watchdog-timeout": "[rank1]:[E ProcessGroupNCCL.cpp:563] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1580, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600060 milliseconds before timing out.",
@@ -154,8 +154,8 @@ def test_each_signature_matches_its_real_text(sig, line):
 
 
 def test_every_signature_has_a_real_line_and_names_only_profiles_that_exist():
-    from ddptop.core.profiles import BUILTIN
-    from ddptop.core.signatures import CATALOG
+    from ddptop.core.run.profiles import BUILTIN
+    from ddptop.core.analysis.signatures import CATALOG
 
     tested = set(REAL) | {s for s, _ in REAL_MORE}
     untested = [s.id for s in CATALOG if s.id not in tested]
@@ -233,7 +233,7 @@ def test_torchrun_root_cause_block_names_signal_and_rank_and_beats_the_teardown(
 
 
 def test_failure_summary_gives_each_named_rank_its_exit_code():
-    from ddptop.core.signatures import failure_summary
+    from ddptop.core.analysis.signatures import failure_summary
 
     lines = ["[r0] step 3 exitcode : 7 (pid: 1)", *TORCHRUN_SUMMARY.splitlines(), "  rank      : 9 (local_rank: 1)",
              "  exitcode  : 3 (pid: 5)"]  # lines outside the summary name nothing
@@ -256,8 +256,8 @@ def test_python_exception_is_the_final_traceback_line():
 def test_the_literal_prefilter_finds_what_every_pattern_finds():
     """Lines are searched only by the signatures whose literal hints they
     contain; on every real line the result equals searching with all of them."""
-    from ddptop.core.progress import clean
-    from ddptop.core.signatures import CATALOG, literal_hints
+    from ddptop.core.analysis.progress import clean
+    from ddptop.core.analysis.signatures import CATALOG, literal_hints
 
     assert all(s.hints for s in CATALOG), [s.id for s in CATALOG if not s.hints]  # no signature searched on every line
     lines = list(REAL.values()) + [line for _, line in REAL_MORE] + TORCHRUN_SUMMARY.splitlines()
@@ -309,7 +309,7 @@ CASCADE = [
 
 
 def test_a_watchdog_cascade_has_the_timeout_as_its_root_and_the_counters_name_the_rank_behind():
-    from ddptop.core.signatures import collective_counters, counter_verdict
+    from ddptop.core.analysis.signatures import collective_counters, counter_verdict
 
     m, findings = SignatureMatcher(), []
     for i, (rank, line) in enumerate(CASCADE, 1):
@@ -321,7 +321,7 @@ def test_a_watchdog_cascade_has_the_timeout_as_its_root_and_the_counters_name_th
 
 
 def test_every_rank_at_minus_one_means_frozen_outside_communication_and_a_rank_in_the_message_counts():
-    from ddptop.core.signatures import collective_counters, counter_verdict
+    from ddptop.core.analysis.signatures import collective_counters, counter_verdict
 
     lines = [f"[PG ID 0 PG GUID 0(default_pg) Rank {r}] failure detected by watchdog at work sequence id: 0 "
              f"PG status: last enqueued work: -1, last completed work: -1" for r in range(3)]
@@ -349,7 +349,7 @@ def test_a_line_the_signature_matcher_fails_on_is_noted_once_and_later_lines_are
     """A matcher bug on some lines must neither pass silently nor turn signature
     detection off: one warning note, and the signatures after still alarm."""
     from ddptop.core.analysis.analyzer import Analyzer
-    from ddptop.core.events import AlarmEvent, NoteEvent
+    from ddptop.core.model.events import AlarmEvent, NoteEvent
     from helpers import log_line, matcher_fails_on
 
     matcher_fails_on(monkeypatch)
@@ -467,7 +467,7 @@ def test_the_live_alarm_and_diagnose_name_the_same_culprit_of_a_rank_killed_by_s
     The live alarm (the analyzer, as the supervisor runs it) and ``ddptop diagnose`` (its report) name
     it alike: one culprit function serves both."""
     from ddptop.core.analysis.analyzer import Analyzer
-    from ddptop.core.diagnose import report
+    from ddptop.core.tools.diagnose import report
     from helpers import logs
 
     summary = TORCHRUN_SUMMARY.replace("exitcode  : -11", "exitcode  : -9").replace(

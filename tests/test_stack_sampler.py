@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from ddptop.core.events import NoteEvent, StacksEvent
-from ddptop.core.probes.stacks import StackSampler
-from ddptop.core.stacks import py_spy
+from ddptop.core.model.events import NoteEvent, StacksEvent
+from ddptop.core.sources.stack_probe import StackSampler
+from ddptop.core.sources.stack_pyspy import py_spy
 
 pytestmark = pytest.mark.skipif(py_spy() is None, reason="py-spy is not installed")
 

@@ -1,4 +1,4 @@
-"""ddptop.core.analysis.stacks on real py-spy dumps (recorded by tests/data/stacks/record.py).
+"""ddptop.core.analysis.stack_verdict on real py-spy dumps (recorded by tests/data/stacks/record.py).
 
 Each ``<scenario>.r<rank>.<n>.txt`` is the n-th ``py-spy dump`` (taken >= 1 s
 apart) of rank ``rank`` of a small real program; see record.py for the programs.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ddptop.core.analysis.stacks import Frame, classify_frame, parse_dump, rank_state, verdict
+from ddptop.core.analysis.stack_verdict import Frame, classify_frame, parse_dump, rank_state, verdict
 
 DATA = Path(__file__).resolve().parent / "data" / "stacks"
 
@@ -250,8 +250,8 @@ def test_one_sample_cannot_tell_a_hang_and_names_nobody_without_a_contrast():
 
 
 def test_evidence_travels_as_json_in_a_stacks_event_and_comes_back_typed():
-    from ddptop.core.analysis.evidence import StackEvidence
-    from ddptop.core.events import StacksEvent, from_json
+    from ddptop.core.model.evidence import StackEvidence
+    from ddptop.core.model.events import StacksEvent, from_json
 
     v = verdict(job("ddp_backward", 2))
     ev = StacksEvent(5.0, ranks=(0, 1), samples=2, **{**v.to_event_fields(), "node": "n1"})
@@ -286,7 +286,7 @@ def test_a_rank_in_io_beside_one_stuck_in_its_own_code_is_not_the_culprit():
 
 
 def test_main_frames_for_the_pane():
-    from ddptop.core.analysis.stacks import main_frames
+    from ddptop.core.analysis.stack_verdict import main_frames
 
     frames, user = main_frames(dumps("slow_checkpoint", 0)[0])
     assert frames[0].startswith("SlowDisk.write (") and "torch/serialization.py:" in frames[1]
@@ -307,7 +307,7 @@ def test_a_loop_seen_on_the_same_line_twice_moved_when_its_variables_changed():
     """The stack watch (attach --pid) compares one rank's samples some seconds
     apart: a healthy loop sits on its sleep (or GPU sync) line in both, but its
     step counter and tensors are new (py-spy --locals); a hung rank's are not."""
-    from ddptop.core.analysis.stacks import moved
+    from ddptop.core.analysis.stack_verdict import moved
 
     a, b = dumps("loop_locals")
     assert rank_state(parse_dump(a)).exact == rank_state(parse_dump(b)).exact  # the same line

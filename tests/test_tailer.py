@@ -3,7 +3,7 @@ import os
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddptop.core.tailer import MAX_LINE, Tailer
+from ddptop.core.sources.log_tailer import MAX_LINE, Tailer
 
 
 def write(p, b, mode="ab"):

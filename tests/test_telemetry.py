@@ -1,6 +1,5 @@
 """NVML layer against a fake pynvml; psutil and the simulator on real processes."""
 
-import pytest
 
 import os
 import subprocess
@@ -12,12 +11,12 @@ import pytest
 
 import fake_nvml
 from helpers import favour, wait_for
-from ddptop.core.events import AlarmEvent, GpuEvent, GpuStatusEvent, ProcEvent
-from ddptop.core.gpu.nvml import NvmlBackend
-from ddptop.core.gpu.sim import SimBackend
-from ddptop.core import procs as procs_mod
-from ddptop.core.gpu.visible import Gpu, cuda_ids, match_uuid, rank_device
-from ddptop.core.telemetry import RankProc, Telemetry
+from ddptop.core.model.events import AlarmEvent, GpuEvent, GpuStatusEvent, ProcEvent
+from ddptop.core.sources.gpu_nvml import NvmlBackend
+from ddptop.core.sources.gpu_sim import SimBackend
+from ddptop.core.sources import proc_tree as procs_mod
+from ddptop.core.sources.gpu_visible import Gpu, cuda_ids, match_uuid, rank_device
+from ddptop.core.sources.telemetry import RankProc, Telemetry
 
 
 
@@ -25,7 +24,7 @@ from ddptop.core.telemetry import RankProc, Telemetry
 def _on_the_host(monkeypatch):
     """ddptop as on a host (not in a PID namespace), whatever the test runs in (an xdist worker runs in a PID
     namespace of its own); the tests about namespaces say otherwise themselves."""
-    from ddptop.core import procs as procs_mod
+    from ddptop.core.sources import proc_tree as procs_mod
 
     monkeypatch.setattr(procs_mod, "pid_namespace", lambda proc="/proc": False)
 

@@ -1,6 +1,6 @@
 """The torch side of ``ddptop bench p2p``: one measurement per process
 (``python -m ddptop._inject.bench_worker KIND ...``), its result as one JSON
-line on stdout.  ``ddptop.core.gpu_bench`` starts it under a timeout; only
+line on stdout.  ``ddptop.core.tools.p2p_bench`` starts it under a timeout; only
 this module imports torch.
 """
 
@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import time
+
 
 def _sync(torch):
     """Wait for every GPU: a copy between two GPUs runs on the source's stream."""

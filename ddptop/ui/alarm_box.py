@@ -11,8 +11,8 @@ from textual.content import Content
 from textual.markup import escape
 from textual.widgets import Static
 
-from ddptop.core.events import AlarmEvent
-from ddptop.core.job_state import JobState
+from ddptop.core.analysis.job_state import JobState
+from ddptop.core.model.events import AlarmEvent
 
 
 def alarm_markup(model: JobState, max_alarms: int = 3, max_notes: int = 2,
@@ -57,9 +57,9 @@ def alarm_markup(model: JobState, max_alarms: int = 3, max_notes: int = 2,
 def _culprit(a: AlarmEvent, r: int) -> str:
     """``r1``, or ``r1@node-b`` when the alarm's ``where`` puts the culprit on
     another node than the alarm's own (culprits spread over several nodes)."""
-    w = a.where.get(str(r)) if isinstance(a.where, dict) else None
-    node = w.get("node") if isinstance(w, dict) else None
-    return f"r{r}@{node}" if isinstance(node, str) and node and node != a.node else f"r{r}"
+    w = a.where.get(r)
+    node = w.node if w is not None else ""
+    return f"r{r}@{node}" if node and node != a.node else f"r{r}"
 
 
 class AlarmBox(Static):

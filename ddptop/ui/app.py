@@ -14,7 +14,7 @@ what each key does.  The parts have their own modules:
 * ``log_panes.py`` and ``logview.py``: the log tabs and their buffers;
 * ``dialogs.py``: quit, fix, help and the relaunch profile picker;
 * ``stacks_screen.py``, ``tool_screens.py``: the stacks pane, doctor and bench;
-* ``ddptop.core.event_text``: what an event says, shared with headless mode.
+* ``ddptop.core.analysis.event_text``: what an event says, shared with headless mode.
 
 Data flow: a thread worker calls ``session.poll()`` and hands events over in a
 list; at most one ``EventsReady`` message is in flight at a time, and the UI
@@ -42,19 +42,41 @@ from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
 
-from ddptop.core.event_text import describe
-from ddptop.core.events import (FINAL_STATES, AlarmEvent, GpuEvent, GpuStatusEvent, LaunchEvent, LinkEvent, LogBatch,
-                                NoteEvent, ProcEvent, ProgressEvent, RankEvent, StateEvent)
-from ddptop.core.sessions.protocol import JobSession, Nodes, RemoteRun
-from ddptop.core.job_state import JobState
+from ddptop.core.analysis.event_text import describe
+from ddptop.core.analysis.job_state import JobState
+from ddptop.core.model.events import (
+    FINAL_STATES,
+    AlarmEvent,
+    GpuEvent,
+    GpuStatusEvent,
+    LaunchEvent,
+    LinkEvent,
+    LogBatch,
+    NoteEvent,
+    ProcEvent,
+    ProgressEvent,
+    RankEvent,
+    StateEvent,
+)
+from ddptop.core.model.session_protocol import JobSession, Nodes, RemoteRun
+from ddptop.core.run.profiles import ProfileError, load_all
 from ddptop.ui.alarm_box import AlarmBox, is_recent
-from ddptop.ui.dialogs import DEFAULT_CHOICE, FixScreen, HelpScreen, ProfilePicker, QuitScreen, picker_choices
+from ddptop.ui.dialogs import (
+    DEFAULT_CHOICE,
+    FixScreen,
+    HelpScreen,
+    ProfilePicker,
+    QuitScreen,
+    picker_choices,
+)
 from ddptop.ui.gpu_pane import GpuPane
 from ddptop.ui.header import HeaderBar, HeaderState, env_markup
 from ddptop.ui.log_panes import FLUSH_EVERY, LogPanes
 from ddptop.ui.logview import Line
 from ddptop.ui.rank_table import RankTable
-from ddptop.ui.themes import DEFAULT_THEME, FALLBACK_THEME, load_themes
+from ddptop.ui.stacks_screen import StacksScreen
+from ddptop.ui.theme_files import DEFAULT_THEME, FALLBACK_THEME, load_themes
+from ddptop.ui.tool_screens import BenchScreen, DoctorScreen
 
 TABLE_EVERY = 0.5  # seconds between rank-table updates
 WAIT = 1.0  # seconds the poller waits for a file to change (or a line to arrive) at most
@@ -532,7 +554,6 @@ class DdptopApp(App[str]):
             self.notify(f"a relaunch ({self._relaunching}) is on its way", timeout=3)
             return
         try:
-            from ddptop.core.profiles import ProfileError, load_all
 
             profiles = load_all()
         except (ProfileError, OSError) as e:  # a broken or unreadable profiles file
@@ -602,17 +623,14 @@ class DdptopApp(App[str]):
         self._stop_job("fix")
 
     def action_stacks_pane(self) -> None:
-        from ddptop.ui.stacks_screen import StacksScreen
 
         self.push_screen(StacksScreen(self.model.stacks))
 
     def action_doctor(self) -> None:
-        from ddptop.ui.tool_screens import DoctorScreen
 
         self.push_screen(DoctorScreen())
 
     def action_bench(self) -> None:
-        from ddptop.ui.tool_screens import BenchScreen
 
         self.push_screen(BenchScreen())
 

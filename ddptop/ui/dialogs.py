@@ -15,7 +15,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from ddptop.core.job_state import JobState
+from ddptop.core.analysis.job_state import JobState
 
 HELP_TEXT = """\
 [b]ddptop keys[/b]

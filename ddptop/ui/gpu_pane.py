@@ -13,7 +13,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
-from ddptop.core.job_state import JobState
+from ddptop.core.analysis.job_state import JobState
 from ddptop.ui.fmt import NA, fmt_gib, fmt_pct
 
 BLOCKS = "▁▂▃▄▅▆▇█"

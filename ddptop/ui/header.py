@@ -12,8 +12,8 @@ from textual.content import Content
 from textual.markup import escape
 from textual.widget import Widget
 
-from ddptop.core.events import FINAL_STATES, LinkEvent
-from ddptop.core.job_state import JobState
+from ddptop.core.analysis.job_state import JobState
+from ddptop.core.model.events import FINAL_STATES, LinkEvent
 from ddptop.ui.fmt import fmt_duration
 
 STATE_VAR = {

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.app import App, ScreenStackError
-from textual.css.query import NoMatches
 from textual.containers import Vertical
+from textual.css.query import NoMatches
 from textual.widget import Widget
 from textual.widgets import Input, RichLog, Static, TabbedContent, TabPane
 

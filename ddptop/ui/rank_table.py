@@ -14,7 +14,7 @@ from typing import Callable
 from rich.text import Text
 from textual.widgets import DataTable
 
-from ddptop.core.job_state import JobState, culprits_of, ras_of
+from ddptop.core.analysis.job_state import JobState, culprits_of, ras_of
 from ddptop.ui.fmt import fmt_age, fmt_bytes, fmt_pct
 
 COLUMNS = (

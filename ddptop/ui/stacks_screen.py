@@ -17,8 +17,8 @@ from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from ddptop.core.analysis.evidence import StackEvidence
-from ddptop.core.events import StacksEvent
+from ddptop.core.model.events import StacksEvent
+from ddptop.core.model.evidence import StackEvidence
 
 
 def stacks_markup(ev: StacksEvent | None) -> str:

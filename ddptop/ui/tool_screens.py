@@ -16,6 +16,9 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label, Static
 
+from ddptop.core.tools.doctor import run_checks, summary
+from ddptop.core.tools.p2p_bench import run, size_text
+
 STATUS_STYLE = {"ok": "green", "warn": "bold yellow", "fail": "bold red", "skipped": "dim",
                 "hang": "bold white on red", "error": "bold red"}
 
@@ -108,7 +111,6 @@ class DoctorScreen(ModalScreen[None]):
 
     @work(thread=True, exclusive=True, group="doctor", exit_on_error=False)
     def _run(self) -> None:
-        from ddptop.core.doctor import run_checks, summary
 
         try:
             rows = run_checks()
@@ -199,7 +201,6 @@ class BenchScreen(ModalScreen[None]):
 
     @work(thread=True, exclusive=True, group="bench", exit_on_error=False)
     def _run(self) -> None:
-        from ddptop.core.gpu_bench import run
 
         try:
             rep = run(self.sizes, self.timeout, progress=lambda row: self.app.call_from_thread(self._add, row))
@@ -208,7 +209,6 @@ class BenchScreen(ModalScreen[None]):
             self.app.call_from_thread(self._done, "", f"{type(e).__name__}: {e}")
 
     def _add(self, r) -> None:
-        from ddptop.core.gpu_bench import size_text
 
         self.rows.append(r)
         note = r.message if r.status != "ok" else (f"algbw {r.algbw:.3g} GB/s" if r.algbw is not None else "")

@@ -42,13 +42,15 @@ def bench_help(n: int = 7) -> None:
 
 
 def make_synthetic_run(d: Path, ranks: int, lines: int, finished: bool = True, nodes: int = 1) -> Path:
-    from ddptop.core import journal
+    from ddptop.core.model import run_dirs
+    from ddptop.core.model.run_meta import Meta
+    from ddptop.core.run import journal
     run = d / "run"
     run.mkdir()
     log_dir = run / "logs"
-    meta = journal.Meta("bench", ["torchrun"], ["torchrun"], {}, str(ROOT), "bench", time.time(), str(log_dir), ranks, 0, "bench")
-    journal.write_json(run / journal.META, meta.to_dict())
-    with open(run / journal.EVENTS, "w") as f:
+    meta = Meta("bench", ["torchrun"], ["torchrun"], {}, str(ROOT), "bench", time.time(), str(log_dir), ranks, 0, "bench")
+    journal.write_json(run / run_dirs.META, meta.to_dict())
+    with open(run / run_dirs.EVENTS, "w") as f:
         f.write(json.dumps({"t": time.time(), "kind": "state", "state": "running"}) + "\n")
         for r in range(ranks):
             node = f"node{r * nodes // ranks}" if nodes > 1 else "bench"
@@ -57,7 +59,7 @@ def make_synthetic_run(d: Path, ranks: int, lines: int, finished: bool = True, n
         if finished:
             f.write(json.dumps({"t": time.time(), "kind": "state", "state": "succeeded", "exit_code": 0}) + "\n")
     if finished:
-        journal.write_json(run / journal.EXIT, {"state": "succeeded", "exit_code": 0})
+        journal.write_json(run / run_dirs.EXIT, {"state": "succeeded", "exit_code": 0})
     for r in range(ranks):
         p = log_dir / "x_1" / "attempt_0" / str(r)
         p.mkdir(parents=True)
@@ -70,8 +72,8 @@ def make_synthetic_run(d: Path, ranks: int, lines: int, finished: bool = True, n
 
 
 def bench_ingest(ranks: int = 8, lines: int = 250_000) -> None:
-    from ddptop.core.headless import run_headless
-    from ddptop.core.session import Session
+    from ddptop.headless import run_headless
+    from ddptop.core.run.run_session import Session
     with tempfile.TemporaryDirectory() as d:
         run = make_synthetic_run(Path(d), ranks, lines)
         total = ranks * lines
@@ -98,7 +100,7 @@ from pathlib import Path
 t0 = time.perf_counter()
 sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/tests/bench")
 from bench import make_synthetic_run
-from ddptop.core.session import Session
+from ddptop.core.run.run_session import Session
 from ddptop.ui.app import make_app
 d = tempfile.mkdtemp()
 run = make_synthetic_run(Path(d), 2, 100)
@@ -154,8 +156,8 @@ def bench_telemetry(gpus: int = 8, ranks: int = 8, ticks: int = 200) -> None:
     everything but the driver's own time."""
     sys.path.insert(0, str(ROOT / "tests"))
     import fake_nvml
-    from ddptop.core.gpu.nvml import NvmlBackend
-    from ddptop.core.telemetry import RankProc, Telemetry
+    from ddptop.core.sources.gpu_nvml import NvmlBackend
+    from ddptop.core.sources.telemetry import RankProc, Telemetry
     procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]) for _ in range(ranks)]
     try:
         fgpus = [fake_nvml.FakeGpu(procs=[p.pid]) for p in procs[:gpus]]
@@ -176,8 +178,8 @@ def bench_telemetry(gpus: int = 8, ranks: int = 8, ticks: int = 200) -> None:
             code = f"""
 import json, sys, time
 sys.path.insert(0, {str(ROOT)!r})
-from ddptop.core.gpu.nvml import NvmlBackend
-from ddptop.core.telemetry import RankProc, Telemetry
+from ddptop.core.sources.gpu_nvml import NvmlBackend
+from ddptop.core.sources.telemetry import RankProc, Telemetry
 tel = Telemetry(NvmlBackend())
 rp = [RankProc(i, i, pid) for i, pid in enumerate({[p.pid for p in procs]!r})]
 evs = tel.tick(rp)
@@ -289,8 +291,8 @@ def bench_alarm_latency(repeat: int = 2) -> None:
 
 def bench_nvml_tick(ticks: int = 50) -> None:
     """The CPU one telemetry tick costs over this machine's real GPUs (NVML), at 1 Hz."""
-    from ddptop.core.gpu.nvml import NvmlBackend
-    from ddptop.core.telemetry import Telemetry
+    from ddptop.core.sources.gpu_nvml import NvmlBackend
+    from ddptop.core.sources.telemetry import Telemetry
 
     backend = NvmlBackend()
     if not backend.init():
@@ -317,7 +319,7 @@ def bench_native_pause(dumps: int = 20) -> None:
     non-blocking Python-only dump, for comparison.  Twice: a plain Python
     process, and a real torch rank (torch imported, its main thread in
     matrix products: py-spy reads libtorch_cpu's symbols, benfred/py-spy#872)."""
-    from ddptop.core.stacks import NATIVE_TIMEOUT, py_spy
+    from ddptop.core.sources.stack_pyspy import NATIVE_TIMEOUT, py_spy
 
     exe = py_spy()
     if exe is None:
@@ -375,7 +377,7 @@ def bench_stack_watch(ranks: int = 8, seconds: float = 40.0) -> None:
     """attach --pid's life signal: py-spy's CPU over one core while watching N
     ranks in turn (target: within 2% of a core on average), and each rank's
     sampling period."""
-    from ddptop.core.probes.stacks import StackWatch
+    from ddptop.core.sources.stack_probe import StackWatch
 
     code = "import time, torch\nwhile True:\n    time.sleep(0.01)\n    torch.randn(64, 64) @ torch.randn(64, 64)\n"
     procs = [subprocess.Popen([sys.executable, "-c", code], start_new_session=True) for _ in range(ranks)]
@@ -462,8 +464,8 @@ def bench_relaunch(n: int = 3) -> None:
     """What a relaunch costs: ddptop's own time (noticing the request, the gap
     between the old attempt's last process ending and the new torchrun starting)
     next to torchrun's and the ranks' own stop and start-up times."""
-    from ddptop.core.events import from_dict
-    from ddptop.core.session import Session
+    from ddptop.core.model.events import from_dict
+    from ddptop.core.run.run_session import Session
 
     rows = []
     with tempfile.TemporaryDirectory() as d:
@@ -539,9 +541,9 @@ def bench_busy_node(others: int = 1000, ranks: int = 8, ticks: int = 50) -> None
     import psutil
     sys.path.insert(0, str(ROOT / "tests"))
     import fake_nvml
-    from ddptop.core import procs
-    from ddptop.core.gpu.nvml import NvmlBackend
-    from ddptop.core.telemetry import RankProc, Telemetry
+    from ddptop.core.sources import proc_tree as procs
+    from ddptop.core.sources.gpu_nvml import NvmlBackend
+    from ddptop.core.sources.telemetry import RankProc, Telemetry
     crowd = [subprocess.Popen(["sleep", "300"]) for _ in range(others)]
     rank_code = "import subprocess, time; [subprocess.Popen(['sleep', '300']) for _ in range(2)]; time.sleep(300)"
     job = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; "
@@ -589,7 +591,7 @@ def bench_signatures(lines: int = 50_000) -> None:
     thread): microseconds per line for ordinary training lines, NCCL INFO
     lines (NCCL_DEBUG=INFO floods them at start-up) and the error lines of a
     crash."""
-    from ddptop.core.signatures import SignatureMatcher
+    from ddptop.core.analysis.signatures import SignatureMatcher
 
     kinds = {
         "training": [f"[rank0]: step {i} loss 0.{i % 97:04d} lr 3e-4 grad_norm 1.23 tokens/s 152344" for i in range(lines)],
@@ -715,8 +717,8 @@ def bench_ras(queries: int = 30) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from ras_server import Job, Rank, RasServer
 
-    from ddptop.core import ras
-    from ddptop.core.analysis.ras import verdict as ras_verdict
+    from ddptop.core.sources import ras_client as ras
+    from ddptop.core.analysis.ras_verdict import verdict as ras_verdict
 
     for n in (8, 64, 1024):
         # (two ranks held back together: NCCL's text lists them as a group and its members)
@@ -844,14 +846,14 @@ def bench_ui64(ranks: int = 64, rate: int = 1000, seconds: float = 40.0, odd: in
 
     import psutil
 
-    from ddptop.core import journal
-    from ddptop.core.session import Session
+    from ddptop.core.model import run_dirs
+    from ddptop.core.run.run_session import Session
     from ddptop.ui.app import make_app
     from ddptop.ui.rank_table import RankTable
 
     with tempfile.TemporaryDirectory() as d:
         run = make_synthetic_run(Path(d), ranks, 0, finished=False, nodes=8)
-        (run / journal.SUPERVISOR).write_text(json.dumps({"pid": os.getpid(),
+        (run / run_dirs.SUPERVISOR).write_text(json.dumps({"pid": os.getpid(),
                                                           "create_time": psutil.Process().create_time()}))
         writer = subprocess.Popen([sys.executable, "-c", _WRITER_64, str(run), str(ranks), str(rate), str(seconds),
                                    str(odd)])
@@ -893,7 +895,7 @@ def bench_analysis(lines: int = 50_000) -> None:
     """The live analysis (progress parser, signature matcher, stall bookkeeping)
     per log line, in-process, for three kinds of line, each fed as batches."""
     from ddptop.core.analysis.analyzer import Analyzer
-    from ddptop.core.events import LogBatch
+    from ddptop.core.model.events import LogBatch
 
     kinds = {
         "a training line": [f"[default0]:step {i} loss 0.{i % 997:03d} lr 3e-4 epoch 1 tokens/s 51234"

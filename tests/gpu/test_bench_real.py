@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ddptop.core.gpu.nvml import NvmlBackend
+from ddptop.core.sources.gpu_nvml import NvmlBackend
 
 ROOT = Path(__file__).resolve().parents[2]
 backend = NvmlBackend()

@@ -6,7 +6,7 @@ Run on a GPU machine:  python3 -m pytest -q -s tests/gpu/test_cuda_sync_real.py
 NCCL collectives are asynchronous: a rank whose peers never come does not
 block inside the collective but runs on to its next CUDA synchronisation
 (``loss.item()``) and spins there, on one Python line, on the CPU.  The hang
-verdict (``ddptop.core.analysis.stacks``) reads such a rank as waiting on the
+verdict (``ddptop.core.analysis.stack_verdict``) reads such a rank as waiting on the
 GPU from its native frames (``py-spy dump --native``: the CUDA runtime or the
 driver inside the Python line), or, from a Python-only dump, from its GPU
 being busy (NVML) while it sits on that line.  The tests on the CPU check
@@ -44,9 +44,9 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU here (torch.cuda.is_available() is false)", allow_module_level=True)
 
-from ddptop.core.analysis.stacks import gpu_library, parse_dump, rank_state
-from ddptop.core.stacks import py_spy
-from ddptop.core.telemetry import make_backend
+from ddptop.core.analysis.stack_verdict import gpu_library, parse_dump, rank_state
+from ddptop.core.sources.stack_pyspy import py_spy
+from ddptop.core.sources.telemetry import make_backend
 
 PY_SPY = py_spy()
 if PY_SPY is None:

@@ -30,7 +30,7 @@ if tuple(NCCL[:2]) < (2, 24):
     pytest.skip(f"NCCL {NCCL} has no RAS (2.24+)", allow_module_level=True)
 
 from ddptop.core import ras  # noqa: E402
-from ddptop.core.analysis.ras import verdict as ras_verdict  # noqa: E402
+from ddptop.core.analysis.ras_verdict import verdict as ras_verdict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 240

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from ddptop.core.gpu.nvml import NvmlBackend
-from ddptop.core.telemetry import RankProc, Telemetry
+from ddptop.core.sources.gpu_nvml import NvmlBackend
+from ddptop.core.sources.telemetry import RankProc, Telemetry
 
 backend = NvmlBackend()
 pytestmark = pytest.mark.skipif(not backend.init(), reason=f"no NVML here: {backend.error}")
@@ -69,7 +69,7 @@ def test_matmul_child_is_mapped_to_its_gpu_and_utilisation_rises():
 
 
 def test_link_facts_and_health_of_every_gpu():
-    from ddptop.core.gpu_bench import link_rates
+    from ddptop.core.tools.p2p_bench import link_rates
 
     facts = backend.links()
     health = backend.health()
@@ -86,9 +86,9 @@ def test_link_facts_and_health_of_every_gpu():
 
 IN_POD = r"""
 import json, os, subprocess, sys, time
-from ddptop.core import procs
-from ddptop.core.gpu.nvml import NvmlBackend
-from ddptop.core.telemetry import RankProc, Telemetry
+from ddptop.core.sources import proc_tree as procs
+from ddptop.core.sources.gpu_nvml import NvmlBackend
+from ddptop.core.sources.telemetry import RankProc, Telemetry
 uuid, matmul, hide = sys.argv[1], sys.argv[2], sys.argv[3] == "hide"
 backend = NvmlBackend()
 if hide:  # no PID namespace to be had: as a driver that lists no process inside a container
@@ -127,7 +127,7 @@ def test_a_rank_given_its_gpu_by_uuid_maps_to_it_by_device():
     import json
     import shutil
 
-    from ddptop.core.gpu.visible import Gpu, rank_device
+    from ddptop.core.sources.gpu_visible import Gpu, rank_device
 
     evs = backend.sample()
     target = next(e for e in reversed(evs) if not e.lost)  # the last GPU: not GPU 0 where there are several

@@ -11,18 +11,18 @@ Read in this order:
                     returns what to do (take stack samples, raise this
                     stall).  It owns its sampling state; the pipeline only
                     carries the decision out.
-* ``stacks.py``     py-spy dumps -> typed evidence: who is frozen, moving,
+* ``stack_verdict.py``  py-spy dumps -> typed evidence: who is frozen, moving,
                     waiting in a collective, in backward or on the GPU (a
                     CUDA synchronisation point: native CUDA/NCCL frames, or
                     one line spinning while the GPU is busy), who is the odd
                     one out.
-* ``evidence.py``   the typed evidence (``Where``, ``StackGroup``,
-                    ``StackEvidence``), the one rule for "this rank is
-                    working", and the cross-node ``combine``.
+* ``stack_judge.py``  who hangs and who is the odd one out, from every
+                    rank's ``Where`` (one node, or every node: ``combine``);
+                    the typed evidence itself is ``ddptop.core.model.evidence``.
 * ``culprits.py``   the one function per question that names culprits: of a
                     stall (live) and of a failure (live alarms and
                     ``diagnose`` alike).
-* ``ras.py``        what NCCL's RAS report says about who is behind.
+* ``ras_verdict.py`` what NCCL's RAS report says about who is behind.
 * ``wording.py``    the one sentence builder: says only what the evidence
                     shows, in the phase the job is in.
 * ``nodes.py``      one hang, one alarm across nodes: the merged view's

@@ -15,17 +15,38 @@ import re
 import time
 import traceback
 
-from ddptop.core.events import (FINAL_STATES, STOPPING, AlarmEvent, Event, GpuEvent, LogBatch, NoteEvent, ProcEvent,
-                                ProgressEvent, RankEvent, RasEvent, StacksEvent, StateEvent)
-from ddptop.core.progress import OTHER, TrainingBars, parse_progress
-from ddptop.core.timestamps import Clock
-from ddptop.core.signatures import (ACROSS_RANKS, CAUSE, CONSEQUENCE, TIMEOUT, Finding, SignatureMatcher, across_ranks,
-                                    cascade_level, root_cause)
 from ddptop.core.analysis.culprits import Evidence, culprits_of
 from ddptop.core.analysis.detector import Decision, StallDetector
-from ddptop.core.analysis.evidence import StackEvidence
+from ddptop.core.analysis.progress import OTHER, TrainingBars, parse_progress
+from ddptop.core.analysis.signatures import (
+    ACROSS_RANKS,
+    CAUSE,
+    CONSEQUENCE,
+    TIMEOUT,
+    Finding,
+    SignatureMatcher,
+    across_ranks,
+    cascade_level,
+    root_cause,
+)
+from ddptop.core.analysis.timestamps import Clock
 from ddptop.core.analysis.wording import peer_dead_words, signature_words
-
+from ddptop.core.model.events import (
+    FINAL_STATES,
+    STOPPING,
+    AlarmEvent,
+    Event,
+    GpuEvent,
+    LogBatch,
+    NoteEvent,
+    ProcEvent,
+    ProgressEvent,
+    RankEvent,
+    RasEvent,
+    StacksEvent,
+    StateEvent,
+)
+from ddptop.core.model.evidence import StackEvidence
 
 MAX_FAILURE_NOTES = 20  # parser-failure notes per analyzer, at most
 # NCCL says its version in its INFO lines (NCCL_DEBUG=INFO), the step hook in a note

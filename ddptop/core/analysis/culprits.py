@@ -22,14 +22,21 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Iterable, Mapping
-
-from ddptop.core.analysis.evidence import HOT_UTIL, IDLE_UTIL, StackEvidence, Where
+from typing import Iterable, Mapping
 
 from ddptop.core.analysis.rank_state import RankState
-
-if TYPE_CHECKING:
-    from ddptop.core.signatures import Finding
+from ddptop.core.analysis.signatures import (
+    ENDED,
+    PEER_LOSS,
+    TIMEOUT,
+    Finding,
+    cascade_level,
+    collective_counters,
+    counter_verdict,
+    root_cause,
+)
+from ddptop.core.analysis.wording import exit_words
+from ddptop.core.model.evidence import HOT_UTIL, IDLE_UTIL, StackEvidence, Where
 
 
 @dataclass(frozen=True)
@@ -94,7 +101,6 @@ def _stall(ranks: Iterable[RankState], stacks: StackEvidence | None, ras: tuple[
             culprits.append(st.rank)
             gone = "dead" if not st.alive else st.status
             if not st.alive and st.exit_code is not None:
-                from ddptop.core.analysis.wording import exit_words
 
                 gone = exit_words(st.exit_code)
             evidence.append(f"rank {st.rank} {'is ' if not gone.startswith('exited') else ''}{gone}")
@@ -152,8 +158,6 @@ def _failure(findings: list["Finding"], seen: set[int], last_steps: Mapping[int,
     * NCCL's own view (RAS);
     * the ranks that did not time out while the others did, else the ranks
       whose last step is behind."""
-    from ddptop.core.signatures import (ENDED, TIMEOUT, cascade_level, collective_counters, counter_verdict,
-                                        root_cause)
 
     rc = root_cause(findings, when)
     counters = collective_counters(findings)
@@ -173,7 +177,6 @@ def _failure(findings: list["Finding"], seen: set[int], last_steps: Mapping[int,
     if rc is not None and rc.rank is not None and rc.level <= ENDED and not culprits and not rc.detail.get("derived"):
         # the same failure (not its consequences: the others' SIGTERM, their lost peer) on most ranks
         kind = (rc.signature, rc.detail.get("signal"))
-        first = {f.rank for f in findings if f.detail.get("root")}
         same = sorted({f.rank for f in findings if (f.signature, f.detail.get("signal")) == kind
                        and f.rank is not None and cascade_level(f, findings) <= ENDED})
         if len(same) >= 2 and len(same) * 2 > len(seen):
@@ -246,7 +249,6 @@ class LostPeers:
 def lost_peers(findings: list["Finding"]) -> LostPeers:
     """The peers that the lost-peer findings name (addresses, ranks): where
     the cause is, when these logs hold only its consequences."""
-    from ddptop.core.signatures import PEER_LOSS
 
     reported, peers, ranks, sigs = set(), [], set(), []
     texts = [f for f in findings if f.signature in PEER_LOSS]

@@ -23,12 +23,19 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from dataclasses import dataclass, field, replace
+from typing import Mapping
 
 from ddptop.core.analysis.culprits import Evidence, culprits_of, overdue
 from ddptop.core.analysis.rank_state import RankState
-from ddptop.core.analysis.evidence import HOT_UTIL, IDLE_UTIL, StackEvidence, Where, ranks_text
 from ddptop.core.analysis.stack_judge import combine
 from ddptop.core.analysis.wording import stall_message
+from ddptop.core.model.evidence import (
+    HOT_UTIL,
+    IDLE_UTIL,
+    StackEvidence,
+    Where,
+    ranks_text,
+)
 
 BUSY_CPU = 85.0
 CHILDREN_WORK_CPU = 20.0  # % CPU a rank's child processes use that counts as work (gzip, data-loader workers)
@@ -44,7 +51,7 @@ class Stall:
     evidence: tuple[str, ...]
     message: str
     suggested_profiles: tuple[str, ...]
-    where: dict = field(default_factory=dict)  # rank (str) -> Where.to_dict(): where its stack is stuck
+    where: Mapping[int, Where] = field(default_factory=dict)  # where each culprit's stack is stuck
     # the culprits' node, when the job spans several nodes and the culprits are all on one ("" otherwise)
     node: str = ""
 
@@ -474,7 +481,7 @@ class StallDetector:
             # every rank stuck before the first step, none the odd one out: the broken peer-to-peer start-up
             profiles = ("p2p-off", "nccl-debug", "flight-recorder", "gloo")
         return Stall(kind, tuple(st.rank for st in pool), tuple(sorted(set(culprits))), silent, expected,
-                     tuple(evidence), msg, profiles, {str(r): w.to_dict() for r, w in sorted(where.items())}, node)
+                     tuple(evidence), msg, profiles, dict(sorted(where.items())), node)
 
 
 def _with_nodes(everyone: list[RankState], where: dict[int, Where],

@@ -30,9 +30,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterable, Mapping
 
-from ddptop.core.analysis.evidence import ranks_text
 from ddptop.core.analysis.wording import cause_elsewhere_words, folded_words
-from ddptop.core.events import AlarmEvent, Event, NoteEvent
+from ddptop.core.model.events import AlarmEvent, Event, NoteEvent
+from ddptop.core.model.evidence import FoldedAlarm, ranks_text
 
 HOLD = 5.0  # seconds a node's stall alarm waits for the cross-node alarm of the same hang
 ACROSS = "all nodes"  # the node of a cross-node alarm whose culprits are not on one node
@@ -77,12 +77,10 @@ def take_in(alarm: AlarmEvent, others: Iterable[AlarmEvent], rank_nodes: Mapping
     if not others and across is None:
         return alarm
     said = [own_view(a, rank_nodes) for a in others]
-    entries = [{"t": a.t, "node": a.node, "id": a.id, "culprits": list(a.culprits), "message": a.message}
-               for a in others]
+    entries = [FoldedAlarm(a.t, a.node, a.id, tuple(a.culprits), a.message) for a in others]
     if across is not None:
         said.append(f"across nodes: {across.id}")
-        entries.append({"t": across.t, "node": ACROSS, "id": across.id, "culprits": list(across.culprits),
-                        "message": across.message})
+        entries.append(FoldedAlarm(across.t, ACROSS, across.id, tuple(across.culprits), across.message))
     return replace(alarm, folded=tuple(alarm.folded) + tuple(entries),
                    message=folded_words(alarm.message, said))
 

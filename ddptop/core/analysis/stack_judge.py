@@ -4,7 +4,7 @@
 samples, its kind, its stack's signature) and decides once, for one node or
 for the whole job: ``hung``, the ``culprits``, the ``waiting`` ranks, a
 ``mismatch``, a ``deadlock`` in the CUDA driver, the ``workers`` the others
-wait for.  ``analysis.stacks.verdict`` calls it on one node's samples;
+wait for.  ``analysis.stack_verdict.verdict`` calls it on one node's samples;
 ``combine`` calls it on every node's ranks together (never a union of each
 node's culprits: a node holding only waiting ranks names nobody, the node
 holding the odd rank out names it, and together they are one verdict).
@@ -30,7 +30,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterable, Mapping
 
-from ddptop.core.analysis.evidence import WAITING_KINDS, StackEvidence, StackGroup, Where, ranks_text
+from ddptop.core.model.evidence import (
+    WAITING_KINDS,
+    StackEvidence,
+    StackGroup,
+    Where,
+    ranks_text,
+)
 
 __all__ = ["judge", "combine", "describe", "signature_of"]
 

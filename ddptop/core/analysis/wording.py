@@ -11,10 +11,15 @@ from __future__ import annotations
 import signal
 from typing import Iterable
 
-from ddptop.core.analysis.evidence import HOT_UTIL, IDLE_UTIL, StackEvidence, Where, ranks_text
-from ddptop.core.analysis.native import library_words
+from ddptop.core.analysis.native_frames import library_words
 from ddptop.core.analysis.rank_state import RankState
-
+from ddptop.core.model.evidence import (
+    HOT_UTIL,
+    IDLE_UTIL,
+    StackEvidence,
+    Where,
+    ranks_text,
+)
 
 HEADLINES = {
     "lost-peer": "Lost peer: a rank ended while the others wait for it in a collective, where they stay until "

@@ -12,10 +12,21 @@ import threading
 import time
 from dataclasses import replace
 
-from ddptop.core import journal
 from ddptop.core.analysis.nodes import ACROSS, OneAlarm
-from ddptop.core.events import FINAL_STATES, LOST, AlarmEvent, Event, LaunchEvent, LogBatch, NoteEvent, RankEvent, StateEvent
-from ddptop.core.sessions.protocol import CommandResult, Control, ExitStatus, Nodes
+from ddptop.core.model.events import (
+    FINAL_STATES,
+    LOST,
+    AlarmEvent,
+    Event,
+    LaunchEvent,
+    LogBatch,
+    NoteEvent,
+    RankEvent,
+    StateEvent,
+)
+from ddptop.core.model.session_protocol import CommandResult, Control, ExitStatus, Nodes
+from ddptop.core.run import journal
+from ddptop.core.run.pipeline import Pipeline
 from ddptop.core.sessions.ssh import FIX_ELSEWHERE, RemoteSession
 
 MULTI_STEP = 0.02  # seconds between looks at the nodes' links while a cross-node view waits
@@ -29,7 +40,6 @@ class MultiSession:
     be on another machine), commands to every node or to none."""
 
     def __init__(self, sessions: list[RemoteSession], clock=time.time, stall_after: float | None = None):
-        from ddptop.core.pipeline import Pipeline
 
         self.sessions = sessions
         self.clock = clock

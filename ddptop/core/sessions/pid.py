@@ -8,7 +8,7 @@
   ``--nproc-per-node``, ``--nnodes``, ``--node-rank``, or their ``PET_*``
   environment variables);
 * its workers, the ranks: its children that are rank processes
-  (:func:`ddptop.core.torchrun.is_rank`: ``RANK`` and ``LOCAL_RANK`` in their
+  (:func:`ddptop.core.sources.proc_torchrun.is_rank`: ``RANK`` and ``LOCAL_RANK`` in their
   environment), which also gives ``WORLD_SIZE``, ``GROUP_RANK`` and
   ``CUDA_VISIBLE_DEVICES``;
 * the files their stdout and stderr go to: torchrun's per-rank log files
@@ -26,13 +26,13 @@ not start it, so it sends it no signal at all), and report an exit code
 (only torchrun's parent can know it).  The job's final state is ``ended``.
 
 Finding torchrun processes and reading their options is
-:mod:`ddptop.core.torchrun`'s.
+:mod:`ddptop.core.sources.proc_torchrun`'s.
 
 One module, though over 500 lines: it is one session implementation (the
 ``JobSession`` protocol for a job seen from outside), and its parts (the target's
 ranks, the files their output goes to, where to read each from) exist only to
 feed its ``poll()``; process discovery and option parsing live in
-``ddptop.core.torchrun``.
+``ddptop.core.sources.proc_torchrun``.
 """
 
 from __future__ import annotations
@@ -48,16 +48,44 @@ from pathlib import Path
 import psutil
 
 from ddptop import __version__
-from ddptop.core import journal, procs
-from ddptop.core.events import (ENDED, RUNNING, AlarmEvent, Event, GpuEvent, LogBatch, NoteEvent, ProcEvent,
-                                RankEvent, StateEvent)
-from ddptop.core.sessions.protocol import EXIT_CRASH_SEEN, EXIT_UNKNOWN, AttachedPid, CommandResult, Control, ExitStatus
-from ddptop.core.pipeline import Pipeline, RankMap
-from ddptop.core.probes.stacks import StackCapture, StackSampler, StackWatch
-from ddptop.core.probes.telemetry import TelemetryLoop
-from ddptop.core.tailer import Tailer, read_share
-from ddptop.core.torchrun import (is_rank, is_torchrun, local_rank, parse_torchrun_options, rank_env, torchrun_args,
-                                  virtual_local_rank)
+from ddptop.core.model.events import (
+    ENDED,
+    RUNNING,
+    AlarmEvent,
+    Event,
+    GpuEvent,
+    LogBatch,
+    NoteEvent,
+    ProcEvent,
+    RankEvent,
+    StateEvent,
+)
+from ddptop.core.model.run_meta import Meta
+from ddptop.core.model.session_protocol import (
+    EXIT_CRASH_SEEN,
+    EXIT_UNKNOWN,
+    AttachedPid,
+    CommandResult,
+    Control,
+    ExitStatus,
+)
+from ddptop.core.run import journal
+from ddptop.core.run.pipeline import Pipeline, RankMap
+from ddptop.core.sources import proc_tree as procs
+from ddptop.core.sources.log_tailer import Tailer, read_share
+from ddptop.core.sources.proc_torchrun import (
+    is_rank,
+    is_torchrun,
+    local_rank,
+    parse_torchrun_options,
+    rank_env,
+    torchrun_args,
+    virtual_local_rank,
+)
+from ddptop.core.sources.ras_probe import RasProbe
+from ddptop.core.sources.stack_probe import StackCapture, StackSampler, StackWatch
+from ddptop.core.sources.telemetry import RankProc
+from ddptop.core.sources.telemetry_probe import TelemetryLoop
 
 __all__ = ["EXIT_CRASH_SEEN", "EXIT_UNKNOWN", "ForeignError", "ForeignSession", "Target", "resolve_pid"]
 
@@ -260,7 +288,7 @@ class ForeignSession:
         o = self.options
         self.log_dir = o.log_dir
         self.run_log_dir: Path | None = None  # LOG_DIR/<run id>_<random> of this job, once known
-        self.meta = journal.Meta(
+        self.meta = Meta(
             run_id=f"pid-{self.pid}",
             command=list(cmdline),
             user_command=["torchrun", *(args or [])] if self.torchrun is not None else list(cmdline),
@@ -284,7 +312,6 @@ class ForeignSession:
         self.stacks = StackCapture(journal.attached_dir(f"pid-{self.pid}"), self._rank_pids, self._put)
         self.samples = StackSampler(journal.attached_dir(f"pid-{self.pid}"), self._rank_pids, self._put,
                                     node=self.host)
-        from ddptop.core.probes.ras import RasProbe
 
         # NCCL's RAS port, from a rank's environment; on the default port (which another job of
         # this user may share) an answer counts only if it names this job's processes
@@ -334,7 +361,6 @@ class ForeignSession:
         return {r.rank: pid for pid, r in list(self._ranks.items()) if not r.ended}
 
     def _rank_procs(self) -> list:
-        from ddptop.core.telemetry import RankProc
 
         return [RankProc(r.rank, r.local_rank, pid) for pid, r in list(self._ranks.items()) if not r.ended]
 

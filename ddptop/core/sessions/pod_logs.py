@@ -5,7 +5,7 @@ Each pod's training container is followed by a ``kubectl logs -f POD -c
 CONTAINER`` of its own, read in a thread; the pod is its node (its role and
 index, as ``ddptop attach --k8s`` names it), and torch's own ``[rankN]:``
 prefix says a line's rank, when there is one (the one prefix parser,
-``core/prefixes.py``).  The live analysis runs here, on the client: failure
+``core/analysis/prefixes.py``).  The live analysis runs here, on the client: failure
 signatures, progress, the job's findings.  There is no GPU pane, no stack
 sample and no stall alarm from silence (the ranks of lines without a rank
 prefix are not known), and a dropped stream is followed again from the pod's
@@ -31,10 +31,27 @@ import threading
 import time
 from typing import Any, Callable
 
-from ddptop.core.events import (ENDED, FAILED, FINAL_STATES, LOST, SUCCEEDED, Event, LaunchEvent, LinkEvent, LogBatch,
-                                NoteEvent, StateEvent)
-from ddptop.core.prefixes import PrefixReader
-from ddptop.core.sessions.protocol import CommandResult, Control, ExitStatus, PodLogs
+from ddptop.core.analysis.prefixes import PrefixReader
+from ddptop.core.model.events import (
+    ENDED,
+    FAILED,
+    FINAL_STATES,
+    LOST,
+    SUCCEEDED,
+    Event,
+    LaunchEvent,
+    LinkEvent,
+    LogBatch,
+    NoteEvent,
+    StateEvent,
+)
+from ddptop.core.model.session_protocol import (
+    CommandResult,
+    Control,
+    ExitStatus,
+    PodLogs,
+)
+from ddptop.core.run.pipeline import Pipeline
 
 REFUSED = "logs only: the job belongs to the cluster, and its image has no ddptop to ask"
 BACKOFF = (1.0, 2.0, 4.0, 8.0)
@@ -69,7 +86,6 @@ class PodLogsSession:
         self.link = "connecting"
         self._final: StateEvent | None = None
         self._exit: ExitStatus | None = None
-        from ddptop.core.pipeline import Pipeline
 
         self.pipeline = Pipeline(node="", clock=clock)
         self._q: queue.SimpleQueue = queue.SimpleQueue()

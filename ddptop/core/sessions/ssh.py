@@ -24,7 +24,7 @@ client end of the agent protocol; its parts (the reader thread, reconnect and
 resume, the follow of a node the cluster restarts) all feed the one stream
 that ``poll()`` hands out, and share its state (the pinned run, the cursor,
 the held final state).  How a node is reached lives in ``transports``, what
-a cluster says of its pods in ``k8s``.
+a cluster says of its pods in ``k8s_pods``.
 """
 
 from __future__ import annotations
@@ -41,13 +41,34 @@ import time
 from dataclasses import replace
 
 from ddptop import __version__
-from ddptop.core import journal, wire
-from ddptop.core.settings import settings
-from ddptop.core.events import (FAILED, FINAL_STATES, LOST, STARTING, SUCCEEDED, BadEvent, Event, LaunchEvent, LinkEvent,
-                                LogBatch, LogEvent, NoteEvent, StateEvent, UnknownKind, from_dict)
-from ddptop.core.sessions.protocol import CommandResult, Control, ExitStatus, RemoteRun
+from ddptop.core.model.events import (
+    FAILED,
+    FINAL_STATES,
+    LOST,
+    STARTING,
+    SUCCEEDED,
+    BadEvent,
+    Event,
+    LaunchEvent,
+    LinkEvent,
+    LogBatch,
+    LogEvent,
+    NoteEvent,
+    StateEvent,
+    UnknownKind,
+    from_dict,
+)
+from ddptop.core.model.session_protocol import (
+    CommandResult,
+    Control,
+    ExitStatus,
+    RemoteRun,
+)
+from ddptop.core.model.settings import settings
+from ddptop.core.run import journal
+from ddptop.core.sessions import wire
 from ddptop.core.sessions.transports import NOT_FOUND, Ssh, Transport, check_host
-from ddptop.core.wire import encode_cursor
+from ddptop.core.sessions.wire import encode_cursor
 
 BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0)  # seconds before reconnect n (then the last, forever)
 SILENCE = 15.0  # seconds without any line (the agent sends one every 2 s) = dead link

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 # object name (DNS-1123) and a context name (kubeconfig allows more, but never a leading '-' or a space)
 _SLURM_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _SLURM_JOB = re.compile(r"\d+(?:_\d+)?(?:\+\d+)?")
-_K8S_NAME = re.compile(r"[a-z0-9](?:[a-z0-9.-]{0,251}[a-z0-9])?")
+K8S_NAME = re.compile(r"[a-z0-9](?:[a-z0-9.-]{0,251}[a-z0-9])?")
 _K8S_CONTEXT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@/=-]{0,252}")
 
 
@@ -161,7 +161,7 @@ class Srun(_NoRestarts):
 def kubectl_base(kubectl: tuple[str, ...] = ("kubectl",), namespace: str = "", context: str = "") -> list[str]:
     """kubectl with the person's context and namespace (both checked: never an option)."""
     if namespace:
-        checked(namespace, _K8S_NAME, "namespace")
+        checked(namespace, K8S_NAME, "namespace")
     if context:
         checked(context, _K8S_CONTEXT, "context")
     return [*kubectl, *(["--context", context] if context else []), *(["--namespace", namespace] if namespace else [])]
@@ -202,11 +202,11 @@ class Kubectl:
         return self._used[0] if self._used else self.pod
 
     def __post_init__(self) -> None:
-        checked(self.pod, _K8S_NAME, "pod")
+        checked(self.pod, K8S_NAME, "pod")
         if self.container:
-            checked(self.container, _K8S_NAME, "container")
+            checked(self.container, K8S_NAME, "container")
         if self.namespace:
-            checked(self.namespace, _K8S_NAME, "namespace")
+            checked(self.namespace, K8S_NAME, "namespace")
         if self.context:
             checked(self.context, _K8S_CONTEXT, "context")
 
@@ -236,7 +236,7 @@ class Kubectl:
         pod, now = self.pod, None
         if self.watch is not None:
             now = self.watch.now()
-            pod = checked(now.name if now is not None else self.pod, _K8S_NAME, "pod")
+            pod = checked(now.name if now is not None else self.pod, K8S_NAME, "pod")
         self._used[:] = [pod, now]
         return [*self.base(), "exec", "-i", pod, *(["-c", self.container] if self.container else []), "--",
                 *check_command(words)]

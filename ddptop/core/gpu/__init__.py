@@ -1,1 +1,0 @@
-"""GPU telemetry backends: NVML (real) and a simulator (labelled as such)."""

@@ -1,0 +1,176 @@
+"""A run's own story, from its journal: what ddptop saw and did, replayed.
+
+``story(run_dir)`` replays the run's events through the same live analysis
+(``pipeline.Pipeline``, the analyzer and its stall detector) on the run's own
+clock, as the supervisor fed them: the steps and batches, the telemetry, the
+stack samples and NCCL RAS answers at the times they came.  What it raises is
+the post-mortem's hang (never the recorded alarm's text copied); the alarms the
+run recorded are kept beside it, and where the two differ both are said.  It
+also reads who ended the run (``EndedBy``: ddptop's ``--on-stall kill``, a stop
+asked of ddptop, a signal from outside, the job itself) and the stack
+samples' latest verdict.
+
+Only reads; the journal is the source of truth.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddptop.core.model.events import (
+    FINAL_STATES,
+    AlarmEvent,
+    Event,
+    StacksEvent,
+    StateEvent,
+)
+from ddptop.core.run import journal
+from ddptop.core.run.pipeline import Pipeline
+from ddptop.core.run.run_session import Session
+
+__all__ = ["EndedBy", "RunStory", "story"]
+
+TICK = 0.5  # seconds of the run's clock between two stall checks of the replay, where no event came
+MAX_GAP_TICKS = 2400  # a longer silence is crossed in this many ticks (20 minutes of checks), then jumped
+
+# who ended a run, in words
+ENDED_WORDS = {
+    "ddptop-on-stall": "ddptop stopped it: the job stalled (--on-stall kill)",
+    "ddptop-relaunch": "ddptop relaunched it",
+    "ddptop-stop": "a stop asked of ddptop (its view, an attachment, or a signal to its supervisor)",
+    "outside": "a signal from outside (a person, a script, the OOM killer?)",
+    "scheduler": "the scheduler (SLURM: its time limit, a cancel, an OOM kill of the step)",
+    "job": "the job itself (torchrun exited)",
+    "running": "nobody yet: the run was still going when it was read",
+    "lost": "unknown: ddptop's supervisor went away before the run's end was recorded",
+    "": "unknown",
+}
+
+
+@dataclass(frozen=True)
+class EndedBy:
+    by: str  # a key of ENDED_WORDS
+    state: str = ""  # the final state (SUCCEEDED, FAILED, STOPPED), "" when none was recorded
+    exit_code: int | None = None
+    t: float | None = None
+    message: str = ""  # the supervisor's own words
+
+    @property
+    def words(self) -> str:
+        return ENDED_WORDS.get(self.by, self.by)
+
+    def to_dict(self) -> dict:
+        return {"by": self.by, "words": self.words, "state": self.state, "exit_code": self.exit_code,
+                "t": self.t, "message": self.message}
+
+
+@dataclass(frozen=True)
+class RunStory:
+    stalls: tuple[AlarmEvent, ...] = ()  # the replay's stall alarms
+    recorded: tuple[AlarmEvent, ...] = ()  # the stall alarms the run recorded live
+    alarms: tuple[AlarmEvent, ...] = ()  # the other alarms it recorded (GPU lost, Xid, crashes, signatures)
+    stacks: tuple[StacksEvent, ...] = ()  # every stack sampling, in order
+    ended_by: EndedBy = field(default_factory=lambda: EndedBy(""))
+    differences: tuple[str, ...] = ()  # where the replay and the recorded alarms differ
+
+    @property
+    def hang(self) -> AlarmEvent | None:
+        """The run's hang: the replay's first stall alarm, else the recorded one."""
+        return self.stalls[0] if self.stalls else (self.recorded[0] if self.recorded else None)
+
+
+def _compare(replayed: list[AlarmEvent], recorded: list[AlarmEvent]) -> list[str]:
+    out = []
+    if recorded and not replayed:
+        a = recorded[0]
+        out.append(f"the run raised [{a.id}] culprits {list(a.culprits)} live, the replay raised no stall")
+    elif replayed and not recorded:
+        a = replayed[0]
+        out.append(f"the replay raised [{a.id}] culprits {list(a.culprits)}, the run raised no stall live")
+    elif replayed and recorded:
+        a, b = replayed[0], recorded[0]
+        if set(a.culprits) != set(b.culprits) or a.id != b.id:
+            out.append(f"the replay raised [{a.id}] culprits {list(a.culprits)}; the run raised [{b.id}] culprits "
+                       f"{list(b.culprits)} live")
+    return out
+
+
+_OLD_ENDS = (  # the supervisor's words before StateEvent.ended_by, for journals of earlier releases
+    (re.compile(r"--on-stall kill"), "ddptop-on-stall"),
+    (re.compile(r"^stopped on request"), "ddptop-stop"),
+    (re.compile(r"^torchrun exited with"), "job"),
+)
+
+
+def _ended(final: StateEvent | None, lost: bool) -> EndedBy:
+    if final is None:
+        return EndedBy("lost" if lost else "running")
+    by = final.ended_by
+    if not by:
+        by = next((k for rx, k in _OLD_ENDS if rx.search(final.message)), "")
+    return EndedBy(by, final.state, final.exit_code, final.t, final.message)
+
+
+def _arrived(ev: Event) -> float:
+    """When the live analysis had the event: a stack sampling's is stamped at
+    its start and arrives when its last sample is read (``span`` later)."""
+    return ev.t + ev.span if isinstance(ev, StacksEvent) else ev.t
+
+
+def story(run_dir: Path | str) -> RunStory:
+    """Replay a run's journal (see the module)."""
+
+    run_dir = Path(run_dir)
+    meta = journal.load_meta(run_dir)
+    now = [0.0]
+    pipe = Pipeline(node=meta.host, stall_after=meta.stall_after, clock=lambda: now[0],
+                    sampler=lambda _utils: True)  # (the samples the run took arrive from its journal, in time)
+    replayed: list[AlarmEvent] = []
+    recorded: list[AlarmEvent] = []
+    others: list[AlarmEvent] = []
+    stacks: list[StacksEvent] = []
+    final: StateEvent | None = None
+    started = False
+
+    def advance(to: float) -> None:
+        """Stall checks every TICK of the run's clock up to ``to`` (a long silence: its first MAX_GAP_TICKS)."""
+        if not started:
+            now[0] = to
+            return
+        n = 0
+        while now[0] + TICK < to and n < MAX_GAP_TICKS:
+            now[0] += TICK
+            n += 1
+            replayed.extend(a for a in pipe.process([], now[0], check=True) if isinstance(a, AlarmEvent))
+        now[0] = max(now[0], to)
+
+    s = Session.open(run_dir)
+    try:
+        while True:
+            batch = s.poll()
+            if not batch:
+                if s.backlog:
+                    continue  # (a poll's share of bytes used up: more to read now)
+                break  # read to the end (of a live run: to what it has written so far)
+            for ev in sorted(batch, key=_arrived):
+                at = _arrived(ev)
+                advance(at)
+                started = True
+                if isinstance(ev, AlarmEvent):
+                    (recorded if ev.type == "stall" else others).append(ev)
+                    continue
+                if isinstance(ev, StacksEvent):
+                    stacks.append(ev)
+                if isinstance(ev, StateEvent) and ev.state in FINAL_STATES:
+                    final = ev
+                feed: list[Event] = [ev]
+                replayed.extend(a for a in pipe.process(feed, at, check=True) if isinstance(a, AlarmEvent)
+                                and a.type == "stall")
+    finally:
+        s.close()
+    lost = final is None and journal.run_state(run_dir).state == "lost"
+    replayed = [a for a in replayed if a.type == "stall"]
+    return RunStory(tuple(replayed), tuple(recorded), tuple(others), tuple(stacks), _ended(final, lost),
+                    tuple(_compare(replayed, recorded)))
