@@ -17,18 +17,15 @@ import traceback
 
 from ddptop.core.analysis.culprits import Evidence, culprits_of
 from ddptop.core.analysis.detector import Decision, StallDetector
-from ddptop.core.analysis.progress import OTHER, TrainingBars, parse_progress
-from ddptop.core.analysis.signatures import (
+from ddptop.core.analysis.failure_ranking import (
     ACROSS_RANKS,
-    CAUSE,
-    CONSEQUENCE,
-    TIMEOUT,
-    Finding,
-    SignatureMatcher,
     across_ranks,
     cascade_level,
     root_cause,
 )
+from ddptop.core.analysis.progress import OTHER, TrainingBars, parse_progress
+from ddptop.core.analysis.signature_catalog import CAUSE, CONSEQUENCE, TIMEOUT
+from ddptop.core.analysis.signatures import Finding, SignatureMatcher
 from ddptop.core.analysis.timestamps import Clock
 from ddptop.core.analysis.wording import peer_dead_words, signature_words
 from ddptop.core.model.events import (
@@ -194,7 +191,7 @@ class Analyzer:
                         # (the stop ddptop itself was asked for: no failure)
                         f = dataclasses.replace(f, level=CONSEQUENCE, explanation=(
                             "ddptop stopped the job, as asked: torchrun's agent received its "
-                            f"{f.detail.get('signal', 'signal')}."))
+                            f"{f.detail.signal or 'signal'}."))
                     self.findings.append(f)
                     self.read_at.setdefault(f, t)
                     if stamp is not None:
@@ -207,7 +204,7 @@ class Analyzer:
                     new = [f]
                     if f.signature in ACROSS_RANKS:
                         # (what several ranks' lines say together, as it stands now)
-                        self.findings = [x for x in self.findings if not x.detail.get("derived")]
+                        self.findings = [x for x in self.findings if not x.detail.derived]
                         derived = across_ranks(self.findings)
                         self.findings += derived
                         new += derived
@@ -294,7 +291,7 @@ class Analyzer:
                         newer.add(step)
                     went_on = len(newer) >= 2
                 if went_on:
-                    f.detail["recovered"] = True
+                    f.detail.recovered = True
                 else:
                     keep.append(f)
             if keep:

@@ -24,17 +24,16 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
 
-from ddptop.core.analysis.rank_state import RankState
-from ddptop.core.analysis.signatures import (
-    ENDED,
+from ddptop.core.analysis.failure_ranking import (
     PEER_LOSS,
-    TIMEOUT,
-    Finding,
     cascade_level,
     collective_counters,
     counter_verdict,
     root_cause,
 )
+from ddptop.core.analysis.rank_state import RankState
+from ddptop.core.analysis.signature_catalog import ENDED, TIMEOUT
+from ddptop.core.analysis.signatures import Finding
 from ddptop.core.analysis.wording import exit_words
 from ddptop.core.model.evidence import HOT_UTIL, IDLE_UTIL, StackEvidence, Where
 
@@ -163,21 +162,21 @@ def _failure(findings: list["Finding"], seen: set[int], last_steps: Mapping[int,
     counters = collective_counters(findings)
     culprits, _said = counter_verdict(counters)
     why = ""
-    if rc is not None and rc.detail.get("derived") and not culprits:
+    if rc is not None and rc.detail.derived and not culprits:
         # what several ranks' lines say together (a collective mismatch, a desync): the odd ones, if any
-        culprits = tuple(rc.detail.get("odd") or ())
+        culprits = rc.detail.odd
         why = "" if culprits else rc.explanation.split(". ")[0]
-    if rc is not None and rc.rank is None and rc.detail.get("pid"):
+    if rc is not None and rc.rank is None and rc.detail.pid:
         # a line that names a process, not a rank (the kernel's Xid): the launcher's report says whose pid it is
-        by_pid = {str(f.detail["pid"]): f.rank for f in findings if f.detail.get("pid") and f.rank is not None
+        by_pid = {f.detail.pid: f.rank for f in findings if f.detail.pid and f.rank is not None
                   and f.signature in ("rank-signal", "rank-exit")}
-        if str(rc.detail["pid"]) in by_pid:
-            culprits = (by_pid[str(rc.detail["pid"])],)
-            why = f"pid {rc.detail['pid']} is rank {culprits[0]}'s (torchrun's failure report)"
-    if rc is not None and rc.rank is not None and rc.level <= ENDED and not culprits and not rc.detail.get("derived"):
+        if rc.detail.pid in by_pid:
+            culprits = (by_pid[rc.detail.pid],)
+            why = f"pid {rc.detail.pid} is rank {culprits[0]}'s (torchrun's failure report)"
+    if rc is not None and rc.rank is not None and rc.level <= ENDED and not culprits and not rc.detail.derived:
         # the same failure (not its consequences: the others' SIGTERM, their lost peer) on most ranks
-        kind = (rc.signature, rc.detail.get("signal"))
-        same = sorted({f.rank for f in findings if (f.signature, f.detail.get("signal")) == kind
+        kind = (rc.signature, rc.detail.signal)
+        same = sorted({f.rank for f in findings if (f.signature, f.detail.signal) == kind
                        and f.rank is not None and cascade_level(f, findings) <= ENDED})
         if len(same) >= 2 and len(same) * 2 > len(seen):
             why = f"{rc.signature} on ranks {', '.join(map(str, same))}: the same failure on most ranks, no odd one out"
@@ -191,7 +190,7 @@ def _failure(findings: list["Finding"], seen: set[int], last_steps: Mapping[int,
         r = tuple(r)
         if not culprits and r:
             culprits = r  # PyTorch's Flight Recorder: the rank whose collectives diverged, or that did not answer
-    if not culprits and not why and (rc is None or rc.level >= TIMEOUT) and not (rc and rc.detail.get("derived")):
+    if not culprits and not why and (rc is None or rc.level >= TIMEOUT) and not (rc and rc.detail.derived):
         culprits, why = _behind(findings, seen, last_steps)
     return Culprits(tuple(culprits), {}, (), why)
 
@@ -257,7 +256,7 @@ def lost_peers(findings: list["Finding"]) -> LostPeers:
             reported.add(f.rank)
         if f.signature not in sigs:
             sigs.append(f.signature)
-        for text in [f.text] + [w["text"] for w in f.detail.get("explained_by", ())]:
+        for text in [f.text] + [w.text for w in f.detail.explained_by]:
             remote = _REMOTE.search(text)
             if remote:
                 text = remote.group(1)  # (a socket's "addr=" is this side's own: its "remote=" is the peer)

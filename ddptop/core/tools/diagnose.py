@@ -28,14 +28,11 @@ from ddptop.core.analysis.culprits import (
     culprits_of,
     lost_peers,
 )
+from ddptop.core.analysis.failure_ranking import collective_counters, counter_verdict
 from ddptop.core.analysis.prefixes import PrefixReader
 from ddptop.core.analysis.ras_verdict import verdict as ras_verdict
-from ddptop.core.analysis.signatures import (
-    CONSEQUENCE,
-    Finding,
-    collective_counters,
-    counter_verdict,
-)
+from ddptop.core.analysis.signature_catalog import CONSEQUENCE
+from ddptop.core.analysis.signatures import Finding
 from ddptop.core.analysis.stack_verdict import verdict
 from ddptop.core.model import run_dirs
 from ddptop.core.model.events import AlarmEvent, LogBatch
@@ -492,8 +489,8 @@ class DiagnoseReport:
                 who = f"seen first on rank {rc.rank}, which waited for another"
             out = [f"Root cause: {rc.signature} ({who})", f"  {rc.explanation}",
                    f"  evidence: {rc.source}:{rc.line}: {rc.text[:200]}"]
-            for w in rc.detail.get("explained_by", ())[-2:]:
-                out.append(f"  because: {rc.source}:{w['line']}: NCCL WARN {w['text'][:200]}")
+            for w in rc.detail.explained_by[-2:]:
+                out.append(f"  because: {rc.source}:{w.line}: NCCL WARN {w.text[:200]}")
             if rc.suggested_profiles:
                 out.append(f"  try: {', '.join('--profile ' + p for p in rc.suggested_profiles)}")
             return out
@@ -529,7 +526,7 @@ def build_report(an: Analyzer, flights: list[dict] | None = None, ras_answers: l
         flights=tuple(flights or ()), ras=tuple(ras_answers or ()), notes=tuple(n.message for n in an.notes),
         stacks=stacks, story=story, ended=_ended_by(an, story),
         root_time=(an.stamped_at.get(rc, an.read_at.get(rc) if story else None) if rc is not None else None),
-        root_node=(an.node_of.get(rc) or rc.detail.get("node") or None) if rc is not None else None)
+        root_node=(an.node_of.get(rc) or None) if rc is not None else None)
 
 
 def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[dict] | None = None,
