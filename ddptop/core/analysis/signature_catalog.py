@@ -42,8 +42,8 @@ def literal_hints(rx: str, flags: int = 0, shortest: int = 3) -> tuple[str, ...]
     characters: any match contains one of them.  None when an alternative has
     no run of ``shortest`` characters (or the pattern ignores case)."""
     try:
-        from re import _constants as C  # Python 3.11+
-        from re import _parser as P
+        from re import _constants as C  # type: ignore[attr-defined]  # Python 3.11+
+        from re import _parser as P  # type: ignore[attr-defined]
     except ImportError:  # 3.10
         import sre_constants as C
         import sre_parse as P

@@ -179,11 +179,12 @@ def analyse(dumps: dict[int, dict], expected: list[int] | None = None) -> Flight
 TORCHFRTRACE_TIMEOUT = 60.0  # seconds torch's analyser may take
 
 
-def run_torchfrtrace(d: Path, timeout: float = TORCHFRTRACE_TIMEOUT) -> tuple[str | None, str]:
+def run_torchfrtrace(d: Path, timeout: float = TORCHFRTRACE_TIMEOUT) -> tuple[Path | None, str]:
     """Run torch's analyser on the dumps; (path of its output or None, a one-line summary)."""
     exe = shutil.which("torchfrtrace")
     argv = [exe] if exe else [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace"]
-    out_path = Path(d) / "torchfrtrace.txt"
+    path = Path(d) / "torchfrtrace.txt"
+    out_path: Path | None = path
     try:
         r = subprocess.run([*argv, str(d), "-p", PREFIX], capture_output=True, text=True, timeout=timeout,
                            stdin=subprocess.DEVNULL)
@@ -193,7 +194,7 @@ def run_torchfrtrace(d: Path, timeout: float = TORCHFRTRACE_TIMEOUT) -> tuple[st
         return None, f"torchfrtrace could not run: {e}"
     text = (r.stdout or "") + (("\n" + r.stderr) if r.stderr else "")
     try:
-        out_path.write_text(text)
+        path.write_text(text)
     except OSError:
         out_path = None
     lines = [l for l in text.splitlines() if l.strip() and "tabulate" not in l]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from itertools import accumulate, count
 from operator import add
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 MAX_LINE = 64 * 1024
 READ_CHUNK = 4 * 1024 * 1024
@@ -90,8 +90,8 @@ class Tailer:
         self._carry = b""  # bytes of the pending (unterminated) line
         self._skipping = False  # inside an over-long line whose head was emitted
         self._last_transient = b""
-        self._f = None
-        self._ino = None
+        self._f: BinaryIO | None = None
+        self._ino: int | None = None
         if offset > 0:
             # resuming at a byte offset (a reconnecting ``ddptop attach``): the
             # cursor is a line start (after a newline), or inside an over-long
@@ -147,6 +147,8 @@ class Tailer:
         if not self._open():
             return EMPTY
         f = self._f
+        if f is None:
+            return EMPTY
         f.seek(self.pos)
         data = f.read(max_bytes)
         if not data:

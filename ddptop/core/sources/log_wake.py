@@ -107,6 +107,7 @@ class FileWaker:
             self._timed_out = True
             return False
         deadline = self.clock() + timeout
+        r: str | set[tuple[int, str]]
         while True:
             quiet = self.clock() - self._last_change
             until, step = next((u, st) for u, st in STEPS if quiet < u)

@@ -1,0 +1,303 @@
+"""What each key does: the app's actions and the worker flows behind them
+(relaunch, stack dump, fix, stop), with the dialogs they open.  A mixin of
+``DdptopApp`` (``app.py``), which binds the keys (``BINDINGS``) and owns the
+state these read and change.
+"""
+
+from __future__ import annotations
+
+from textual import work
+from textual.binding import Binding
+from textual.content import Content
+from textual.markup import escape
+from textual.widgets import Input, Static
+
+from ddptop.core.run.profiles import ProfileError, load_all
+from ddptop.ui.dialogs import (
+    DEFAULT_CHOICE,
+    FixScreen,
+    HelpScreen,
+    ProfilePicker,
+    QuitScreen,
+    picker_choices,
+)
+from ddptop.ui.gpu_pane import GpuPane
+from ddptop.ui.header import env_markup
+from ddptop.ui.logview import Line
+from ddptop.ui.stacks_screen import StacksScreen
+from ddptop.ui.tool_screens import BenchScreen, DoctorScreen
+
+
+class FilterInput(Input):
+    BINDINGS = [Binding("escape", "app.clear_filter", "Clear filter", show=False)]
+
+
+class Commands:
+    """The actions (``action_*``), their dialogs' answers and their workers (mixed into ``DdptopApp``)."""
+
+    _relaunching: str | None
+
+    # -- actions --------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        if action in self.MAIN_ACTIONS and len(self.screen_stack) > 1:
+            return False
+        if action == "rank" and parameters and f"r{parameters[0]}" not in self.logs.buffers:
+            return None if len(self.screen_stack) <= 1 else False
+        return True
+
+    def show_pane(self, key: str) -> bool:
+        return self.logs.show(key)
+
+    def action_pane(self, key: str) -> None:
+        if not self.show_pane(key):
+            self.notify(f"no {key} output yet", timeout=2)
+
+    def action_rank(self, n: int) -> None:
+        if not self.show_pane(f"r{n}"):
+            self.notify(f"no rank {n} yet", timeout=2)
+
+    def action_cycle(self, step: int) -> None:
+        self.logs.cycle(step)
+
+    def action_follow(self) -> None:
+        log = self.logs.active_log()
+        if log is not None:
+            log.auto_scroll = True
+            log.scroll_end(animate=False)
+
+    def action_toggle_wrap(self) -> None:
+        wrap = self.logs.toggle_wrap()
+        self.notify("long lines wrap" if wrap else "long lines are cut at the edge", timeout=2)
+
+    def action_toggle_gpus(self) -> None:
+        self._gpus_hidden = not self._gpus_hidden
+        pane = self.query_one("#gpu-pane", GpuPane)
+        pane.set_class(self._gpus_hidden, "-hidden")
+        if not self._gpus_hidden:
+            self._refresh_gpus()
+        self.notify("GPU pane hidden (g shows it)" if self._gpus_hidden else "GPU pane shown", timeout=2)
+
+    def _refresh_env(self) -> None:
+        try:
+            panel = self.query_one("#envpanel", Static)
+            if panel.has_class("-on"):
+                panel.update(Content.from_markup(env_markup(self.model)))
+        except Exception as e:  # noqa: BLE001 - a UI callback must not take the monitor down: said once
+            self._ui_error("the launch panel", e)
+
+    def action_toggle_env(self) -> None:
+        panel = self.query_one("#envpanel", Static)
+        on_ = not panel.has_class("-on")
+        panel.set_class(on_, "-on")
+        self._refresh_env()
+
+    def _job_ended(self) -> bool:
+        return self.model.finished or self.session.finished
+
+    def action_relaunch(self) -> None:
+        control = self.session.control()
+        refused = control.refused if not control.relaunch else ""  # a job ddptop did not start
+        if refused:
+            self.notify(refused, title="cannot relaunch", severity="warning", timeout=15)
+            self._add_line(Line(-1, "note", f"relaunch refused: {refused}", "bold"))
+            self._schedule_flush()
+            return
+        if self._relaunching is not None:
+            self.notify(f"a relaunch ({self._relaunching}) is on its way", timeout=3)
+            return
+        try:
+
+            profiles = load_all()
+        except (ProfileError, OSError) as e:  # a broken or unreadable profiles file
+            self.notify(f"could not read the profiles: {e}", severity="error")
+            return
+        choices = picker_choices(self.model, profiles)
+        cur = ", ".join(self.model.profiles) or "none"
+        if self._job_ended():
+            title = "[b]The job has ended[/b]: pick a profile to see the command that re-runs it with it"
+        else:
+            title = f"[b]Relaunch with a profile[/b] (launch #{self.model.generation}, current profiles: {escape(cur)})"
+        self.push_screen(ProfilePicker(choices, title), self._relaunch_chosen)
+
+    def _relaunch_names(self, choice: str) -> list[str]:
+        if choice == DEFAULT_CHOICE:
+            return []
+        names = list(self.model.profiles)
+        if choice not in names:
+            names.append(choice)
+        return names
+
+    def _rerun_hint(self, names: list[str]) -> str:
+        meta = self.session.meta
+        cmd = list(meta.user_command if meta is not None and meta.user_command else ["torchrun", "..."])
+        try:
+            import shlex
+
+            cmd_s = shlex.join(cmd)
+        except TypeError:  # a damaged meta.json with arguments that are not strings
+            cmd_s = " ".join(map(str, cmd))
+        flags = "".join(f"--profile {n} " for n in names)
+        return f"the job has ended: re-run `ddptop {flags}{cmd_s}`"
+
+    def _relaunch_chosen(self, result: tuple[str, str] | None) -> None:
+        if not result:
+            return
+        choice, reason = result
+        names = self._relaunch_names(choice)
+        if self._job_ended():
+            self.notify(self._rerun_hint(names), title="cannot relaunch", severity="warning", timeout=15)
+            return
+        self._relaunching = ", ".join(names) or "no profile"
+        self._refresh_header()
+        self._do_relaunch(names, reason)
+
+    def action_fix(self) -> None:
+        if self._stopping:
+            return
+        c = self.session.control()
+        if not c.fix:
+            if c.fix_refused:
+                self.notify(c.fix_refused, title="cannot search for a fix from here", severity="warning", timeout=10)
+            else:
+                self.notify("this run has no command to run again", severity="warning", timeout=6)
+            return
+        running = not self._job_ended()
+        self.push_screen(FixScreen(running), lambda go: self._fix_chosen(go, running))
+
+    def _fix_chosen(self, go: bool, running: bool) -> None:
+        if not go:
+            return
+        if not running:
+            self._quit("fix")
+            return
+        self._stopping = True
+        self._refresh_header()
+        self._stop_job("fix")
+
+    def action_stacks_pane(self) -> None:
+
+        self.push_screen(StacksScreen(self.model.stacks))
+
+    def action_doctor(self) -> None:
+
+        self.push_screen(DoctorScreen())
+
+    def action_bench(self) -> None:
+
+        self.push_screen(BenchScreen())
+
+    def action_stacks(self) -> None:
+        if self._job_ended():
+            self.notify("the job has ended: no stacks to capture", timeout=4)
+            return
+        self._do_stacks()
+
+    @work(thread=True, exclusive=True, group="stacks", exit_on_error=False)
+    def _do_stacks(self) -> None:
+        try:
+            r = self.session.dump_stacks()
+            ok, msg = r.ok, r.message
+        except Exception as e:  # noqa: BLE001 - the stacks worker thread's boundary: said in a notification
+            ok, msg = False, f"stack capture failed: {type(e).__name__}: {e}"
+        self.call_from_thread(self._stacks_done, ok, msg)
+
+    def _stacks_done(self, ok: bool, message: str) -> None:
+        if ok:
+            self.notify("capturing every rank's Python stack (py-spy); the result shows in the merged log", timeout=5)
+        else:
+            self.notify(f"no stack capture: {message}", severity="warning", timeout=8)
+
+    @work(thread=True, exclusive=True, group="relaunch", exit_on_error=False)
+    def _do_relaunch(self, names: list[str], reason: str) -> None:
+        try:
+            r = self.session.relaunch(names, reason)
+            ok, err, why = r.ok, None, r.message
+        except Exception as e:  # noqa: BLE001 - the relaunch worker thread's boundary: said in the log
+            ok, err, why = False, f"{type(e).__name__}: {e}", ""
+        self.call_from_thread(self._relaunch_done, names, ok, err, why)
+
+    def _relaunch_done(self, names: list[str], ok: bool, err: str | None, why: str = "") -> None:
+        what = ", ".join(names) or "no profile"
+        if ok:
+            self.notify(f"relaunching with profiles: {what} (stopping every rank first)", timeout=4)
+            self._add_line(Line(-1, "note", f"relaunch requested with profiles: {what}", "bold"))
+            self._schedule_flush()
+        else:
+            self._relaunching = None
+            if err:
+                self.notify(f"relaunch failed: {err}", severity="error", timeout=10)
+            elif self._job_ended() or not self.session.is_live:
+                self.notify(self._rerun_hint(names), title="cannot relaunch", severity="warning", timeout=15)
+            else:
+                self.notify(f"relaunch failed: {why}", severity="error", timeout=10)
+        self._refresh_header()
+
+    def action_top(self) -> None:
+        log = self.logs.active_log()
+        if log is not None:
+            log.scroll_home(animate=False)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_open_filter(self) -> None:
+        inp = self.query_one("#filter", FilterInput)
+        inp.add_class("-on")
+        inp.focus()
+
+    def set_filter(self, text: str) -> None:
+        if self.logs.set_filter(text):
+            self._refresh_header()
+
+    def action_clear_filter(self) -> None:
+        inp = self.query_one("#filter", FilterInput)
+        inp.value = ""
+        inp.remove_class("-on")
+        self.set_filter("")
+        log = self.logs.active_log()
+        if log is not None:
+            log.focus()
+
+    def action_request_quit(self) -> None:
+        if self._stopping:
+            return
+        if isinstance(self.screen, QuitScreen):
+            return
+        if self.model.finished or self.session.finished:
+            self._quit("finished")
+            return
+        self.push_screen(QuitScreen(), self._quit_chosen)
+
+    def _quit_chosen(self, choice: str | None) -> None:
+        if choice == "detach":
+            self._quit("detach")
+        elif choice == "stop":
+            self._stopping = True
+            self._refresh_header()
+            self._stop_job()
+
+    @work(thread=True, exclusive=True, group="stop", exit_on_error=False)
+    def _stop_job(self, result: str = "stop") -> None:
+        refused = None
+        try:
+            r = self.session.stop()
+            if not r.ok and (r.refused or self.session.is_live):
+                refused = r.message  # a job ddptop did not start, a node out of reach: keep watching
+        finally:
+            if refused:
+                self.call_from_thread(self._stop_refused, refused)
+            else:
+                self.call_from_thread(self._quit, result)
+
+    def _stop_refused(self, why: str) -> None:
+        """The session will not stop this job: say why and keep watching."""
+        self._stopping = False
+        self.notify(why, title="cannot stop", severity="warning", timeout=15)
+        self._add_line(Line(-1, "note", f"stop refused: {why}", "bold"))
+        self._schedule_flush()
+        self._refresh_header()
+
+    def _quit(self, result: str) -> None:
+        self.workers.cancel_group(self, "poll")
+        self.exit(result)

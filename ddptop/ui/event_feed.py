@@ -1,0 +1,216 @@
+"""The app's event feed: a thread polls the session, the UI takes the events in.
+
+A thread worker calls ``session.poll()`` and hands events over in a list; at
+most one ``EventsReady`` message is in flight at a time, and the UI takes the
+whole accumulated batch per message (``ingest``): into the job's state, the
+log buffers (a bounded number of lines per batch, written at most every
+``FLUSH_EVERY`` seconds) and the separator of a relaunch.  A mixin of
+``DdptopApp`` (``app.py``), which owns the state it writes.
+"""
+
+from __future__ import annotations
+
+import time
+
+from textual import work
+from textual.message import Message
+
+from ddptop.core.analysis.event_text import describe
+from ddptop.core.model.events import (
+    FINAL_STATES,
+    AlarmEvent,
+    GpuEvent,
+    GpuStatusEvent,
+    LaunchEvent,
+    LinkEvent,
+    LogBatch,
+    NoteEvent,
+    ProcEvent,
+    ProgressEvent,
+    RankEvent,
+    StateEvent,
+)
+from ddptop.ui.log_panes import FLUSH_EVERY
+from ddptop.ui.logview import Line
+
+TABLE_EVERY = 0.5  # seconds between rank-table updates
+WAIT = 1.0  # seconds the poller waits for a file to change (or a line to arrive) at most
+BACKLOG_LINES = 200_000  # the poller waits while this many lines (and other events) wait for the UI
+# shown elsewhere than the log: the rank table, the GPU pane, the header
+_NOT_IN_LOG = (LogBatch, RankEvent, LaunchEvent, GpuEvent, ProcEvent, ProgressEvent, GpuStatusEvent)
+_STYLE = {"alarm": "bold", "error": "bold", "warning": "bold", "info": "dim"}
+
+
+class EventsReady(Message):
+    """Events are waiting in the app's inbox (one message per batch)."""
+
+
+class PollFailed(Message):
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        self.error = error
+
+
+class EventFeed:
+    """The poll thread, the inbox and the intake of events (mixed into ``DdptopApp``)."""
+
+    _poll_error: str | None
+    _relaunching: str | None  # profiles asked for, until the new launch shows
+
+    # -- polling (thread) -----------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="poll", exit_on_error=False)
+    def _poll_loop(self) -> None:
+        from textual.worker import get_current_worker
+
+        worker = get_current_worker()
+        session = self.session
+        while not worker.is_cancelled:
+            try:
+                events = session.poll()
+            except Exception as e:  # noqa: BLE001 - the poll thread's boundary: the UI stays alive and says what happened
+                self.post_message(PollFailed(f"{type(e).__name__}: {e}"))
+                time.sleep(max(self.poll_interval, 1.0))
+                continue
+            if events:
+                with self._inbox_lock:
+                    self._inbox.extend(events)
+                    self._inbox_lines += sum(len(ev) if isinstance(ev, LogBatch) else 1 for ev in events)
+                    backlog = self._inbox_lines
+                    post = not self._posted
+                    self._posted = True
+                if post:
+                    self.post_message(EventsReady())
+                if backlog > BACKLOG_LINES:
+                    time.sleep(self.poll_interval)  # the UI is behind: let it catch up before reading on
+            if session.finished:
+                break
+            if not events:
+                session.wait(WAIT)  # until a file changes (or a line arrives), or a deadline
+
+    def on_poll_failed(self, msg: PollFailed) -> None:
+        if msg.error != self._poll_error:
+            self._poll_error = msg.error
+            self._add_line(Line(-1, "note", f"reading the journal failed: {msg.error}", "bold"))
+            self.logs.flush()
+
+    def on_events_ready(self, _msg: EventsReady) -> None:
+        with self._inbox_lock:
+            events, self._inbox = self._inbox, []
+            self._inbox_lines = 0
+            self._posted = False
+        if events:
+            self.ingest(events)
+
+    # -- events -> model, buffers, widgets ------------------------------------
+
+    def ingest(self, events: list) -> None:
+        """Apply one batch of events (also usable directly from tests)."""
+        try:
+            self.model.apply(events)
+        except Exception as e:  # noqa: BLE001 - a UI callback must not take the monitor down: said in the log
+            self._add_line(Line(-1, "note", f"could not apply events: {e}", "bold"))
+        new_ranks = False
+        for ev in events:
+            try:
+                if isinstance(ev, LogBatch):
+                    if ev.rank is not None and self.logs.ensure_rank(ev.rank):
+                        new_ranks = True
+                    self.logs.add_batch(ev.rank, ev.stream, ev.done, ev.node)
+                    if ev.live is not None:
+                        self.logs.set_live(ev.rank, ev.stream, ev.live)
+                    continue
+                if isinstance(ev, RankEvent):
+                    if self.logs.ensure_rank(ev.rank):
+                        new_ranks = True
+                elif isinstance(ev, LaunchEvent):
+                    self._on_launch(ev)
+                elif isinstance(ev, StateEvent) and ev.state in FINAL_STATES:
+                    self._relaunching = None
+                if isinstance(ev, LinkEvent):
+                    self._on_link(ev)
+                elif not isinstance(ev, _NOT_IN_LOG):
+                    said = describe(ev, nodes=bool(self.model.links))
+                    if said is not None:
+                        style = "bold" if isinstance(ev, StateEvent) else _STYLE.get(said.level, "dim")
+                        self._add_line(Line(-1, "note", said.line(), style))
+            except Exception as e:  # noqa: BLE001 - one bad event must not take the monitor down; said in the log
+                self._add_line(Line(-1, "note", f"could not show an event: {e}", "dim"))
+        if any(isinstance(ev, LogBatch) and ev.rank is None for ev in events):
+            self.logs.ensure("torchrun")
+        self._check_multi_node()
+        links = any(isinstance(ev, LinkEvent) for ev in events)
+        if links or any(isinstance(ev, (AlarmEvent, NoteEvent, LaunchEvent)) for ev in events):  # a relaunch clears them
+            self._refresh_alarms()
+        if links:
+            self._refresh_header()
+        self._schedule_flush()
+        if new_ranks:
+            self.refresh_bindings()
+
+    def _on_link(self, ev: LinkEvent) -> None:
+        """A line in the merged log when a node's link comes up, drops or fails
+        (once per change: a node that stays unreachable does not repeat it)."""
+        if ev.state not in ("up", "down", "failed") or self._link_logged.get(ev.node) == ev.state:
+            return
+        self._link_logged[ev.node] = ev.state
+        said = describe(ev)
+        if said is not None:
+            self._add_line(Line(-1, "note", said.line(), _STYLE.get(said.level, "dim"), node=ev.node))
+
+    def _check_multi_node(self) -> None:
+        """Several nodes (attached, or ranks on several hosts): torchrun's lines
+        then name their node; the panes re-render once when that changes."""
+        m = self.model
+        multi = len(m.nodes) > 1
+        if not multi and len(m.ranks) > 1:
+            first = None
+            for info in m.ranks.values():
+                if info.node:
+                    if first is None:
+                        first = info.node
+                    elif info.node != first:
+                        multi = True
+                        break
+        self.logs.set_multi_node(multi)
+
+    def _on_launch(self, ev: LaunchEvent) -> None:
+        """A new launch: a separator line in every pane, so the new attempt stands out."""
+        if ev.generation > self._generation:
+            self._generation = ev.generation
+            self._relaunching = None
+            profs = ", ".join(ev.profiles) or "no profile"
+            if ev.node_restart:  # the node's cluster restarted it: a new attempt of that node
+                text = f"──── {ev.node}: attempt {ev.node_restart}, restarted by the cluster ────"
+            else:
+                text = f"──── relaunch #{ev.generation} with profiles {profs} ────"
+            if ev.reason:
+                reason = ev.reason if len(ev.reason) <= 60 else ev.reason[:59] + "…"
+                text += f"  ({reason})"
+            self.logs.separator(Line(-1, "sep", text, "bold"))
+            self.notify(f"{ev.node}: attempt {ev.node_restart} started (restarted by the cluster)" if ev.node_restart
+                        else f"relaunch #{ev.generation} started with profiles: {profs}", timeout=4)
+        self._refresh_env()
+        self._refresh_header()
+
+    def _add_line(self, line: Line) -> None:
+        self.logs.add_line(line)
+
+    def _schedule_flush(self) -> None:
+        """Write to the widgets at most every FLUSH_EVERY seconds (batches coalesce)."""
+        if self._flush_timer is not None:
+            return
+        wait = self._last_flush + FLUSH_EVERY - time.monotonic()
+        if wait <= 0:
+            self._flush_now()
+        else:
+            self._flush_timer = self.set_timer(wait, self._flush_now)
+
+    def _flush_now(self) -> None:
+        self._flush_timer = None
+        self._last_flush = time.monotonic()
+        self.logs.flush()
+        now = time.monotonic()
+        if now - self._last_table >= TABLE_EVERY or len(self.model.ranks) != self._table_rows:
+            self._refresh_table()
+            self._refresh_header()
