@@ -20,7 +20,8 @@ from ddptop.core.run.launcher import LaunchError
 from ddptop.core.run.run_session import Session
 from ddptop.core.sessions import k8s_pods as k8s
 from ddptop.core.sessions.cross_node import MultiSession
-from ddptop.core.sessions.pid import ForeignError, ForeignSession, resolve_pid
+from ddptop.core.sessions.pid import ForeignSession
+from ddptop.core.sessions.pid_target import ForeignError, resolve_pid
 from ddptop.core.sessions.pod_logs import PodLogsSession
 from ddptop.core.sessions.ssh import RemoteSession, parse_target
 from ddptop.core.sessions.transports import Kubectl, Srun, check_host

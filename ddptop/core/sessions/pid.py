@@ -25,21 +25,20 @@ Two things it never does, by design: stop or relaunch the job (ddptop did
 not start it, so it sends it no signal at all), and report an exit code
 (only torchrun's parent can know it).  The job's final state is ``ended``.
 
-Finding torchrun processes and reading their options is
+Finding the job (which torchrun a pid belongs to) and what a process's
+output file is are ``pid_target``'s; torchrun's processes and options are
 :mod:`ddptop.core.sources.proc_torchrun`'s.
 
 One module, though over 500 lines: it is one session implementation (the
-``JobSession`` protocol for a job seen from outside), and its parts (the target's
-ranks, the files their output goes to, where to read each from) exist only to
-feed its ``poll()``; process discovery and option parsing live in
-``ddptop.core.sources.proc_torchrun``.
+``JobSession`` protocol for a job seen from outside), and what is left in it
+(the job's ranks as they come and go, the files their output goes to, the
+reading of each) exists only to feed its ``poll()`` and shares its state.
 """
 
 from __future__ import annotations
 
 import os
 import queue
-import re
 import stat
 import time
 from dataclasses import dataclass, field, replace
@@ -62,8 +61,6 @@ from ddptop.core.model.events import (
 )
 from ddptop.core.model.run_meta import Meta
 from ddptop.core.model.session_protocol import (
-    EXIT_CRASH_SEEN,
-    EXIT_UNKNOWN,
     AttachedPid,
     CommandResult,
     Control,
@@ -71,11 +68,18 @@ from ddptop.core.model.session_protocol import (
 )
 from ddptop.core.run import journal
 from ddptop.core.run.pipeline import Pipeline, RankMap
+from ddptop.core.sessions.pid_target import (
+    ForeignError,
+    Target,
+    fd_target,
+    int_or_none,
+    log_file_key,
+    resolve_pid,
+    start_offset,
+)
 from ddptop.core.sources import proc_tree as procs
 from ddptop.core.sources.log_tailer import Tailer, read_share
 from ddptop.core.sources.proc_torchrun import (
-    is_rank,
-    is_torchrun,
     local_rank,
     parse_torchrun_options,
     rank_env,
@@ -87,8 +91,6 @@ from ddptop.core.sources.stack_probe import StackCapture, StackSampler, StackWat
 from ddptop.core.sources.telemetry import RankProc
 from ddptop.core.sources.telemetry_probe import TelemetryLoop
 
-__all__ = ["EXIT_CRASH_SEEN", "EXIT_UNKNOWN", "ForeignError", "ForeignSession", "Target", "resolve_pid"]
-
 SCAN_EVERY = 0.5  # seconds between looks for new ranks, ended ranks and new log files
 CHECK_EVERY = 0.5  # seconds between stall checks
 POLL_EVERY = 0.1  # seconds between looks at the job's files
@@ -96,133 +98,8 @@ HISTORY = 64 * 1024  # bytes of history read from a file that is not a torchrun 
 LOG_HISTORY = 8 * 1024 * 1024  # at most this much of each torchrun per-rank log file
 END_GRACE = 5.0  # seconds to wait for ranks that outlive torchrun
 
-_ATTEMPT = re.compile(r"attempt_(\d+)$")
 RANK_REMEDY = "Relaunch under ddptop, or give torchrun --log-dir DIR --redirects 3 (or --tee 3)"
 TORCHRUN_REMEDY = "Redirect torchrun's output to a file (torchrun ... > torchrun.log 2>&1), or launch under ddptop"
-
-
-class ForeignError(Exception):
-    """The pid names no process, or one that is not part of a torchrun job; the message says which."""
-
-
-@dataclass
-class Target:
-    """What ``--pid`` found: a torchrun, or a lone rank (a one-rank job)."""
-
-    torchrun: psutil.Process | None
-    lone_rank: psutil.Process | None = None
-    asked: int = 0  # the pid given
-
-    @property
-    def root(self) -> psutil.Process:
-        """torchrun, or the lone rank."""
-        p = self.torchrun or self.lone_rank
-        if p is None:
-            raise ForeignError("neither a torchrun nor a rank")
-        return p
-
-    @property
-    def pid(self) -> int:
-        return self.root.pid
-
-
-def resolve_pid(pid: int) -> Target:
-    """The torchrun job that ``pid`` belongs to.
-
-    ``pid`` may be torchrun itself, or any process under it (a rank, a rank's
-    data-loader worker): the parents are walked up to torchrun.  A process
-    with RANK in its environment and no torchrun above it (started by srun,
-    mpirun, a script...) is a one-rank job.
-    """
-    try:
-        proc = psutil.Process(pid)
-        cmd = proc.cmdline()
-    except psutil.NoSuchProcess:
-        raise ForeignError(f"no process with pid {pid}") from None
-    except psutil.AccessDenied:
-        raise ForeignError(f"pid {pid} belongs to another user: ddptop cannot look at it") from None
-    if not procs.alive(proc):
-        raise ForeignError(f"pid {pid} has ended (it is a zombie)")
-    if torchrun_args(cmd) is not None:
-        return Target(proc, asked=pid)
-    try:
-        parents = proc.parents()
-    except psutil.Error:
-        parents = []
-    for anc in parents:
-        if is_torchrun(anc):
-            return Target(anc, asked=pid)
-    what = " ".join(cmd)[:120] or "?"
-    try:
-        env = proc.environ()
-    except psutil.AccessDenied:
-        raise ForeignError(f"pid {pid} ({what}) is not a torchrun process, and its environment cannot be "
-                           f"read (permission denied) to tell whether it is a rank") from None
-    except psutil.Error as e:
-        raise ForeignError(f"pid {pid}: {e}") from None
-    if is_rank(env, under_torchrun=False):
-        # the topmost process of that rank (not one of its data-loader workers)
-        top = proc
-        for anc in parents:
-            anc_env = rank_env(anc, under_torchrun=False)
-            if anc_env is None or anc_env.get("RANK") != env["RANK"]:
-                break
-            top = anc
-        return Target(None, top, asked=pid)
-    raise ForeignError(f"pid {pid} ({what}) is neither a torchrun process nor a rank of one "
-                       f"(no torchrun among its parents, no RANK in its environment)")
-
-
-def _int(v) -> int | None:
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return None
-
-
-# -- the session ----------------------------------------------------------------
-
-
-def _fd_target(pid: int, fd: int) -> tuple[str, os.stat_result | None, str | None]:
-    """(where /proc/PID/fd/FD points, the target's stat, why it could not be looked at)."""
-    link = f"/proc/{pid}/fd/{fd}"
-    try:
-        target = os.readlink(link)
-    except FileNotFoundError:
-        return "", None, "closed"
-    except PermissionError:
-        return "", None, "permission denied"
-    except OSError as e:
-        return "", None, e.strerror or str(e)
-    try:
-        st = os.stat(link)
-    except OSError:
-        st = None
-    return target, st, None
-
-
-def _start_offset(path: str, history: int) -> int:
-    """Where to start reading a file: ``history`` bytes before its end, at a line start."""
-    try:
-        size = os.path.getsize(path)
-        if size <= history:
-            return 0
-        with open(path, "rb") as f:
-            f.seek(size - history)
-            chunk = f.read(history)
-    except OSError:
-        return 0
-    nl = chunk.find(b"\n")
-    return size - history + nl + 1 if nl >= 0 else size
-
-
-def _log_file_key(path: str) -> tuple[Path, int, int, str] | None:
-    """(run subdirectory, attempt, local rank, stream) of a torchrun per-rank log file."""
-    p = Path(path)
-    m = _ATTEMPT.match(p.parent.parent.name)
-    if m is None or not p.parent.name.isdigit() or p.name not in ("stdout.log", "stderr.log"):
-        return None
-    return p.parent.parent.parent, int(m.group(1)), int(p.parent.name), p.name[:-4]
 
 
 @dataclass
@@ -293,7 +170,7 @@ class ForeignSession:
             command=list(cmdline),
             user_command=["torchrun", *(args or [])] if self.torchrun is not None else list(cmdline),
             env_set={}, cwd=cwd, host=self.host, started=self.started, log_dir=o.log_dir or "",
-            nproc_per_node=_int(o.nproc_per_node), node_rank=_int(o.node_rank), ddptop_version=__version__,
+            nproc_per_node=int_or_none(o.nproc_per_node), node_rank=int_or_none(o.node_rank), ddptop_version=__version__,
             gpu=gpu, sample_interval=sample_interval, stall_after=stall_after, inject=False)
         self.refused = (f"ddptop did not start this job and will not stop or relaunch it; "
                         f"use kill -INT {self.pid} yourself to stop it")
@@ -302,7 +179,7 @@ class ForeignSession:
         self._final: StateEvent | None = None
         self._async: queue.SimpleQueue = queue.SimpleQueue()  # from the stack-capture and telemetry threads
         self._ranks: dict[int, _Rank] = {}  # pid -> rank
-        self._rank_map = RankMap(_int(o.node_rank), _int(o.nproc_per_node))
+        self._rank_map = RankMap(int_or_none(o.node_rank), int_or_none(o.nproc_per_node))
         self._sources: dict[tuple[int, int], _Source] = {}  # (st_dev, st_ino) -> source
         self._warned: set = set()  # warnings given once
         self._last_scan = -1e18
@@ -527,16 +404,16 @@ class ForeignSession:
         env = rank_env(proc, under_torchrun=self.torchrun is not None)
         if env is None:
             return  # not a worker (or its environment cannot be read)
-        rank = _int(env.get("RANK"))
+        rank = int_or_none(env.get("RANK"))
         if rank is None:
             return
         local = local_rank(env, virtual=self._virtual_local_rank)
         local = rank if local is None else local
-        attempt = _int(env.get("TORCHELASTIC_RESTART_COUNT")) or 0
+        attempt = int_or_none(env.get("TORCHELASTIC_RESTART_COUNT")) or 0
         self._ranks[proc.pid] = _Rank(proc, rank, local, attempt, env)
         rm = self._rank_map
         rm.record(attempt, local, rank)
-        group, local_world = _int(env.get("GROUP_RANK")), _int(env.get("LOCAL_WORLD_SIZE"))
+        group, local_world = int_or_none(env.get("GROUP_RANK")), int_or_none(env.get("LOCAL_WORLD_SIZE"))
         if group is not None:
             rm.node_rank = group
         if local_world is not None:
@@ -564,7 +441,7 @@ class ForeignSession:
         """Read what ``pid`` writes to ``fd`` if it is a regular file; else say why not (once)."""
         now = self.clock()
         who = "torchrun" if rank is None else f"rank {rank}"
-        target, st, err = _fd_target(pid, fd)
+        target, st, err = fd_target(pid, fd)
         remedy = TORCHRUN_REMEDY if rank is None else RANK_REMEDY
         if err is not None:
             if err != "closed" and not self._warned_about((rank, stream, "err")):
@@ -596,7 +473,7 @@ class ForeignSession:
         src = self._sources.get(key)
         who = "torchrun" if rank is None else f"rank {rank}"
         if src is None:
-            log = _log_file_key(path)
+            log = log_file_key(path)
             if path in self._resume:  # a reconnect: exactly where the last connection stopped
                 if log is not None and self.run_log_dir is None:
                     self.run_log_dir = log[0]
@@ -604,11 +481,11 @@ class ForeignSession:
             elif log is not None:
                 if self.run_log_dir is None:
                     self.run_log_dir = log[0]
-                offset = _start_offset(path, LOG_HISTORY)
+                offset = start_offset(path, LOG_HISTORY)
                 note = None if offset == 0 else (
                     f"{who} {stream}: {path} is large; reading its last {LOG_HISTORY // 1024 // 1024} MiB")
             else:
-                offset = _start_offset(path, HISTORY) if history else 0
+                offset = start_offset(path, HISTORY) if history else 0
                 note = (f"{who} {stream} goes to {path}: reading it from "
                         + ("its start" if offset == 0 else f"its last {HISTORY // 1024} KiB (earlier output is in the file)"))
             src = self._sources[key] = _Source(Tailer(path, offset), attempt=attempt)
@@ -635,7 +512,7 @@ class ForeignSession:
         if d is None:
             return
         for path in d.glob("attempt_*/*/std*.log"):
-            key = _log_file_key(str(path))
+            key = log_file_key(str(path))
             if key is None:
                 continue
             _, attempt, local_rank, stream = key

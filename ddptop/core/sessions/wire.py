@@ -39,6 +39,8 @@ import base64
 import json
 from typing import Any
 
+from ddptop import __version__
+
 PROTO_NAME = "ddptop-agent"
 MAJOR = 1  # a client and an agent of different majors cannot talk
 MINOR = 4  # 1: exit status in bye, typed replies, location in hello; 2: "ras" events; 3: "logs" batches;
@@ -69,6 +71,11 @@ def decode_cursor(s: str) -> dict[str, int]:
 
 def hello(**fields: Any) -> dict[str, Any]:
     return {"kind": "hello", "proto": PROTO_NAME, "version": MAJOR, "minor": MINOR, **fields}
+
+
+def install_hint() -> str:
+    """How to install this very ddptop on another node (the agent's end of the protocol)."""
+    return f"pip install 'ddptop=={__version__}'"
 
 
 def check_hello(d: dict[str, Any], host: str, install_hint: str) -> str | None:

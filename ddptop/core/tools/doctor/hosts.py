@@ -12,8 +12,8 @@ import shlex
 import subprocess
 
 from ddptop.core.model.settings import settings
-from ddptop.core.sessions.ssh import install_hint
 from ddptop.core.sessions.transports import SSH_OPTIONS, check_host, remote_command
+from ddptop.core.sessions.wire import install_hint
 from ddptop.core.tools.doctor.report import FAIL, Row, exit_code, format_rows, summary
 
 
