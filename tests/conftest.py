@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers import wait_for  # (some tests import it from here)
+# tests/support holds what the tests import besides this file (helpers, fake_nvml, sshd, ...): on sys.path
+# for every test, whichever folder it is in (`from helpers import wait_for`, `import fake_nvml`)
+SUPPORT = Path(__file__).resolve().parent / "support"
+if str(SUPPORT) not in sys.path:
+    sys.path.insert(0, str(SUPPORT))
+
+from helpers import wait_for  # noqa: E402  (some tests import it from here)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
@@ -161,7 +167,7 @@ def alive(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory):
-    """A real sshd on 127.0.0.1 (see tests/sshd.py), stopped by pid afterwards."""
+    """A real sshd on 127.0.0.1 (see tests/support/sshd.py), stopped by pid afterwards."""
     from sshd import start_sshd, stop_sshd
 
     s = start_sshd(tmp_path_factory.mktemp("sshd"))
@@ -170,22 +176,68 @@ def sshd(tmp_path_factory):
 
 
 # -- tiers ---------------------------------------------------------------------------------------------
-# unit: pure, in-process; integration: real torchrun, sshd, frameworks or other processes; ui: Textual's
-# Pilot; gpu: tests/gpu (skipped without a GPU).  `pytest -m unit` is the fast loop.
-_INTEGRATION_HINTS = ("run_ddptop", "torchrun", "sshd", "subprocess", "Popen")
-_tier_of: dict[Path, str] = {}
+# A test's tier is the folder it is in: tests/unit (pure, in-process: milliseconds), tests/integration (real
+# torchrun, sshd, frameworks or other processes), tests/ui (the Textual app under Pilot), tests/gpu (skipped
+# without a GPU), tests/bench.  `pytest tests/unit` (or `-m unit`) is the fast loop.
+TIERS = ("unit", "integration", "ui", "gpu", "bench")
 
 
-def _tier(path: Path) -> str:
-    if path not in _tier_of:
-        if ROOT / "tests" / "gpu" in path.parents:
-            _tier_of[path] = "gpu"
-        elif path.name.startswith("test_app"):
-            _tier_of[path] = "ui"
-        else:
-            text = path.read_text(errors="replace")
-            _tier_of[path] = "integration" if any(h in text for h in _INTEGRATION_HINTS) else "unit"
-    return _tier_of[path]
+def _tier(path: Path) -> str | None:
+    try:
+        folder = path.relative_to(ROOT / "tests").parts[0]
+    except (ValueError, IndexError):
+        return None
+    return folder if folder in TIERS else None
+
+
+# -- tests/ui: a part of the screen the app could not draw fails the test ------------------------------
+# The app catches an error while drawing a part of the screen (a rank's row, the header, the alarm box),
+# says it once as a note in the log ("error: could not draw ...", DdptopApp._ui_error) and goes on, so a
+# user keeps a working monitor.  In a UI test that note is a bug: every test in tests/ui has the app's
+# reports recorded, and one that passed fails after its call if there were any.  A test that provokes
+# one on purpose asks for the `ui_errors` fixture and checks the list itself.
+
+
+@pytest.fixture
+def ui_errors(monkeypatch) -> list[tuple[str, Exception]]:
+    """(where, error) for every part of the screen the app reported it could not draw in this test
+    (each call of DdptopApp._ui_error, which then goes on as it does for a user)."""
+    from ddptop.ui.app import DdptopApp
+
+    seen: list[tuple[str, Exception]] = []
+    real = DdptopApp._ui_error
+
+    def recording(self, where: str, e: Exception) -> None:
+        seen.append((where, e))
+        real(self, where, e)
+
+    monkeypatch.setattr(DdptopApp, "_ui_error", recording)
+    return seen
+
+
+def check_no_ui_errors(seen) -> None:
+    """AssertionError naming each part of the screen the app could not draw, if any."""
+    if seen:
+        said = sorted({f"{where}: {type(e).__name__}: {e}" for where, e in seen})
+        raise AssertionError("the app could not draw " + "; ".join(said)
+                             + " (a test that provokes this on purpose asks for the ui_errors fixture)")
+
+
+@pytest.fixture(autouse=True)
+def _ui_errors_fail_ui_tests(request):
+    if _tier(Path(request.path)) != "ui" or "ui_errors" in request.fixturenames:
+        return  # (a test that asked for ui_errors checks them itself)
+    try:
+        request.node._ddptop_ui_errors = request.getfixturevalue("ui_errors")
+    except ImportError:  # no textual: the test skips itself
+        pass
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield  # (a test that failed already is left as it failed)
+    check_no_ui_errors(getattr(item, "_ddptop_ui_errors", ()))
+    return result
 
 
 def pytest_collection_modifyitems(config, items):
@@ -196,7 +248,9 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason="own_pids: under -n this test needs its worker's own PID namespace, which "
                                        "`unshare --pid` refused here; run `python3 -m pytest -m own_pids` (no -n)")
     for item in items:
-        item.add_marker(getattr(pytest.mark, _tier(Path(item.path))))
+        tier = _tier(Path(item.path))
+        if tier is not None:
+            item.add_marker(getattr(pytest.mark, tier))
         if skip is not None and item.get_closest_marker("own_pids"):
             item.add_marker(skip)
     if _in_xdist_worker(config):
@@ -211,7 +265,7 @@ def pytest_collection_modifyitems(config, items):
 # -- pytest -n: each worker in a PID namespace of its own ---------------------------------------------
 # Tests that look for torchrun processes (`ddptop attach` with no target, the doctor's CPU budget) must
 # find their own job only, never another worker's. Each xdist worker runs as the child of a small init
-# (tests/pidns_init.py) in a PID namespace of its own, with its own /proc: it sees its tests' processes
+# (tests/support/pidns_init.py) in a PID namespace of its own, with its own /proc: it sees its tests' processes
 # only, and whatever its tests leave running dies with it. Tests run one at a time in a worker, so a
 # test sees its own jobs. Where namespaces are refused (not root, no unshare), the `own_pids` tests are
 # skipped under -n, saying how to run them.
@@ -243,7 +297,7 @@ def pytest_configure(config):
     if _in_xdist_worker(config) or not tx or any(spec != "popen" for spec in tx):
         return  # not pytest -n N (or a hand-made --tx: left as it is)
     if _may_make_pid_namespaces():
-        init = ROOT / "tests" / "pidns_init.py"
+        init = SUPPORT / "pidns_init.py"
         os.environ["DDPTOP_TEST_PIDNS"] = "1"  # the workers inherit it: they are in their own
         config.option.tx = [f"popen//python={' '.join(_PIDNS)} {sys.executable} {init} {sys.executable}"] * len(tx)
         config._ddptop_pidns = True

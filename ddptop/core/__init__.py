@@ -1,5 +1,5 @@
 """Core of ddptop: everything that works without a terminal UI.
 
 Nothing under ``ddptop.core`` may import textual, rich or torch
-(``tests/test_boundaries.py`` enforces it).
+(``tests/integration/test_boundaries.py`` enforces it).
 """

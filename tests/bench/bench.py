@@ -152,9 +152,9 @@ def bench_supervise(seconds: float = 20) -> None:
 def bench_telemetry(gpus: int = 8, ranks: int = 8, ticks: int = 200) -> None:
     """Telemetry tick cost, 8 real rank processes and 8 GPUs: behind the Python
     fake of pynvml, and behind the real pynvml over the C stand-in for
-    libnvidia-ml (tests/nvml_stub): the latter counts pynvml's ctypes work,
+    libnvidia-ml (tests/support/nvml_stub): the latter counts pynvml's ctypes work,
     everything but the driver's own time."""
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path[:0] = [str(ROOT / "tests" / "support"), str(ROOT / "tests")]  # (fake_nvml, helpers, sshd; conftest)
     import fake_nvml
     from ddptop.core.sources.gpu_nvml import NvmlBackend
     from ddptop.core.sources.telemetry import RankProc, Telemetry
@@ -250,7 +250,7 @@ def bench_alarm_latency(repeat: int = 2) -> None:
     """How long after the step that should have come the stall alarm arrives,
     on real 2- and 3-rank jobs, per hang form and step time: the distribution
     (median, p90, max), and whether the alarm named the culprit and its line."""
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path[:0] = [str(ROOT / "tests" / "support"), str(ROOT / "tests")]  # (fake_nvml, helpers, sshd; conftest)
     from helpers import free_port
 
     forms = [("gloo, rank 1 stuck, rank 0 polling", ["--fault", "hang"], 2),
@@ -403,7 +403,7 @@ def bench_attach(lines: int = 200, every: float = 0.1, quiet_s: float = 20) -> N
     the client having it."""
     import psutil
 
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path[:0] = [str(ROOT / "tests" / "support"), str(ROOT / "tests")]  # (fake_nvml, helpers, sshd; conftest)
     from conftest import rank_started, write_run
     from sshd import remote_ddptop, start_sshd, stop_sshd
     from ddptop.core.sessions.ssh import RemoteSession
@@ -539,7 +539,7 @@ def bench_busy_node(others: int = 1000, ranks: int = 8, ticks: int = 50) -> None
     finding torchrun's ranks and each rank's data-loader workers, from
     /proc/PID/task/*/children (what ddptop does) vs psutil's scan of every process."""
     import psutil
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path[:0] = [str(ROOT / "tests" / "support"), str(ROOT / "tests")]  # (fake_nvml, helpers, sshd; conftest)
     import fake_nvml
     from ddptop.core.sources import proc_tree as procs
     from ddptop.core.sources.gpu_nvml import NvmlBackend
@@ -714,7 +714,7 @@ def bench_ras(queries: int = 30) -> None:
     """NCCL RAS: one query (connect, handshake, report, parse, verdict) against
     the stand-in server, per format and job size; and, end to end, a hung
     2-rank job's alarm with the culprit from RAS (stack sampling off)."""
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path[:0] = [str(ROOT / "tests" / "support"), str(ROOT / "tests")]  # (fake_nvml, helpers, sshd; conftest)
     from ras_server import Job, Rank, RasServer
 
     from ddptop.core.sources import ras_client as ras

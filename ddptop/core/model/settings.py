@@ -50,6 +50,15 @@ USER: tuple[Setting, ...] = (
     Setting("DDPTOP_REMOTE", "remote", "ddptop", "the ddptop command on other nodes (attach, doctor --host)"),
     Setting("DDPTOP_STOP_GRACE", "stop_grace", "10", "seconds between SIGTERM and SIGKILL when ddptop stops a job"),
     Setting("DDPTOP_FILE_EVENTS", "file_events", "on", "off (or 0, no): poll files instead of file events"),
+    Setting("DDPTOP_FIRST_STEP_GRACE", "first_step_grace", "120",
+            "seconds a job may take to its first training step before a silence there is a hang (model loading, "
+            "data download, compilation)"),
+    Setting("DDPTOP_MIN_SILENCE", "min_silence", "10",
+            "the least silence, in seconds, that is a hang once steps come (the learned threshold never goes below "
+            "it; an evaluation or checkpoint without steps gets three times it)"),
+    Setting("DDPTOP_WATCH_PATIENCE", "watch_patience", "30",
+            "seconds a job ddptop did not launch (no step hook) may show frozen stacks and no output before that is "
+            "a hang"),
 )
 
 
@@ -62,6 +71,9 @@ class Settings:
     remote: str = "ddptop"
     stop_grace: float = 10.0
     file_events: bool = True
+    first_step_grace: float = 120.0
+    min_silence: float = 10.0
+    watch_patience: float = 30.0
 
 
 def _seconds(name: str, v: str) -> float:
@@ -92,6 +104,9 @@ _PARSE: dict[str, Callable[[str, str], object]] = {
     "remote": lambda n, v: v or "ddptop",
     "stop_grace": _seconds,
     "file_events": lambda _n, v: v.strip().lower() not in ("0", "off", "no", "false"),
+    "first_step_grace": _seconds,
+    "min_silence": _seconds,
+    "watch_patience": _seconds,
 }
 
 

@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 
 from ddptop.core.analysis.analyzer import Analyzer
 from ddptop.core.model.events import AlarmEvent, Event, LaunchEvent, NoteEvent
+from ddptop.core.model.settings import settings
 from ddptop.core.model.version_numbers import version_tuple
 from ddptop.core.sources.ras_probe import RasProbe
 
@@ -114,10 +115,12 @@ class Pipeline:
         self.analyzer = self._new_analyzer()
 
     def _new_analyzer(self):
-
+        s = settings()  # (the person's DDPTOP_FIRST_STEP_GRACE, DDPTOP_MIN_SILENCE, DDPTOP_WATCH_PATIENCE)
         return Analyzer(self.clock, stall_after=self.stall_after, node=self.node,
                         can_sample=self.sampler is not None or self.ras is not None,
-                        resample_every=self.resample_every, stacks_wait=self.stacks_wait)
+                        resample_every=self.resample_every, stacks_wait=self.stacks_wait,
+                        first_step_grace=s.first_step_grace, min_silence=s.min_silence,
+                        watch_patience=s.watch_patience)
 
     def process(self, events: list[Event], now: float | None = None, *,
                 check: bool = False) -> list[AlarmEvent | NoteEvent]:

@@ -43,7 +43,7 @@ RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK
 
 
 # torchrun options that take no value (kept in sync with torch's parser by
-# tests/test_launcher.py::test_flag_list_matches_torchrun).
+# tests/unit/test_launcher.py::test_flag_list_matches_torchrun).
 TORCHRUN_FLAGS = frozenset(
     {
         "--standalone",

@@ -1,0 +1,292 @@
+"""`ddptop diagnose` beyond its catalogue: an open-world root, the order of time, damaged fields, lost peers,
+the training bar among several.
+
+The lines are in the formats PyTorch, NCCL, SLURM, UCX and tqdm print (each named where it comes from); where a
+line is quoted from a public thread, the thread is named.  Each test runs the real `ddptop diagnose --json`.
+
+(The time stamps alone: tests/unit/test_open_world.py.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def diagnose(*paths) -> dict:
+    r = subprocess.run([sys.executable, "-m", "ddptop", "diagnose", "--json", *map(str, paths)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode in (0, 1), r.stderr
+    return json.loads(r.stdout)
+
+
+# --------------------------------------------------------------------------- an open-world root
+
+
+def test_a_failure_no_signature_knows_is_the_root_quoted_whole_with_its_rank(tmp_path):
+    (tmp_path / "rank0.log").write_text("step 1 loss 0.5\nstep 2 loss 0.4\n")
+    deciding = ("ERROR: tokenizer model /data/tok.model could not be opened: the file is a Git LFS pointer "
+                "(130 bytes), not a model")
+    (tmp_path / "rank1.log").write_text(f"step 1 loss 0.5\n{deciding}\n")
+    rep = diagnose(tmp_path)
+    rc = rep["root_cause"]
+    assert rc["signature"] == "unclassified-error" and rc["rank"] == 1 and rc["text"] == deciding
+    assert rep["culprits"] == [1]
+
+
+def test_a_python_exception_names_its_innermost_user_frame(tmp_path):
+    (tmp_path / "rank3.log").write_text(
+        'Traceback (most recent call last):\n  File "/w/train.py", line 40, in <module>\n    main()\n'
+        '  File "/w/train.py", line 33, in main\n    batch = load(i)\n'
+        '  File "/venv/lib/python3.11/site-packages/datasets/arrow_dataset.py", line 2800, in __getitem__\n'
+        "    return self._getitem(key)\nIndexError: Invalid key: 9021 is out of bounds for size 9000\n")
+    rc = diagnose(tmp_path)["root_cause"]
+    assert rc["signature"] == "python-exception" and rc["rank"] == 3
+    assert rc["text"] == "IndexError: Invalid key: 9021 is out of bounds for size 9000"
+    assert rc["detail"]["where"] == "train.py:33 in main"
+
+
+def test_an_error_line_after_which_its_rank_went_on_training_is_never_the_root(tmp_path):
+    """A warning-like error a healthy run prints (an event file it failed to write) with steps after it."""
+    (tmp_path / "rank0.log").write_text(
+        "step 100 loss 0.5\nERROR: failed to write the tensorboard event file: Stale file handle\n"
+        "step 101 loss 0.5\nstep 102 loss 0.4\nstep 103 loss 0.4\n")
+    rep = diagnose(tmp_path)
+    assert rep["root_cause"] is None
+    f = [x for x in rep["findings"] if x["signature"] == "unclassified-error"]
+    assert f and f[0]["detail"]["recovered"] is True
+    # the same line as the log's last words is the root
+    (tmp_path / "rank0.log").write_text("step 100 loss 0.5\nERROR: failed to write the tensorboard event file: "
+                                        "Stale file handle\n")
+    assert diagnose(tmp_path)["root_cause"]["signature"] == "unclassified-error"
+
+
+@pytest.mark.parametrize("line", [
+    "/venv/lib/python3.10/site-packages/torch/autograd/graph.py:744: UserWarning: Grad strides do not match bucket "
+    "view strides. This may indicate grad was not created according to the gradient layout contract",
+    "[W socket.cpp:558] [c10d] The client socket has failed to connect to [localhost]:29500 (errno: 99 - Cannot "
+    "assign requested address).",
+    "node1:1:1 [0] NCCL INFO NET/Plugin : Plugin load returned 2 : libnccl-net.so: cannot open shared object file: "
+    "No such file or directory",
+    "Last error:",
+    "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x96 (0x7f0d3a1b1446 in libc10.so)",
+    "train.py FAILED",
+    "  error_file: <N/A>",
+])
+def test_lines_healthy_runs_and_launchers_print_are_no_unknown_error(tmp_path, line):
+    (tmp_path / "rank0.log").write_text(f"step 1 loss 0.5\n{line}\n")
+    assert not [f for f in diagnose(tmp_path)["findings"] if f["signature"] == "unclassified-error"]
+
+
+# --------------------------------------------------------------------------- the order of time
+
+
+def test_causes_and_timeouts_are_ordered_by_their_lines_time_across_ranks_and_files(tmp_path):
+    """Rank 0's watchdog timeout and rank 1's error no signature knows, in two files: the one written first is
+    the root, whichever file is read first (PyTorch's C++ log stamps: E<MMDD> <time>)."""
+    def job(error_at: str, timeout_at: str):
+        (tmp_path / "rank0.log").write_text(
+            f"[rank0]:[E1126 {timeout_at}.000000 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective "
+            "operation timeout: WorkNCCL(SeqNum=88, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
+            "ran for 600012 milliseconds before timing out.\n")
+        (tmp_path / "rank1.log").write_text(f"[rank1]:[E1126 {error_at}.000000 train.py:9] ERROR: lost the lease on "
+                                            "/mnt/ckpt/shard_3: the job cannot write checkpoints\n")
+
+    job(error_at="10:00:00", timeout_at="10:10:00")
+    rc = diagnose(tmp_path)["root_cause"]
+    assert rc["signature"] == "unclassified-error" and rc["rank"] == 1 and rc["time"].endswith("10:00:00.000+00:00")
+    job(error_at="10:20:00", timeout_at="10:10:00")  # the error came after the timeout: what the timeout set off
+    rc = diagnose(tmp_path)["root_cause"]
+    assert rc["signature"] == "nccl-watchdog-timeout" and rc["rank"] == 0
+
+
+WATCHDOG = ("[rank{r}]:[E ProcessGroupNCCL.cpp:563] [Rank {r}] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=451, OpType={op}, NumelIn=4755456, NumelOut=38043648, Timeout(ms)=600000) ran for "
+            "600017 milliseconds before timing out.")
+
+
+# --------------------------------------------------------------------------- damaged fields, lost peers
+
+
+def test_a_field_a_terminal_damaged_is_unknown_never_a_different_collective(tmp_path):
+    (tmp_path / "rank0.log").write_text(WATCHDOG.format(r=0, op="_ALLGATHER_BASE") + "\n")
+    # (tmux's "[451/1919]" scroll marker written over the line)
+    (tmp_path / "rank1.log").write_text(WATCHDOG.format(r=1, op="_ALLGATHER_BA[451/1919]") + "\n")
+    rep = diagnose(tmp_path)
+    assert not [f for f in rep["findings"] if f["signature"] == "collective-desync"]
+    # two clean and different operations at one sequence number still are
+    (tmp_path / "rank1.log").write_text(WATCHDOG.format(r=1, op="ALLREDUCE") + "\n")
+    assert [f for f in diagnose(tmp_path)["findings"] if f["signature"] == "collective-desync"]
+
+
+def test_a_peer_lost_on_another_machine_is_named_by_its_host_and_the_reporter_is_not_the_root(tmp_path):
+    # gloo's pair.cc / NCCL's socket.cc wording, the peer named by its host alone
+    (tmp_path / "rank0.log").write_text("step 7 loss 0.3\nRuntimeError: [../third_party/gloo/gloo/transport/tcp/"
+                                        "pair.cc:598] Connection closed by remote peer gpu004\n")
+    rep = diagnose(tmp_path)
+    assert rep["root_cause"] is None and rep["culprits"] == []
+    assert "gpu004" in rep["lost_peers"]["peers"]
+
+
+@pytest.mark.parametrize("name,text,signature,said", [
+    # nextflow-io/nextflow#5932's lines, then SLURM's cancel (as in IGNF/myria3d#123)
+    pytest.param(
+        "slurm-1.out",
+        "step 12 loss 0.5\nslurmstepd: error: Detected 1 oom_kill event in StepId=11300781.0. Some of the step "
+        "tasks have been OOM Killed.\nsrun: error: sdumont6156: task 0: Out Of Memory\n"
+        "slurmstepd: error: *** STEP 11300781.0 ON sdumont6156 CANCELLED AT 2025-03-31T10:00:00 ***\n",
+        "scheduler-oom-kill", "oom_kill", id="a-schedulers-stated-reason-outranks-its-stop"),
+    pytest.param(
+        "rank0.log",
+        "2024-04-29 06:01:12 ERROR [__main__] main failed\nTraceback (most recent call last):\n"
+        '  File "/w/train.py", line 12, in <module>\n    save(model)\n'
+        "OSError: [Errno 28] No space left on device\n",
+        "python-exception", "No space left on device",
+        id="a-loggers-error-line-yields-to-the-traceback-it-announces"),
+])
+def test_the_root_is_the_line_that_says_why(tmp_path, name, text, signature, said):
+    (tmp_path / name).write_text(text)
+    rc = diagnose(tmp_path)["root_cause"]
+    assert rc["signature"] == signature and said in rc["text"]
+
+
+# --------------------------------------------------------------------------- the classes
+
+
+def test_torch_multiprocessing_spawn_names_the_process_and_its_signal(tmp_path):
+    (tmp_path / "out.log").write_text(
+        "Traceback (most recent call last):\n  File \"/w/train.py\", line 90, in <module>\n"
+        "    mp.spawn(main, nprocs=4)\n"
+        "torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGKILL\n")
+    rep = diagnose(tmp_path)
+    rc = rep["root_cause"]
+    assert rc["signature"] == "rank-signal" and rc["rank"] == 1 and rc["detail"]["signal"] == "SIGKILL"
+    assert rep["culprits"] == [1]
+
+
+def test_a_timeout_said_only_by_pytorchs_counters_is_a_timeout(tmp_path):
+    (tmp_path / "rank1.log").write_text(
+        "[rank1]:[E1120 10:13:51.421811 ProcessGroupNCCL.cpp:616] [PG ID 0 PG GUID 0(default_pg) Rank 1] Timeout at "
+        "NCCL work: 4412, last enqueued NCCL work: 4412, last completed NCCL work: 4411.\n")
+    rc = diagnose(tmp_path)["root_cause"]
+    assert rc["signature"] == "nccl-watchdog-timeout" and rc["rank"] == 1 and rc["detail"]["seq"] == "4412"
+
+
+@pytest.mark.parametrize("name,text,signature,detail", [
+    # NVIDIA/nccl#905's warning (a flapping link), then the IB completion error and PyTorch's NCCL error
+    pytest.param(
+        "rank4.log",
+        "[rank4]: node48:34050:34121 [0] transport/net_ib.cc:93 NCCL WARN NET/IB : Got async event : port error\n"
+        "[rank4]: node51:73076:73185 [4] transport/net_ib.cc:1238 NCCL WARN NET/IB : Got completion from peer "
+        "node48<37948> with error 12, opcode 2, len 1, vendor err 129\n"
+        "[rank4]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1275, unhandled system "
+        "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.18.1\n",
+        "nccl-ib-async-event", {"event": "port error"},
+        id="an-infiniband-port-error-is-the-cause-of-the-completion-errors-after-it"),
+    # ProcessGroupNCCL.cpp (torch 2.5+): the watchdog's exception, and its counters
+    pytest.param(
+        "rank12.log",
+        "[E909 09:55:29.313379098 ProcessGroupNCCL.cpp:1664] [PG 0 (default_pg) Rank 12] Exception (either an error "
+        "or timeout) detected by watchdog at work: 2070, last enqueued NCCL work: 2070, last completed NCCL work: "
+        "2069.\n",
+        "nccl-watchdog-timeout", {"seq": "2070"}, id="torchs-newer-watchdog-wording-is-a-timeout"),
+])
+def test_the_root_and_what_its_line_says(tmp_path, name, text, signature, detail):
+    (tmp_path / name).write_text(text)
+    rc = diagnose(tmp_path)["root_cause"]
+    assert rc["signature"] == signature and {k: rc["detail"][k] for k in detail} == detail
+
+
+@pytest.mark.parametrize("name,text,signature,rank", [
+    pytest.param(
+        "rank2.log",
+        "[rank2]: gpu2:71:99 [2] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote peer "
+        "gpu1<57557>\n"
+        "[rank2]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system "
+        "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n"
+        "[rank2]: gpu2:71:104 [2] proxy.cc:1523 NCCL WARN Cuda failure 'out of memory'\n",
+        "cuda-oom", 2, id="a-cuda-oom-in-nccls-proxy-printed-after-the-socket-error-it-caused"),
+    # NVIDIA/nccl#1709's lines
+    pytest.param(
+        "rank238.log",
+        "[rank238]: torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
+        "ProcessGroupNCCL.cpp:3353, internal error - please report this issue to the NCCL developers, NCCL version "
+        "2.26.2\n[rank238]: ncclInternalError: Internal check failed.\n[rank238]: Last error:\n"
+        "[rank238]: Error : no algorithm/protocol available for function AllGather with datatype ncclInt8.\n",
+        "nccl-no-algorithm", 238, id="nccls-no-algorithm-error-not-the-internal-error-it-raises"),
+])
+def test_the_error_that_caused_the_others_is_the_root(tmp_path, name, text, signature, rank):
+    (tmp_path / name).write_text(text)
+    rc = diagnose(tmp_path)["root_cause"]
+    assert rc["signature"] == signature and rc["rank"] == rank
+
+
+TORCHRUN_ROOT = """\
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-22_23:24:05
+  host      : gpu-node-3
+  rank      : 0 (local_rank: 0)
+  exitcode  : -7 (pid: 4242)
+  error_file: <N/A>
+  traceback : Signal 7 (SIGBUS) received by PID 4242
+============================================================"""
+
+
+@pytest.mark.parametrize("line", [
+    TORCHRUN_ROOT,  # torchrun's failure report (torch/distributed/elastic/multiprocessing/errors)
+    "[node7:4242:0:4242] Caught signal 7 (Bus error: nonexistent physical address)",  # UCX's handler
+])
+def test_sigbus_without_the_word_says_shared_memory(tmp_path, line):
+    (tmp_path / "rank0.log").write_text(f"step 3 loss 0.9\n{line}\n")
+    rep = diagnose(tmp_path)
+    f = next(x for x in rep["findings"] if x["signature"] == "rank-signal")
+    assert f["detail"]["signal"] == "SIGBUS" and "/dev/shm" in f["explanation"]
+    assert "shm-off" in f["suggested_profiles"]
+
+
+def test_the_training_bar_is_told_from_a_rollout_bar_beside_it(tmp_path):
+    bars = []
+    for i in range(1, 5):
+        bars.append(f"Train: {i}%|#   | {5555 + i}/9008 [1:00:00<1:00:00, 1.00it/s]")
+        bars.append("  0%|          | 0/48 [00:00<?, ?it/s]")  # a rollout bar, no word of its own
+    (tmp_path / "rank0.log").write_text("\n".join(bars) + "\n")
+    rep = diagnose(tmp_path)
+    assert rep["progress"]["0"]["last_step"] == 5559
+
+
+# --------------------------------------------------------------------------- NCCL's and C++'s own error lines
+
+
+def test_an_nccl_warn_line_is_an_error_unless_it_says_a_peer_went_away(tmp_path):
+    # NCCL's bootstrap.cc: WARN is NCCL's error level (NCCL_DEBUG=WARN prints only its errors)
+    (tmp_path / "rank0.log").write_text("node1:22841:22841 [0] bootstrap.cc:37 NCCL WARN Bootstrap : no socket "
+                                        "interface found\n")
+    rc = diagnose(tmp_path)["root_cause"]
+    assert rc["signature"] == "unclassified-error" and "no socket interface found" in rc["text"]
+    # NCCL's socket.cc / proxy.cc on a peer that went away: what a lost peer looks like, never a root
+    (tmp_path / "rank0.log").write_text(
+        "node1:71:99 [2] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote peer node2<57557>\n"
+        "node1:71:99 [2] proxy.cc:1143 NCCL WARN Socket recv failed while polling for opId=0x7f4774cc9620\n")
+    rep = diagnose(tmp_path)
+    assert rep["root_cause"] is None and "node2:57557" in rep["lost_peers"]["peers"]
+
+
+def test_a_cpp_exceptions_what_is_the_error_on_one_line_or_the_next(tmp_path):
+    for text in ("terminate called after throwing an instance of 'std::runtime_error'\n"
+                 "  what():  expected ident but found 'eof' here:\n",
+                 "terminate called after throwing an instance of 'std::runtime_error'  what():  expected ident but "
+                 "found 'eof' here:\n"):
+        (tmp_path / "rank0.log").write_text(text)
+        rc = diagnose(tmp_path)["root_cause"]
+        assert rc["signature"] == "unclassified-error" and "expected ident but found 'eof'" in rc["text"]
+
+
+def test_logs_say_who_ended_the_job_when_a_scheduler_did(tmp_path):
+    (tmp_path / "slurm-9.out").write_text(
+        "step 1 loss 0.5\nslurmstepd: error: *** STEP 6053.0 ON node1 CANCELLED AT 2024-04-23T12:18:08 DUE TO TIME "
+        "LIMIT ***\n")
+    rep = diagnose(tmp_path)
+    assert rep["ended_by"]["by"] == "scheduler" and rep["root_cause"]["signature"] == "scheduler-stopped"

@@ -1,0 +1,65 @@
+"""Launch profiles on real launches: secrets never journalled in clear, the gloo profile, `ddptop profiles`.
+
+(The pure parts: tests/unit/test_profiles.py.)"""
+
+import json
+import os
+
+from conftest import EXAMPLE, ROOT, json_events, only_run, run_ddptop
+
+NCCL_SCRIPT = (
+    "import torch, torch.distributed as dist\n"
+    "dist.init_process_group('nccl')\n"
+    "t = torch.ones(1) * (dist.get_rank() + 1)\n"
+    "dist.all_reduce(t)\n"
+    "print(f'rank {dist.get_rank()} sum {t.item():g} backend {dist.get_backend()}')\n"
+    "dist.destroy_process_group()\n"
+)
+
+
+def test_secrets_are_never_journalled_in_clear(tmp_path, runs_dir, monkeypatch):
+    cfg = tmp_path / "cfg"
+    (cfg / "ddptop").mkdir(parents=True)
+    (cfg / "ddptop" / "profiles.toml").write_text(
+        '[profiles.wandb]\ndescription = "log to wandb"\nenv = { WANDB_API_KEY = "s3cr3t-value", MY_FLAG = "1" }\n')
+    script = tmp_path / "show.py"
+    script.write_text("import os\nprint('key is set:', os.environ.get('WANDB_API_KEY') == 's3cr3t-value', os.environ.get('MY_FLAG'))\n")
+    env = dict(os.environ, XDG_CONFIG_HOME=str(cfg))
+    r = run_ddptop("--json", "--profile", "wandb", "torchrun", "--nproc-per-node", "1", str(script), env=env)
+    assert r.returncode == 0, r.stderr
+    assert any(e["kind"] == "log" and e["text"] == "key is set: True 1" for e in json_events(r.stdout))
+    run = only_run(runs_dir)
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["env_set"]["WANDB_API_KEY"] == "***" and meta["env_set"]["MY_FLAG"] == "1"
+    for f in run.rglob("*"):
+        if f.is_file():
+            assert b"s3cr3t-value" not in f.read_bytes(), f
+    listing = run_ddptop("profiles", "--json", env=env)
+    assert "s3cr3t-value" not in listing.stdout and '"WANDB_API_KEY": "***"' in listing.stdout
+
+
+def test_gloo_profile_runs_a_script_that_hard_codes_nccl_on_cpu(tmp_path, runs_dir):
+    script = tmp_path / "nccl_train.py"
+    script.write_text(NCCL_SCRIPT)
+    plain = run_ddptop("--json", "torchrun", "--nproc-per-node", "2", str(script))
+    assert plain.returncode != 0
+    assert any(e["kind"] == "alarm" and "gloo" in e["suggested_profiles"] for e in json_events(plain.stdout))
+    r = run_ddptop("--json", "--profile", "gloo", "torchrun", "--nproc-per-node", "2", str(script))
+    assert r.returncode == 0, r.stdout[-3000:]
+    events = json_events(r.stdout)
+    texts = {e["text"] for e in events if e["kind"] == "log" and e["rank"] is not None}
+    assert {"rank 0 sum 3 backend gloo", "rank 1 sum 3 backend gloo"} <= texts
+    notes = [e["message"] for e in events if e["kind"] == "note"]
+    assert any("init_process_group backend 'nccl' -> 'gloo'" in n for n in notes)  # said in the journal
+
+
+def test_profiles_command_lists_and_bad_file_is_a_clear_error(tmp_path):
+    r = run_ddptop("profiles")
+    assert r.returncode == 0 and "p2p-off" in r.stdout and "NCCL_P2P_DISABLE=1" in r.stdout
+    (tmp_path / "ddptop.toml").write_text('[profiles.x]\ndescription = 3\n')
+    import subprocess, sys
+    r = subprocess.run([sys.executable, "-m", "ddptop", "--profile", "x", "torchrun", "--nproc-per-node", "1", EXAMPLE],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 2
+    assert f"{tmp_path / 'ddptop.toml'}:2: profiles.x.description: expected str" in r.stderr

@@ -1,0 +1,66 @@
+"""Launch profiles: the built-in ones, profile files, what a profile changes in a launch, secrets masked.
+
+(Real launches with profiles: tests/integration/test_profiles_e2e.py.)"""
+
+import pytest
+
+from conftest import EXAMPLE
+from ddptop.core.run.launcher import plan_launch
+from ddptop.core.run.profiles import BUILTIN, ProfileError, load_all, load_file, resolve, rewrite_script_args
+
+
+def test_builtins_are_all_there():
+    assert {p.name for p in BUILTIN} >= {"default", "p2p-off", "shm-off", "ib-off", "nccl-debug", "flight-recorder",
+                                         "fail-fast", "gloo", "single-gpu", "fewer-workers"}
+
+
+@pytest.mark.parametrize("text,line,words", [
+    ('[profiles.x]\ndescription = "a"\nenv = { A = "1" \n', 3, "invalid TOML"),
+    ('[profiles.x]\ndescription = "a"\nenvv = { A = "1" }\n', 3, "unknown key 'envv'"),
+    ('[profiles.x]\ndescription = "a"\n\n[profiles.y]\ndescription = "b"\nunset = "NCCL_DEBUG"\n', 6, "profiles.y.unset: expected list"),
+    ('[profiles.x]\nenv = { A = "1" }\n', 1, "missing key 'description'"),
+    ('[profiles.x]\ndescription = "a"\nbackend = "nccl2"\n', 3, "not a process-group backend"),
+    ('[profiles.x]\ndescription = "a"\nenv = { A = [1] }\n', 3, "profiles.x.env.A"),
+])
+def test_bad_profile_files_name_file_line_and_key(tmp_path, text, line, words):
+    f = tmp_path / "ddptop.toml"
+    f.write_text(text)
+    with pytest.raises(ProfileError) as e:
+        load_file(f)
+    msg = str(e.value)
+    assert msg.startswith(f"{f}:{line}:"), msg
+    assert words in msg
+
+
+def test_user_files_add_and_override(tmp_path):
+    f = tmp_path / "p.toml"
+    f.write_text('[profiles.p2p-off]\ndescription = "ours"\nenv = { NCCL_P2P_LEVEL = "NVL" }\n'
+                 '[profiles.mine]\ndescription = "mine"\nscript_args = { "--num_workers" = "half" }\n')
+    allp = load_all([f])
+    assert allp["p2p-off"].env == {"NCCL_P2P_LEVEL": "NVL"} and allp["p2p-off"].source == str(f)
+    assert "mine" in allp and "gloo" in allp
+    with pytest.raises(ProfileError, match="unknown profile 'nope'"):
+        resolve(["nope"], [f])
+
+
+def test_profiles_change_the_launch_in_order(tmp_path):
+    user = ["torchrun", "--nproc_per_node=4", "--nnodes", "1", EXAMPLE, "--num_workers", "8", "--lr=3"]
+    plan = plan_launch(user, tmp_path, profiles=resolve(["p2p-off", "single-gpu", "fewer-workers", "nccl-debug"], []))
+    assert plan.env_set["NCCL_P2P_DISABLE"] == "1" and plan.env_set["NCCL_DEBUG"] == "INFO"
+    assert "--nproc_per_node=1" in plan.command and plan.command[plan.command.index("--nnodes") + 1] == "1"
+    assert plan.command[-3:] == ["--num_workers", "4", "--lr=3"]
+    assert rewrite_script_args(["--workers=7"], {"--workers": "half"}) == ["--workers=3"]
+
+
+def test_secret_names_by_segment_and_secret_option_values_masked():
+    from ddptop.core.run.profiles import is_secret, mask_argv
+
+    for name in ("HF_TOKEN", "hfToken", "API_KEY", "APIKEY", "DB_PASSWD", "AWS_SECRET_ACCESS_KEY",
+                 "GOOGLE_CREDENTIALS", "BASIC_AUTH", "WANDB_API_KEY", "hf-token", "api-key", "HUGGING_FACE_HUB_TOKEN"):
+        assert is_secret(name), name
+    for name in ("AUTHOR", "KEYBOARD", "PWD", "MASTER_PORT", "NCCL_IB_HCA", "TOKENIZERS_PARALLELISM", "lr",
+                 "pad-token", "eos_token", "max-tokens", "max_token_len", "num-key-heads", "token-type-ids"):
+        assert not is_secret(name), name
+    assert mask_argv(["torchrun", "t.py", "--hf-token", "abc", "--api-key=xyz", "--lr", "0.1", "--token"]) == [
+        "torchrun", "t.py", "--hf-token", "***", "--api-key=***", "--lr", "0.1", "--token"]
+    assert mask_argv(["t.py", "--password", "--verbose"]) == ["t.py", "--password", "--verbose"]  # a flag, no value
