@@ -2,7 +2,16 @@
 
 import json
 
+import pytest
+
 from conftest import EXAMPLE, diagnose_agrees, json_events, only_run, run_ddptop
+
+
+@pytest.fixture(autouse=True)
+def least_silence(monkeypatch):
+    """The least silence that is a hang: 5 s here (DDPTOP_MIN_SILENCE, 10 s by default), for ddptop and
+    the `ddptop diagnose` that replays its runs; the pauses of the healthy jobs below are scaled with it."""
+    monkeypatch.setenv("DDPTOP_MIN_SILENCE", "5")
 
 
 def alarms(events):
@@ -59,15 +68,15 @@ for step in range(1, 101):
     print(f"step {step} loss {1 / step:.3f}", flush=True)
     if step % 40 == 0:
         if r == 0:
-            print(f"eval at step {step}: {evaluate(25):.1f}", flush=True)
+            print(f"eval at step {step}: {evaluate(12):.1f}", flush=True)
         dist.barrier()  # rank 1 waits here for rank 0's evaluation
 print("done", flush=True)
 """
 
 
 def test_a_rank_evaluating_alone_while_the_others_wait_in_a_barrier_is_no_hang(runs_dir, tmp_path):
-    """Rank 0 evaluates for 25 s (twice) while rank 1 waits in a barrier: the others wait for a rank
-    whose stack moves, which is work, not a hang (with the default, learned threshold of ~10 s)."""
+    """Rank 0 evaluates for 12 s (twice) while rank 1 waits in a barrier: the others wait for a rank
+    whose stack moves, which is work, not a hang (with a learned threshold of ~5 s here)."""
     script = tmp_path / "lone_eval.py"
     script.write_text(LONE_EVAL)
     r = run_ddptop("--json", "--gpu", "sim", "torchrun", "--nproc-per-node", "2", str(script))
@@ -107,8 +116,9 @@ def test_parameter_mismatch_is_recognised(runs_dir):
     assert rep["root_cause"]["signature"] == "ddp-param-mismatch" and rep["root_cause"]["rank"] == 1
 
 
-def test_healthy_run_with_slow_first_step_and_eval_pause_raises_no_alarm(runs_dir):
-    r = run_ddptop("--json", "--gpu", "sim", "torchrun", "--nproc-per-node", "2", EXAMPLE, "--steps", "100", "--step-time", "0.05",
+def test_healthy_run_with_slow_first_step_and_eval_pause_raises_no_alarm(runs_dir, monkeypatch):
+    monkeypatch.setenv("DDPTOP_MIN_SILENCE", "10")  # (the default: its pauses are 1.5 times it)
+    r = run_ddptop("--json", "--gpu", "sim", "torchrun", "--nproc-per-node", "2", EXAMPLE, "--steps", "70", "--step-time", "0.05",
                    "--first-step-time", "15", "--eval-every", "60", "--eval-time", "15")
     assert r.returncode == 0, r.stderr[-2000:]
     events = json_events(r.stdout)

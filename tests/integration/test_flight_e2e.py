@@ -7,7 +7,16 @@ import os
 import subprocess
 import threading
 
+import pytest
+
 from conftest import EXAMPLE, ROOT, TIMEOUT, ddptop_cmd
+
+
+@pytest.fixture(autouse=True)
+def least_silence(monkeypatch):
+    """The least silence that is a hang: 5 s here (DDPTOP_MIN_SILENCE, 10 s by default), so that the
+    hangs below are alarmed sooner."""
+    monkeypatch.setenv("DDPTOP_MIN_SILENCE", "5")
 
 
 def test_at_a_stall_every_rank_dumps_and_ddptop_names_the_one_that_never_joined(tmp_path):

@@ -20,10 +20,14 @@ OFFLINE = dict(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE
                WANDB_DISABLED="true")
 
 
+# the detector's alarm threshold for jobs stepping this fast: its least silence (10 s by default; 5 s here, set
+# through DDPTOP_MIN_SILENCE, so that the quiet phases below last three times it in half the time)
+THRESHOLD = 5.0
+
+
 def env():
-    """The environment now (with the runs_dir fixture's DDPTOP_RUNS_DIR), offline."""
-    return dict(os.environ, **OFFLINE)
-THRESHOLD = 10.0  # the detector's alarm threshold for jobs stepping this fast (its min_silence)
+    """The environment now (with the runs_dir fixture's DDPTOP_RUNS_DIR), offline, with the threshold."""
+    return dict(os.environ, **OFFLINE, DDPTOP_MIN_SILENCE=str(THRESHOLD))
 
 
 def stall_alarms(events):
@@ -86,12 +90,13 @@ def phases(events, rank=0):
 
 def test_a_healthy_lightning_job_with_a_long_validation_and_a_slow_checkpoint_raises_nothing(runs_dir):
     r = run_ddptop("--json", "--gpu", "sim", "torchrun", "--nproc-per-node", "2", str(LIGHTNING),
-                   "--steps", "90", "--val-every", "60", "--val-time", "32", "--ckpt-every", "70", "--ckpt-time", "32",
+                   "--steps", "90", "--val-every", "60", "--val-time", "16", "--ckpt-every", "70", "--ckpt-time", "16",
                    env=env())
     events = json_events(r.stdout)
     assert r.returncode == 0, r.stderr[-2000:]
     assert [a["message"] for a in events if a["kind"] == "alarm"] == []
-    # the quiet phases were real: two spells of 30+ s without an optimizer step (validation, checkpoint)
+    # the quiet phases were real: two spells of 3 x THRESHOLD or more without an optimizer step (validation,
+    # checkpoint)
     assert len(quiet_gaps(events)) >= 2, quiet_gaps(events)
     assert {"train", "eval", "save"} <= phases(events), phases(events)
     assert events[-1]["state"] == "succeeded"
@@ -99,7 +104,7 @@ def test_a_healthy_lightning_job_with_a_long_validation_and_a_slow_checkpoint_ra
 
 def test_a_healthy_trainer_job_with_a_long_evaluation_and_a_slow_checkpoint_raises_nothing(runs_dir):
     r = run_ddptop("--json", "--gpu", "sim", "torchrun", "--nproc-per-node", "2", str(HF),
-                   "--steps", "50", "--eval-every", "30", "--eval-time", "32", "--ckpt-every", "40", "--ckpt-time", "32",
+                   "--steps", "50", "--eval-every", "30", "--eval-time", "16", "--ckpt-every", "40", "--ckpt-time", "16",
                    env=env())
     events = json_events(r.stdout)
     assert r.returncode == 0, r.stderr[-2000:]

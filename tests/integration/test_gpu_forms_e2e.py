@@ -47,9 +47,15 @@ def cuda_cache(tmp_path_factory, monkeypatch):
     return d
 
 
-def launch(*args, nproc=2, ddptop=("--on-stall", "kill"), timeout=240):
+# the least silence that is a hang, for the hang tests: 5 s (DDPTOP_MIN_SILENCE; 10 s by default)
+HANG_ENV = {"DDPTOP_MIN_SILENCE": "5"}
+
+
+def launch(*args, nproc=2, ddptop=("--on-stall", "kill"), timeout=240, env=None):
+    """``env``: settings for ddptop on top of this environment (a test's shorter thresholds)."""
     r = run_ddptop("--json", "--gpu", "sim", *ddptop, "torchrun", "--nproc-per-node", str(nproc),
-                   "--master-port", str(free_port()), EXAMPLE, "--sim-cuda", "on", *args, timeout=timeout)
+                   "--master-port", str(free_port()), EXAMPLE, "--sim-cuda", "on", *args, timeout=timeout,
+                   env={**os.environ, **(env or {})})
     return r, json_events(r.stdout)
 
 
@@ -63,7 +69,7 @@ def last_step_t(events) -> float:
 
 def test_a_rank_stuck_in_python_while_the_others_spin_at_their_cuda_sync_is_named_with_its_line(runs_dir, cuda_cache):
     r, events = launch("--steps", "100000", "--step-time", "0.05", "--fault", "hang", "--fault-rank", "1",
-                       "--fault-step", "30")
+                       "--fault-step", "30", env=HANG_ENV)
     assert r.returncode == 124, r.stderr[-2000:]
     (a,) = stalls(events)
     assert a["culprits"] == [1] and a["where"]["1"]["line"] == STUCK, a
@@ -82,7 +88,7 @@ def test_a_rank_in_another_collective_is_a_collective_mismatch_naming_it_and_bot
     """3 ranks: ranks 0, 2 spin at the sync of their gradient all-reduce; rank 1 issued another
     collective and spins at the sync of that one (a metric's .item())."""
     r, events = launch("--steps", "100000", "--step-time", "0.05", "--fault", "other-collective",
-                       "--fault-rank", "1", "--fault-step", "30", nproc=3)
+                       "--fault-rank", "1", "--fault-step", "30", nproc=3, env=HANG_ENV)
     assert r.returncode == 124, r.stderr[-2000:]
     (a,) = stalls(events)
     assert a["id"] == "stall-mismatch" and a["culprits"] == [1], a
@@ -96,13 +102,14 @@ def test_a_rank_in_another_collective_is_a_collective_mismatch_naming_it_and_bot
 def test_every_rank_in_the_first_collective_alarms_when_the_grace_runs_out_with_p2p_off_first(runs_dir, cuda_cache):
     """The broken-P2P start-up hang: every rank spins in the very first collective, the log empty but
     for the start-up lines.  No rank is the odd one out; the alarm comes when the first-step grace
-    (120 s) runs out, and suggests p2p-off first."""
-    r, events = launch("--steps", "100000", "--fault", "p2p-hang", "--fault-step", "1", timeout=400)
+    (120 s by default; 20 s here, DDPTOP_FIRST_STEP_GRACE) runs out, and suggests p2p-off first."""
+    r, events = launch("--steps", "100000", "--fault", "p2p-hang", "--fault-step", "1", timeout=400,
+                       env={"DDPTOP_FIRST_STEP_GRACE": "20"})
     assert r.returncode == 124, r.stderr[-2000:]
     (a,) = stalls(events)
     assert a["culprits"] == [] and a["suggested_profiles"][0] == "p2p-off", a
     started = min(e["t"] for e in events if e["kind"] == "rank" and e["alive"])
-    assert a["t"] - started >= 120
+    assert a["t"] - started >= 20
     assert "since start-up without a first training step" in a["message"]
     assert f"Ranks 0,1 wait on the GPU at train_ddp.py:{SYNC}" in a["message"], a["message"]
     assert not any(e["kind"] == "log" and e["text"].startswith("step ") for e in events)
@@ -110,30 +117,32 @@ def test_every_rank_in_the_first_collective_alarms_when_the_grace_runs_out_with_
 
 
 def test_with_p2p_off_the_same_start_trains(runs_dir, cuda_cache, monkeypatch):
-    """...and a healthy first step shorter than the grace stays silent (a slow start: 20 s)."""
+    """...and a healthy first step shorter than the grace stays silent (a slow start: 12 s, the grace 20 s)."""
     monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
-    r, events = launch("--steps", "40", "--step-time", "0.05", "--first-step-time", "20", "--fault", "p2p-hang",
-                       "--fault-step", "1", timeout=300)
+    r, events = launch("--steps", "40", "--step-time", "0.05", "--first-step-time", "12", "--fault", "p2p-hang",
+                       "--fault-step", "1", timeout=300, env={"DDPTOP_FIRST_STEP_GRACE": "20"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert stalls(events) == []
     assert any(e["kind"] == "log" and e["text"].startswith("step 40 ") for e in events)
 
 
 def test_steps_that_sit_at_the_cuda_sync_for_seconds_are_no_hang(runs_dir, cuda_cache):
-    """Every step's GPU work takes 2 to 12 s (varying), all of it spent by every rank spinning at the
+    """Every step's GPU work takes 0.7 to 4 s (varying; the least silence that is a hang is 3 s here,
+    DDPTOP_MIN_SILENCE, so the longest steps outlast it), all of it spent by every rank spinning at the
     sync line: no alarm."""
-    r, events = launch("--steps", "14", "--step-time", "0", "--gpu-step-time", "2:12", ddptop=(), timeout=400)
+    r, events = launch("--steps", "14", "--step-time", "0", "--gpu-step-time", "0.7:4", ddptop=(), timeout=400,
+                       env={"DDPTOP_MIN_SILENCE": "3"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert stalls(events) == [], stalls(events)
     assert any(e["kind"] == "log" and e["text"].startswith("step 14 ") for e in events)
 
 
 def test_a_straggler_five_times_slower_is_never_a_hang(runs_dir, cuda_cache):
-    r, events = launch("--steps", "120", "--step-time", "0.1", "--fault", "straggler", "--fault-rank", "1",
+    r, events = launch("--steps", "60", "--step-time", "0.1", "--fault", "straggler", "--fault-rank", "1",
                        "--fault-step", "20", ddptop=(), timeout=400)
     assert r.returncode == 0, r.stderr[-2000:]
     assert stalls(events) == [], stalls(events)
-    assert any(e["kind"] == "log" and e["text"].startswith("step 120 ") for e in events)
+    assert any(e["kind"] == "log" and e["text"].startswith("step 60 ") for e in events)
 
 
 @contextmanager

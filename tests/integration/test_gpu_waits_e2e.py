@@ -51,10 +51,15 @@ def cuda_cache(tmp_path_factory, monkeypatch):
     return d
 
 
-def launch(*args, nproc=2, sync="blocking", ddptop=("--on-stall", "kill"), timeout=240):
+# the least silence that is a hang, for the hang tests: 5 s (DDPTOP_MIN_SILENCE; 10 s by default)
+HANG_ENV = {"DDPTOP_MIN_SILENCE": "5"}
+
+
+def launch(*args, nproc=2, sync="blocking", ddptop=("--on-stall", "kill"), timeout=240, env=None):
+    """``env``: settings for ddptop on top of this environment (a test's shorter thresholds)."""
     r = run_ddptop("--json", "--gpu", "sim", *ddptop, "torchrun", "--nproc-per-node", str(nproc),
                    "--master-port", str(free_port()), EXAMPLE, "--sim-cuda", "on", "--sim-cuda-sync", sync, *args,
-                   timeout=timeout)
+                   timeout=timeout, env={**os.environ, **(env or {})})
     return r, json_events(r.stdout)
 
 
@@ -107,7 +112,7 @@ def test_ranks_asleep_at_their_cuda_sync_wait_and_the_rank_stuck_in_python_is_na
     kernel that waits for rank 1.  Two ranks idle in C and one idle in Python: the sleeping
     ones wait on the GPU; the culprit is rank 1, at its line."""
     r, events = launch("--steps", "100000", "--step-time", "0.05", "--fault", "hang", "--fault-rank", "1",
-                       "--fault-step", "30", nproc=3)
+                       "--fault-step", "30", nproc=3, env=HANG_ENV)
     assert r.returncode == 124, r.stderr[-2000:]
     (a,) = stalls(events)
     # the setup: ddptop's own dumps found ranks 0 and 2 asleep inside the CUDA call at the sync line
@@ -141,7 +146,7 @@ def test_a_rank_deadlocked_on_the_cuda_driver_lock_is_named_as_such(runs_dir, cu
     its sync (spinning, or asleep).  Rank 1 does not wait for the GPU, it is stuck in the
     driver: the culprit, at its line, said to be on the CUDA driver's lock (kind ``gpu-lock``)."""
     r, events = launch("--steps", "100000", "--step-time", "0.05", "--fault", "driver-lock", "--fault-rank", "1",
-                       "--fault-step", "30", sync=sync)
+                       "--fault-step", "30", sync=sync, env=HANG_ENV)
     assert r.returncode == 124, r.stderr[-2000:]
     (a,) = stalls(events)
     # the setup: rank 1's main thread idle in pthread_rwlock_wrlock inside cudaEventDestroy, at its line
@@ -164,10 +169,12 @@ def test_a_rank_deadlocked_on_the_cuda_driver_lock_is_named_as_such(runs_dir, cu
 
 
 def test_steps_asleep_at_the_cuda_sync_for_seconds_are_no_hang(runs_dir, cuda_cache):
-    """A healthy job with blocking sync whose every step's GPU work takes 2 to 8 s (varying):
+    """A healthy job with blocking sync whose every step's GPU work takes 0.7 to 4 s (varying; the
+    least silence that is a hang is 3 s here, DDPTOP_MIN_SILENCE, so the longest steps outlast it):
     every rank sleeps at its sync line, idle, for most of each step, while its GPU is busy.
     No alarm."""
-    r, events = launch("--steps", "12", "--step-time", "0", "--gpu-step-time", "2:8", ddptop=(), timeout=400)
+    r, events = launch("--steps", "12", "--step-time", "0", "--gpu-step-time", "0.7:4", ddptop=(), timeout=400,
+                       env={"DDPTOP_MIN_SILENCE": "3"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert stalls(events) == [], stalls(events)
     assert any(e["kind"] == "log" and e["text"].startswith("step 12 ") for e in events)

@@ -6,7 +6,16 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from ras_server import Job, Rank, RasServer
+
+
+@pytest.fixture(autouse=True)
+def least_silence(monkeypatch):
+    """The least silence that is a hang: 5 s here (DDPTOP_MIN_SILENCE, 10 s by default), so that the
+    hangs below are alarmed sooner."""
+    monkeypatch.setenv("DDPTOP_MIN_SILENCE", "5")
 
 
 def test_a_hung_job_names_its_culprit_from_nccl_ras(runs_dir, tmp_path):

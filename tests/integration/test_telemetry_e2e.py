@@ -12,6 +12,13 @@ from conftest import EXAMPLE, ROOT, TIMEOUT, ddptop_cmd, journal_events, wait_fo
 from helpers import favour
 
 
+@pytest.fixture(autouse=True)
+def least_silence(monkeypatch):
+    """The least silence that is a hang: 5 s here (DDPTOP_MIN_SILENCE, 10 s by default), so that the
+    hangs below are alarmed sooner."""
+    monkeypatch.setenv("DDPTOP_MIN_SILENCE", "5")
+
+
 def latest(run, kind):
     out = {}
     for e in journal_events(run):

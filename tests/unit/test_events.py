@@ -78,3 +78,56 @@ def test_tailer_chunks_carry_every_line_with_its_offset(tmp_path):
         want = raw.decode("utf-8", "replace").split("\n")[:-1]
         assert texts == want
         assert [raw[o:].split(b"\n", 1)[0].decode("utf-8", "replace") for o in offsets] == want
+
+
+# -- typed evidence in events: read once from JSON, written back as the same JSON ---------------------------
+
+OLD_ALARM = ('{"t": 5.0, "kind": "alarm", "type": "stall", "id": "stall-collective", "ranks": [0, 1], "culprits": [1],'
+             ' "message": "Collective hang", "node": "all nodes",'
+             ' "where": {"1": {"rank": 1, "function": "next_batch", "file": "train.py", "line": 60,'
+             ' "kind": "sleep/wait in user code", "status": "frozen", "node": "node-b", "gpu": "libcudart"}},'
+             ' "folded": [{"t": 4.0, "node": "node-b", "id": "stall-idle", "culprits": [1], "message": "m"}]}')
+
+
+def test_an_alarm_an_earlier_release_wrote_reads_typed_and_writes_back_the_same():
+    from ddptop.core.model.events import AlarmEvent, from_json
+    from ddptop.core.model.evidence import FoldedAlarm, Where
+
+    a = from_json(OLD_ALARM)
+    assert isinstance(a, AlarmEvent) and set(a.where) == {1}
+    w = a.where[1]
+    assert isinstance(w, Where) and (w.rank, w.line, w.node) == (1, 60, "node-b")
+    assert w.gpu == "cuda-runtime"  # (an earlier release's library name, read as today's key)
+    assert a.folded == (FoldedAlarm(4.0, "node-b", "stall-idle", (1,), "m"),)
+    again = json.loads(a.to_json())
+    assert again["where"]["1"]["line"] == 60 and again["where"]["1"]["node"] == "node-b"
+    assert again["folded"] == [{"t": 4.0, "node": "node-b", "id": "stall-idle", "culprits": [1], "message": "m"}]
+    assert from_json(a.to_json()) == a
+
+
+def test_stacks_and_ras_events_carry_typed_groups_and_rank_keys():
+    from ddptop.core.model.events import RasEvent, StacksEvent, from_dict
+    from ddptop.core.model.evidence import StackGroup, StackEvidence
+
+    s = from_dict({"t": 1.0, "kind": "stacks", "ranks": [0, 1], "hung": True, "culprits": [1], "waiting": [0],
+                   "where": {"0": {"status": "frozen", "kind": "collective"}, "1": {"status": "frozen"}},
+                   "groups": [{"ranks": [0], "state": "frozen", "kind": "collective", "text": "all_reduce"}]})
+    assert isinstance(s, StacksEvent) and s.groups == (StackGroup((0,), "frozen", "collective", "all_reduce"),)
+    assert s.where[0].rank == 0 and s.where[0].waiting and s.where[1].rank == 1
+    v = StackEvidence.from_event(s)
+    assert v.waiting == (0,) and v.where[0].kind == "collective"
+    r = from_dict({"t": 1.0, "kind": "ras", "ok": True, "behind": {"3": "AllReduce #11 (others #12)"}})
+    assert isinstance(r, RasEvent) and r.behind == {3: "AllReduce #11 (others #12)"}
+    assert json.loads(r.to_json())["behind"] == {"3": "AllReduce #11 (others #12)"}
+
+
+@pytest.mark.parametrize("bad,why", [
+    ({"where": {"x": {}}}, "expected a rank"),
+    ({"where": {"1": "frozen"}}, "expected an object"),
+    ({"groups": ["a"]}, "expected an object"),
+])
+def test_a_damaged_typed_field_is_refused_naming_it(bad, why):
+    from ddptop.core.model.events import BadEvent, from_dict
+
+    with pytest.raises(BadEvent, match=why):
+        from_dict({"t": 1.0, "kind": "stacks", **bad})

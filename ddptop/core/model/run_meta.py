@@ -8,6 +8,31 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class Thresholds:
+    """The hang detector's thresholds a person may set (``DDPTOP_FIRST_STEP_GRACE``,
+    ``DDPTOP_MIN_SILENCE``, ``DDPTOP_WATCH_PATIENCE``), in seconds.  A launch
+    records the ones it ran under, so that ``ddptop diagnose`` replays the run
+    under them, in whatever shell it runs."""
+
+    first_step_grace: float = 120.0
+    min_silence: float = 10.0
+    watch_patience: float = 30.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {"first_step_grace": self.first_step_grace, "min_silence": self.min_silence,
+                "watch_patience": self.watch_patience}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Thresholds":
+        """From a journal's ``meta.json`` (absent in earlier releases' journals: the defaults they ran under)."""
+        if not isinstance(d, dict):
+            return cls()
+        ok = {k: float(v) for k, v in d.items() if k in cls.__dataclass_fields__ and isinstance(v, (int, float))
+              and not isinstance(v, bool) and v >= 0}
+        return cls(**ok)
+
+
+@dataclass(frozen=True)
 class Meta:
     run_id: str
     command: list[str]  # torchrun argv, exactly as executed
@@ -29,6 +54,7 @@ class Meta:
     inject: bool = True
     profiles: list | None = None  # names of the profiles applied, in order
     env_unset: list | None = None  # variables removed from the job's environment
+    thresholds: dict | None = None  # the detector's thresholds the run was judged under (Thresholds.to_dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

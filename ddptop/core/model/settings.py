@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
+from ddptop.core.model.run_meta import Thresholds
+
 __all__ = ["Settings", "SettingError", "settings", "USER", "RANK_ENV", "NOTIFY_ENV", "BENCH_ENV",
            "BEAT_DIR", "PG_BACKEND", "PG_TIMEOUT", "FR_DIR"]
 
@@ -74,6 +76,12 @@ class Settings:
     first_step_grace: float = 120.0
     min_silence: float = 10.0
     watch_patience: float = 30.0
+
+
+def thresholds(s: Settings | None = None) -> Thresholds:
+    """The detector's thresholds among the person's settings."""
+    s = settings() if s is None else s
+    return Thresholds(s.first_step_grace, s.min_silence, s.watch_patience)
 
 
 def _seconds(name: str, v: str) -> float:

@@ -21,7 +21,7 @@ from ddptop import __version__
 from ddptop.core.model import run_dirs
 from ddptop.core.model.events import NoteEvent
 from ddptop.core.model.run_meta import Meta
-from ddptop.core.model.settings import BEAT_DIR, PG_BACKEND, PG_TIMEOUT
+from ddptop.core.model.settings import BEAT_DIR, PG_BACKEND, PG_TIMEOUT, thresholds
 from ddptop.core.run import journal
 from ddptop.core.run.profiles import is_secret, mask_argv, mask_env, rewrite_script_args
 from ddptop.core.sources.proc_torchrun import TORCHRUN_FLAGS, scan_torchrun_args
@@ -250,6 +250,7 @@ def launch(user_command: list[str], run_dir: Path | None = None, *, gpu: str = "
         nproc_per_node=plan.nproc_per_node,
         node_rank=plan.node_rank,
         ddptop_version=__version__,
+        thresholds=thresholds().to_dict(),
         gpu=gpu,
         sample_interval=sample_interval,
         stall_after=stall_after,

@@ -28,7 +28,8 @@ from typing import Callable, Sequence
 
 from ddptop.core.analysis.analyzer import Analyzer
 from ddptop.core.model.events import AlarmEvent, Event, LaunchEvent, NoteEvent
-from ddptop.core.model.settings import settings
+from ddptop.core.model.run_meta import Thresholds
+from ddptop.core.model.settings import thresholds as settings_thresholds
 from ddptop.core.model.version_numbers import version_tuple
 from ddptop.core.sources.ras_probe import RasProbe
 
@@ -82,7 +83,8 @@ class Pipeline:
                  on_alarm: Callable[[AlarmEvent], None] | None = None,
                  sampler: Callable[[dict[int, float | None]], bool] | None = None,
                  resample_every: float = 20.0, stacks_wait: float = 10.0,
-                 ras: RasProbe | None = None, ras_always: bool | Callable[[], bool] = False):
+                 ras: RasProbe | None = None, ras_always: bool | Callable[[], bool] = False,
+                 thresholds: Thresholds | None = None):
         """``stall_only``: the sources' own signature alarms are already in their
         streams (the nodes of a multi-node job): only stalls are judged here.
         ``on_stall``: run once per stall alarm batch, with its first stall;
@@ -95,8 +97,10 @@ class Pipeline:
         when the job uses NCCL (a line or the step hook said its version) or
         ``ras_always`` (the user set NCCL_RAS_ADDR; or a function that says
         whether the ranks loaded NCCL): its ``RasEvent`` names who NCCL sees
-        behind."""
+        behind.  ``thresholds``: the detector's (None: the person's settings;
+        a launched run's are those in its meta.json)."""
         self.node = node
+        self.thresholds = thresholds if thresholds is not None else settings_thresholds()
         self.stall_after = stall_after
         self.clock = clock
         self.check_every = check_every
@@ -115,7 +119,7 @@ class Pipeline:
         self.analyzer = self._new_analyzer()
 
     def _new_analyzer(self):
-        s = settings()  # (the person's DDPTOP_FIRST_STEP_GRACE, DDPTOP_MIN_SILENCE, DDPTOP_WATCH_PATIENCE)
+        s = self.thresholds
         return Analyzer(self.clock, stall_after=self.stall_after, node=self.node,
                         can_sample=self.sampler is not None or self.ras is not None,
                         resample_every=self.resample_every, stacks_wait=self.stacks_wait,

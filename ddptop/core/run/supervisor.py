@@ -40,6 +40,7 @@ from ddptop.core.model.events import (
     RankEvent,
     StateEvent,
 )
+from ddptop.core.model.run_meta import Thresholds
 from ddptop.core.model.settings import FR_DIR, settings
 from ddptop.core.run import journal
 from ddptop.core.run.launcher import LaunchError, plan_launch
@@ -113,6 +114,7 @@ class Watcher(threading.Thread):
         try:
             session = self._session = Session(sup.run_dir, min_gap=ANALYSIS_GAP)
             pipe = Pipeline(node=sup.meta.host, stall_after=sup.meta.stall_after,
+                            thresholds=Thresholds.from_dict(sup.meta.thresholds),
                             on_alarm=sup.notify, on_stall=sup.on_stall, sampler=sup.samples.request,
                             ras=sup.ras, ras_always="NCCL_RAS_ADDR" in os.environ)
         except Exception as e:  # noqa: BLE001 - the detection thread's start: said, and the job runs on unwatched

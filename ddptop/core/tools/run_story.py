@@ -26,6 +26,7 @@ from ddptop.core.model.events import (
     StacksEvent,
     StateEvent,
 )
+from ddptop.core.model.run_meta import Thresholds
 from ddptop.core.run import journal
 from ddptop.core.run.pipeline import Pipeline
 from ddptop.core.run.run_session import Session
@@ -126,6 +127,7 @@ def story(run_dir: Path | str) -> RunStory:
     meta = journal.load_meta(run_dir)
     now = [0.0]
     pipe = Pipeline(node=meta.host, stall_after=meta.stall_after, clock=lambda: now[0],
+                    thresholds=Thresholds.from_dict(meta.thresholds),
                     sampler=lambda _utils: True)  # (the samples the run took arrive from its journal, in time)
     replayed: list[AlarmEvent] = []
     recorded: list[AlarmEvent] = []
