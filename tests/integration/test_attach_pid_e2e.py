@@ -404,6 +404,21 @@ def test_pid_that_is_not_a_torchrun_job_is_a_clear_error(procs, tmp_path):
 # -- over ssh ---------------------------------------------------------------------------
 
 
+SSH_STEPS = 500  # the job's steps (2 ranks: 2 x SSH_STEPS step lines)
+
+
+def step_lines(log_dir: Path) -> int:
+    """How many step lines the job's ranks have written to their torchrun log files so far."""
+    return sum(1 for f in log_dir.glob("*/attempt_0/*/stdout.log")
+               for line in f.read_text(errors="replace").splitlines() if line.startswith("step "))
+
+
+def resumed(evs, after: int) -> bool:
+    """A link made after the first ``after`` connections is up and has brought lines."""
+    ups = [i for i, e in enumerate(evs) if e.kind == "link" and e.state == "up" and e.connects > after]
+    return bool(ups) and any(e.kind == "log" and not e.transient for e in per_line(evs[ups[0] + 1:]))
+
+
 def test_attach_over_ssh_to_a_job_ddptop_did_not_launch(procs, tmp_path, sshd):
     """`ddptop attach HOST --pid PID`: the agent watches the job from outside on
     its node; links cut again and again lose and repeat no line."""
@@ -411,29 +426,37 @@ def test_attach_over_ssh_to_a_job_ddptop_did_not_launch(procs, tmp_path, sshd):
 
     from ddptop.core.sessions.ssh import RemoteSession
 
-    job = start_job(procs, tmp_path, "--steps", "1500", "--step-time", "0.004")
+    job = start_job(procs, tmp_path, "--steps", str(SSH_STEPS), "--step-time", "0.004")
     wait_ranks(procs, job)
     remote = remote_ddptop(tmp_path / "runs")
     # a person watching with the CLI...
     w = attach(procs, "--json", "--gpu", "sim", "attach", "node-a", "--pid", str(job.pid),
                "--ssh", " ".join(sshd.ssh), "--remote-ddptop", remote, env=dict(os.environ))
     r = Reader(w.stdout)
-    # ...and a client whose link is cut every 0.6 s while the job runs
+    # ...and a client whose link is cut again and again while the job runs
     rs = RemoteSession("node-a", run=f"pid:{job.pid}", ssh=sshd.ssh, remote_cmd=remote, backoff=(0.2,), gpu="sim")
     # a job ddptop did not start is never stopped or relaunched through the link either
     stop, relaunch = rs.stop(), rs.relaunch(["p2p-off"])
     assert not stop and stop.refused and not relaunch and relaunch.refused
     assert "did not start this job" in rs.control().refused and "did not start this job" in stop.message
-    evs, drops = [], 0
+    evs, drops, after = [], 0, 0  # drops: the links cut (the CLI's too); after: rs's connections before the last cut
+    written_at_drops: list[int] = []  # the job's step lines in its log files at each cut (at most 5 cuts)
     try:
         deadline = time.monotonic() + TIMEOUT
         while not rs.finished and time.monotonic() < deadline:
-            time.sleep(0.6)
+            time.sleep(0.2)
             evs += rs.poll()
-            steps = [int(e.text.split()[1]) for e in per_line(evs) if e.kind == "log" and e.text.startswith("step ")]
-            # (not near the end: a job ddptop did not launch leaves no journal to reconnect to once it is gone)
-            if rs.link == "up" and job.poll() is None and steps and max(steps) < 1000:
-                drops += sshd.drop_links()
+            # a cut once a new link is up and has brought lines, and only while more than 40 % of the job's
+            # lines are still to be written: the job writes on after the last cut (and never near the end: a job
+            # ddptop did not launch leaves no journal to reconnect to once it is gone)
+            if len(written_at_drops) < 5 and rs.link == "up" and job.poll() is None and resumed(evs, after):
+                written = step_lines(tmp_path / "logs")
+                if written < 0.6 * 2 * SSH_STEPS:
+                    after = rs.connects
+                    n = sshd.drop_links()
+                    drops += n
+                    if n:
+                        written_at_drops.append(written)
         assert rs.finished, "the attachment did not see the job end"
     finally:
         rs.close()
@@ -441,6 +464,8 @@ def test_attach_over_ssh_to_a_job_ddptop_did_not_launch(procs, tmp_path, sshd):
     assert w.wait(timeout=TIMEOUT) == 3  # ended; its exit status cannot be known from outside
     r.join()
     assert drops >= 3 and rs.connects >= 3, (drops, rs.connects)
+    # (each cut with 40 % of the job's lines still to write; a link made after the last one brought them)
+    assert written_at_drops and resumed(evs, after), written_at_drops
     assert rs.error is None
     # every line of every rank log, exactly once and in order
     got: dict[str, list] = {}
@@ -453,13 +478,13 @@ def test_attach_over_ssh_to_a_job_ddptop_did_not_launch(procs, tmp_path, sshd):
         want = f.read_text().splitlines()
         key = next(p for p in got if os.path.samefile(p, f))
         assert got[key] == want, f"{f}: {len(got[key])} lines received, {len(want)} in the file"
-    assert sum(1 for lines in got.values() for t in lines if t.startswith("step ")) == 2 * 1500
+    assert sum(1 for lines in got.values() for t in lines if t.startswith("step ")) == 2 * SSH_STEPS
     assert any(e.kind == "gpu" and e.simulated for e in evs)
     assert evs[-1].kind == "state" and evs[-1].state == ENDED and evs[-1].exit_code is None
     # the CLI saw the same job, named by pid, to its end
     ev = r.events()
     assert any(e["kind"] == "link" and e["state"] == "up" for e in ev)
-    assert sum(1 for e in ev if e["kind"] == "log" and e["text"].startswith("step ")) == 2 * 1500
+    assert sum(1 for e in ev if e["kind"] == "log" and e["text"].startswith("step ")) == 2 * SSH_STEPS
     assert ev[-1]["kind"] == "state" and ev[-1]["state"] == ENDED
 
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,7 @@ from helpers import free_port, per_line
 from test_attach_ssh import drain
 
 from ddptop.core.sessions import k8s_pods as k8s
+from ddptop.core.run.journal import load_meta, rank_log_files
 from ddptop.core.run.run_session import Session
 from ddptop.core.sessions.ssh import RemoteSession
 from ddptop.core.sessions.transports import Kubectl, Srun
@@ -204,12 +206,31 @@ def local_lines(run):
     return [(e.path, e.offset, e.text) for e in per_line(evs) if e.kind == "log" and not e.transient]
 
 
+def steps_written(run) -> int:
+    """How many step lines the run's ranks have written to their log files so far."""
+    meta = load_meta(run)
+    return sum(1 for _, _, stream, f in rank_log_files(Path(meta.log_dir)) if stream == "stdout"
+               for line in f.read_text(errors="replace").splitlines() if line.startswith("step "))
+
+
+def resumed(evs, after: int) -> bool:
+    """A link made after the first ``after`` connections is up and has brought lines."""
+    ups = [i for i, e in enumerate(evs) if e.kind == "link" and e.state == "up" and e.connects > after]
+    return bool(ups) and any(e.kind == "log" and not e.transient for e in per_line(evs[ups[0] + 1:]))
+
+
+DROP_STEPS = 400  # the job's steps (2 ranks: 2 x DROP_STEPS step lines)
+MAX_DROPS = 5  # cuts of the link
+
+
 @pytest.mark.parametrize("via", ["ssh", "srun", "kubectl"])
 def test_dropped_links_lose_and_duplicate_no_line(tmp_path, cluster, request, monkeypatch, via):
-    """The link cut over and over while a live job writes: every line arrives once, in order."""
+    """The link cut over and over while a live job writes: every line arrives once, in order.  Each cut comes
+    once the new link carries lines again, and only while the job has most of its lines still to write (the
+    last one too): every reconnection resumes a stream that goes on."""
     monkeypatch.setenv("PET_MASTER_PORT", str(free_port()))  # (a rendezvous port of its own)
     runs = tmp_path / "runs"
-    job_args = ["--nproc-per-node", "2", EXAMPLE, "--steps", "1500", "--step-time", "0.004"]
+    job_args = ["--nproc-per-node", "2", EXAMPLE, "--steps", str(DROP_STEPS), "--step-time", "0.004"]
     job = None
     if via == "kubectl":
         if unshare_works() is not None:
@@ -241,15 +262,25 @@ def test_dropped_links_lose_and_duplicate_no_line(tmp_path, cluster, request, mo
         drop = cluster.drop_links
     drops = 0
     evs: list = []
+    written_at_drops: list[int] = []  # the job's step lines on disk at each cut
 
     try:
         evs += drain(rs, lambda es: rs.link == "up" and any(e.kind == "logs" and e.rank is not None for e in es),
                      what="the first rank line")
+        after = 0  # the connections made before the last cut
         while not rs.finished:
-            time.sleep(0.6)
+            time.sleep(0.2)
             evs += rs.poll()
-            if not rs.finished and rs.link == "up":
-                drops += drop()
+            # a cut once a new link is up and has brought lines, while more than 40 % of the job's lines are
+            # still to be written (so that the job writes on after the last cut too)
+            if len(written_at_drops) < MAX_DROPS and not rs.finished and rs.link == "up" and resumed(evs, after):
+                written = steps_written(run)
+                if written < 0.6 * 2 * DROP_STEPS:
+                    after = rs.connects
+                    n = drop()
+                    drops += n
+                    if n:
+                        written_at_drops.append(written)
         evs += drain(rs, lambda es: rs.finished, what="the end")
     finally:
         rs.close()
@@ -261,13 +292,15 @@ def test_dropped_links_lose_and_duplicate_no_line(tmp_path, cluster, request, mo
                     os.killpg(job.pid, signal.SIGKILL)
                     job.wait()
     assert drops >= 3 and rs.connects >= 3, (drops, rs.connects)
+    # (each cut with 40 % of the job's lines still to write; a link made after the last one brought them)
+    assert written_at_drops and resumed(evs, after), written_at_drops
     got = [(e.path, e.offset, e.text) for e in per_line(evs) if e.kind == "log" and not e.transient]
     assert len(got) == len(set(got)), "a line arrived twice"
     want = local_lines(run)
     assert sorted(got) == sorted(want)
     for path in {p for p, _, _ in want}:
         assert [x for x in got if x[0] == path] == [x for x in want if x[0] == path]
-    assert sum(1 for p, _, t in got if t.startswith("step ")) == 2 * 1500
+    assert sum(1 for p, _, t in got if t.startswith("step ")) == 2 * DROP_STEPS
 
 
 @needs_pid_namespaces

@@ -24,13 +24,15 @@ from pathlib import Path
 from helpers import wait_for
 
 BIN = Path(__file__).parent / "cluster" / "bin"
+# a pod: its own PID namespace, whose every process dies with unshare (--kill-child: its first process is
+# killed, and with it the namespace)
+UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
 
 
 def unshare_works() -> str | None:
     """None when this machine lets us make a PID namespace, else why not."""
     try:
-        r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, text=True,
-                           timeout=30)
+        r = subprocess.run([*UNSHARE, "true"], capture_output=True, text=True, timeout=30)
     except FileNotFoundError:
         return "no unshare(1) here"
     return None if r.returncode == 0 else f"unshare refused: {r.stderr.strip()}"
@@ -116,7 +118,7 @@ class FakeCluster:
         Path(rt["exit"]).unlink(missing_ok=True)
         rt["instance"] = rt.get("instance", -1) + 1
         rt["log"] = str(self.root / f"{name}.{rt['instance']}.log")
-        p = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--", *rt["cmd"]], stdout=subprocess.PIPE,
+        p = subprocess.Popen([*UNSHARE, "--", *rt["cmd"]], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **rt["env"]},
                              cwd=Path(__file__).resolve().parents[2])  # the checkout
         self._pods.append(p)
@@ -186,15 +188,42 @@ class FakeCluster:
         return n
 
     def close(self) -> None:
-        for p in self._pods:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in self._pods:
+        """The test is over: the pods this cluster started end (each by its own process group, which nothing
+        else is in).  A pod whose first process catches SIGTERM (ddptop) is given the time to stop what it
+        started; one whose first process does not (sleep, sh) never sees it (a PID namespace's first process
+        gets only the signals it has a handler for), so its group is killed at once."""
+        live = [p for p in self._pods if p.poll() is None]
+        catches = {p.pid: _catches(_child(p.pid), signal.SIGTERM) for p in live}  # (read before it is sent)
+        for p in live:
             try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=10)
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in live:
+            if catches[p.pid]:
+                try:
+                    p.wait(timeout=30)
+                    continue
+                except subprocess.TimeoutExpired:
+                    pass
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)  # (unshare and its first process: the namespace goes with it)
+                except ProcessLookupError:
+                    pass
+            p.wait(timeout=10)
+
+
+def _catches(pid: int | None, sig: int) -> bool:
+    """Process ``pid`` has a handler for signal ``sig``."""
+    if pid is None:
+        return False
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next((line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), "0")
+    return bool(int(caught, 16) >> (sig - 1) & 1)
 
 
 def _child(pid: int) -> int | None:
