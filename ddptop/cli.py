@@ -2,6 +2,11 @@
 
 Only argparse and the core are imported here; the Textual UI is imported
 lazily, so `ddptop --help` stays fast.
+
+One module, though over 500 lines: it is the command line, one parser and one
+short function per sub-command that hands over to the core (the work itself
+lives in ``core/``); split, the sub-commands' shared options and their lazy
+imports would be written twice.
 """
 
 from __future__ import annotations

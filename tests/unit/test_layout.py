@@ -70,3 +70,12 @@ def test_every_room_is_drawn_in_the_architecture_page():
     missing = [f"{room.name}/{p.name}" for room in rooms for p in sorted(room.rglob("*.py"))
                if p.name != "__init__.py" and p.name not in page]
     assert not missing, f"modules the architecture page does not name: {missing}"
+
+
+def test_a_file_over_500_lines_says_in_its_first_lines_why_it_is_one_idea():
+    long = []
+    for p in _modules():
+        text = p.read_text()
+        if text.count("\n") > 500 and "over 500 lines" not in "\n".join(text.splitlines()[:60]):
+            long.append(f"{p.relative_to(ROOT)} ({text.count(chr(10))} lines)")
+    assert not long, f"split these along their seams, or say why each is one idea: {long}"

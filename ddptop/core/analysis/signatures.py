@@ -4,6 +4,11 @@ they came from) and returns :class:`Finding` objects, from the catalogue
 or signal, torchrun's failure report, a Python exception and where it was
 raised, any other error line.  Which finding is the cause is
 ``failure_ranking``'s question.
+
+One module, though over 500 lines: it is one matcher, fed one line at a time,
+whose parts (a launcher's failure report, tracebacks, NCCL warnings held for
+the error they explain, error lines no signature knows) share its per-rank
+state; the catalogue and the ranking live apart.
 """
 
 from __future__ import annotations
