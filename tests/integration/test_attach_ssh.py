@@ -51,8 +51,7 @@ def drain(session, until, timeout=TIMEOUT, what="condition"):
     return events
 
 
-def test_attach_over_ssh_shows_the_job_and_relaunches_it(runs_dir, sshd, monkeypatch):
-    monkeypatch.setenv("DDPTOP_MIN_SILENCE", "5")  # (the job's supervisor judges it: its hang alarmed after 5 s)
+def test_attach_over_ssh_shows_the_job_and_relaunches_it(runs_dir, sshd):
     job, run = launch(runs_dir, *P2P_HANG)
     remote = remote_ddptop(runs_dir)
     # a person watching from the CLI, headless, over ssh...

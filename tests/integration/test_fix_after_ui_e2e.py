@@ -10,13 +10,6 @@ pytest.importorskip("textual")
 from ddptop.core.run.run_session import Session  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def least_silence(monkeypatch):
-    """The least silence that is a hang: 5 s here (DDPTOP_MIN_SILENCE, 10 s by default), so that the
-    hangs these tests relaunch or search past are alarmed sooner."""
-    monkeypatch.setenv("DDPTOP_MIN_SILENCE", "5")
-
-
 def test_fix_after_the_ui_finds_the_profile_for_the_stopped_job(tmp_path, monkeypatch, capsys):
     """What `ddptop ... torchrun` does after F: drain the stopped job, then `ddptop fix` its command."""
     import argparse

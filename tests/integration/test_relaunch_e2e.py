@@ -5,17 +5,9 @@ import os
 import signal
 import subprocess
 
-import pytest
 
 from conftest import EXAMPLE, ROOT, TIMEOUT, alive, ddptop_cmd, json_events, journal_events, wait_for
 from ddptop.core.run.run_session import Session
-
-
-@pytest.fixture(autouse=True)
-def least_silence(monkeypatch):
-    """The least silence that is a hang: 5 s here (DDPTOP_MIN_SILENCE, 10 s by default), so that the
-    hangs these tests relaunch or search past are alarmed sooner."""
-    monkeypatch.setenv("DDPTOP_MIN_SILENCE", "5")
 
 
 P2P_HANG = ["--nproc-per-node", "2", EXAMPLE, "--steps", "40", "--step-time", "0.05", "--fault", "p2p-hang", "--fault-step", "10"]
