@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 
-
 from conftest import EXAMPLE, ROOT, TIMEOUT, alive, ddptop_cmd, json_events, journal_events, wait_for
 from ddptop.core.run.run_session import Session
 
