@@ -223,6 +223,8 @@ class DdptopApp(EventFeed, Commands, App[str]):
                 self.bell()
         try:
             self.query_one("#alarms", AlarmBox).show(self.model)
+        except (NoMatches, ScreenStackError):  # (not mounted yet, no screen yet, or gone while quitting)
+            return
         except Exception as e:  # noqa: BLE001 - a UI callback must not take the monitor down: said once
             self._ui_error("the alarm box", e)
 
@@ -240,6 +242,8 @@ class DdptopApp(EventFeed, Commands, App[str]):
             ui = HeaderState(self._run_label(), started=meta.started if meta is not None else None,
                              relaunching=self._relaunching, stopping=self._stopping, filter=self.logs.filter)
             self.query_one("#header", HeaderBar).show(self.model, ui, time.time())
+        except (NoMatches, ScreenStackError):  # (not mounted yet, no screen yet, or gone while quitting)
+            return
         except Exception as e:  # noqa: BLE001 - a UI callback: the header keeps its last text; said once
             self._ui_error("the header", e)
 
