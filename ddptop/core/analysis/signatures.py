@@ -177,9 +177,6 @@ class Detail:
             out[f.name] = v
         return out
 
-    def __bool__(self) -> bool:
-        return bool(self.to_dict())
-
 
 @dataclass(frozen=True)
 class Finding:

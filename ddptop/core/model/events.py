@@ -476,16 +476,14 @@ def _checker(annotation: str):
     base = a[: -len("|None")] if optional else a
     if base.startswith("Mapping[int,"):
         value = base[len("Mapping[int,"):-1]
-        inner = _checker(value)
-        make_where = value == "Where"
+        # (a Where knows its own rank: it is read with its key)
+        inner = (lambda k, x: x if isinstance(x, Where) else Where.from_dict(_object(x), k)) if value == "Where" \
+            else (lambda _k, x, of=_checker(value): of(x))
 
         def check(v):
             if not isinstance(v, Mapping):
                 raise TypeError(f"expected an object, got {v!r:.40}")
-            if make_where:  # a Where knows its own rank
-                return {_rank_key(k): x if isinstance(x, Where) else Where.from_dict(_object(x), _rank_key(k))
-                        for k, x in v.items()}
-            return {_rank_key(k): inner(x) for k, x in v.items()}
+            return {(r := _rank_key(k)): inner(r, x) for k, x in v.items()}
     elif base in _OBJECTS:
         cls = _OBJECTS[base]
 
