@@ -95,6 +95,11 @@ import torch
 import torch.nn as nn
 
 
+def learning_rate(hidden: int) -> float:
+    """0.01 at the default width, less for wider layers (a fixed 0.01 diverges to nan from about 1,024)."""
+    return 0.01 * min(1.0, 64 / hidden)
+
+
 class TwoHeads(nn.Module):
     """A small MLP with two heads, added (one is left out by --fault unused-param)."""
 
@@ -203,7 +208,7 @@ def main(argv=None):
         hidden += 1
     model = TwoHeads(hidden).to(device)
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    opt = torch.optim.SGD(ddp.parameters(), lr=learning_rate(args.hidden))
     if args.first_step_time:
         time.sleep(args.first_step_time)
 
@@ -329,7 +334,7 @@ def train_sim_cuda(args, sim_cuda, cudart):
     cudart.cudaSetDeviceFlags(sim_cuda.cudaDeviceScheduleBlockingSync if blocking else sim_cuda.cudaDeviceScheduleSpin)
     torch.manual_seed(0)
     model = TwoHeads(args.hidden)  # the same weights on every rank, so no DDP wrapper
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt = torch.optim.SGD(model.parameters(), lr=learning_rate(args.hidden))
     params = list(model.parameters())
     stream = sim_cuda.Stream(cudart)
     metrics_done = ctypes.c_void_p()  # = torch.cuda.Event(blocking=blocking)

@@ -29,7 +29,8 @@ except Exception:  # a build without NCCL
 if tuple(NCCL[:2]) < (2, 24):
     pytest.skip(f"NCCL {NCCL} has no RAS (2.24+)", allow_module_level=True)
 
-from ddptop.core import ras  # noqa: E402
+from ddptop.core.model import ras_types  # noqa: E402
+from ddptop.core.sources import ras_client  # noqa: E402
 from ddptop.core.analysis.ras_verdict import verdict as ras_verdict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,16 +83,16 @@ def test_one_rank_answers_a_real_ras_query(tmp_path):
         meta = json.loads((run / "meta.json").read_text())
         addr = meta["env_set"]["NCCL_RAS_ADDR"]  # one port per launch, chosen by ddptop
         t0 = time.monotonic()
-        st = ras.query(addr, timeout=10)
+        st = ras_client.query(addr, timeout=10)
         took = time.monotonic() - t0
         print(f"RAS query: {took * 1000:.0f} ms, NCCL {st.version}, {st.format}")
         assert st.version.startswith(".".join(map(str, NCCL[:2])))
         pids = {e["pid"] for e in map(json.loads, (run / "events.jsonl").read_text().splitlines())
                 if e.get("kind") == "rank" and e.get("alive")}
-        assert ras.job_pids(st) == pids
+        assert ras_types.job_pids(st) == pids
         assert ras_verdict(st).culprits == []
         # the text report, as NCCL before 2.28.7 gives it (and any version without SET FORMAT)
-        text = ras.query(addr, timeout=10, json_format=False)
+        text = ras_client.query(addr, timeout=10, json_format=False)
         print(text.raw)
         assert text.format == "text" and text.version == st.version and not text.partial
         assert ras_verdict(text).culprits == [] and "Communicators" in text.raw

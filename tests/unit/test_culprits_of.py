@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ddptop.core.analysis.culprits import Evidence, culprits_of, overdue
 from ddptop.core.model.evidence import StackEvidence, Where
 from ddptop.core.analysis.rank_state import RankState
@@ -42,3 +44,29 @@ def test_after_ddptops_patience_those_the_others_waited_for_are_the_culprits():
     v = StackEvidence(hung=False, workers=(2,), waiting=(0, 1))
     late = overdue(v, v.workers)
     assert late.hung is True and late.culprits == (2,)
+
+
+def test_one_rank_waiting_on_its_busy_gpu_is_said_as_such_not_as_every_rank_in_one_collective():
+    """As seen on a real H200 (tests/gpu/test_one_gpu_hang_real.py): a one-rank job whose GPU runs a kernel
+    that does not end.  There is no other rank to wait for or to compare with, so the alarm says that, then
+    where the rank waits; and a rank at module level is "at file:line", not "in  at"."""
+    from ddptop.core.analysis.wording import stall_message, where_words
+
+    w = Where(0, "frozen", "gpu-wait", function="<module>", file="/tmp/job.py", line=22, call="item",
+              code="value = loss.item()  # WAIT", gpu="cuda-runtime", native="cudaStreamSynchronize (libcudart.so.13)",
+              library="the CUDA runtime")
+    v = StackEvidence(hung=True, waiting=(0,), where={0: w})
+    ranks = [RankState(0, step=19, util=100.0)]
+    msg = stall_message("hot", ranks, ranks, 5.2, 0.1, v, [])
+    assert msg.startswith("Hot stall: GPUs busy but no step progress: the only rank watched waits, with no "
+                          "other rank to compare it with."), msg
+    assert "every rank waits in the same collective" not in msg
+    assert "Rank 0 waits on the GPU at job.py:22 `value = loss.item()` (`cudaStreamSynchronize`, the CUDA " \
+           "runtime), its GPU at 100%." in msg, msg
+    # two ranks in one wait: the old sentence stands
+    two = [RankState(0, step=19, util=100.0), RankState(1, step=19, util=100.0)]
+    both = StackEvidence(hung=True, waiting=(0, 1), where={0: w, 1: replace(w, rank=1)})
+    assert "every rank waits in the same collective" in stall_message("hot", two, two, 5.2, 0.1, both, [])
+    sleeping = Where(0, "frozen", "sleep/wait in user code", function="<module>", file="/tmp/job.py", line=15,
+                     call="time.sleep")
+    assert where_words(sleeping) == "is at job.py:15 (`time.sleep`)"

@@ -79,3 +79,45 @@ def test_a_file_over_500_lines_says_in_its_first_lines_why_it_is_one_idea():
         if text.count("\n") > 500 and "over 500 lines" not in "\n".join(text.splitlines()[:60]):
             long.append(f"{p.relative_to(ROOT)} ({text.count(chr(10))} lines)")
     assert not long, f"split these along their seams, or say why each is one idea: {long}"
+
+
+def test_every_ddptop_import_in_the_tests_names_a_module_and_a_name_that_exist():
+    """The tests that skip on this machine (tests/gpu: no GPU) never import what they name here, so a
+    module moved or renamed would only break them on a GPU machine: each ``from ddptop... import x`` and
+    ``import ddptop...`` in any test is checked against the package's files, by reading, not importing."""
+    import importlib.util
+
+    def module_file(name: str) -> Path | None:
+        spec = importlib.util.find_spec(name)
+        return Path(spec.origin) if spec is not None and spec.origin else None
+
+    def defines(path: Path, name: str) -> bool:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+                return True
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                    return True
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                if any((a.asname or a.name.split(".")[0]) == name for a in node.names):
+                    return True
+        return False
+
+    bad = []
+    for f in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            where = f"{f.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Import):
+                bad += [f"{where} {a.name}" for a in node.names
+                        if a.name.startswith("ddptop") and module_file(a.name) is None]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ddptop"):
+                src = module_file(node.module)
+                if src is None:
+                    bad.append(f"{where} {node.module}")
+                    continue
+                for a in node.names:
+                    if not defines(src, a.name) and module_file(f"{node.module}.{a.name}") is None:
+                        bad.append(f"{where} {node.module}.{a.name}")
+    assert not bad, "imports of names ddptop does not have:\n" + "\n".join(bad)

@@ -126,7 +126,7 @@ def where_words(w: Where) -> str:
     call = f" (`{w.call}`)" if w.call else ""
     fn = f"`{w.function}` " if w.function and w.function != "<module>" else ""
     moving = {"moving": ", moving", "busy": ", on the CPU"}.get(w.status, "")
-    return f"is in {fn}at {at}{call}{code}{moving}"
+    return f"is {'in ' + fn if fn else ''}at {at}{call}{code}{moving}"
 
 
 def _groups_of(ws: list[Where]) -> list[tuple[list[int], Where]]:
@@ -145,11 +145,14 @@ def stall_message(kind: str, pool: list[RankState], everyone: list[RankState], s
     odd = sorted(set(culprits))
     head = HEADLINES[kind]
     if kind in ("hot", "collective", "unknown") and not odd and v is not None and v.hung and v.waiting:
-        # every rank waits at one place: nobody is the odd one out
-        head = (("Hot stall: GPUs busy but no step progress" if kind == "hot" else "Stall: no step progress")
-                + ": every rank waits in the same collective, none is the odd one out"
-                + (" (before the first step: the broken peer-to-peer start-up hang, or peers that never connect)"
-                   if phase_of(pool) == "start-up" else ""))
+        # every rank waits at one place: nobody is the odd one out (or only one rank is watched)
+        stalled = "Hot stall: GPUs busy but no step progress" if kind == "hot" else "Stall: no step progress"
+        if len(everyone) == 1:
+            head = stalled + ": the only rank watched waits, with no other rank to compare it with"
+        else:
+            head = (stalled + ": every rank waits in the same collective, none is the odd one out"
+                    + (" (before the first step: the broken peer-to-peer start-up hang, or peers that never "
+                       "connect)" if phase_of(pool) == "start-up" else ""))
     parts = [head + ".", silence_words(pool, silent, expected) + "."]
     # (each rank's node, as its events say, when the job spans several nodes)
     nodes = {st.rank: st.node for st in everyone if st.node}

@@ -31,6 +31,7 @@ from ddptop.core.sources.stack_pyspy import (
     dump_stacks,
     missing_words,
     py_spy,
+    python_dump,
     summarise,
 )
 
@@ -305,9 +306,7 @@ class StackWatch(Loop):
             try:
                 # --locals: a healthy loop often sits on the same line in both samples (a sleep, a
                 # GPU sync); its variables (the step counter, new tensors) still change
-                r = subprocess.run([exe, "dump", "--nonblocking", "--full-filenames", "--locals", "--pid",
-                                    str(pids[rank])],
-                                   capture_output=True, text=True, errors="replace", timeout=10)
+                r = python_dump(exe, pids[rank], timeout=10, with_locals=True)
                 text = r.stdout if r.returncode == 0 else ""
                 err = "" if r.returncode == 0 else (r.stderr or r.stdout).strip()[-300:]
             except (OSError, subprocess.SubprocessError) as e:

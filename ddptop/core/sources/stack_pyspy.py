@@ -67,6 +67,42 @@ def _alive(pid: int) -> bool:
         return False
 
 
+# a frame line of a dump: "    function (file:line)", indented under its "Thread ..." line
+_FRAME = re.compile(r"^\s{2,}\S.*\(.*\)\s*$", re.M)
+# ranks (pids) whose non-blocking reads came back without frames: read paused from then on
+_PAUSED_READS: set[int] = set()
+
+
+def has_frames(dump: str) -> bool:
+    """The dump shows at least one Python frame.  A non-blocking read races
+    the rank and can come back with its threads and no frames (recorded on an
+    H200 machine: tests/data/h200), which says nothing of where it is."""
+    return bool(_FRAME.search(dump))
+
+
+def python_dump(exe: str, pid: int, *, timeout: float, with_locals: bool = False) -> subprocess.CompletedProcess:
+    """``py-spy dump`` of the Python frames, without stopping the rank when
+    that reads: ``--nonblocking`` first (twice), then, when it keeps coming back
+    without frames, a paused read (py-spy stops the rank for the few
+    milliseconds a Python-only read takes), which that rank gets from then on.
+    ``args[-1]`` of the result says which ("paused" when paused).  Raises as
+    ``subprocess.run`` does."""
+    base = [exe, "dump", "--full-filenames", *(["--locals"] if with_locals else []), "--pid", str(pid)]
+    if pid not in _PAUSED_READS:
+        for _ in range(2):
+            r = subprocess.run([*base[:2], "--nonblocking", *base[2:]], capture_output=True, text=True,
+                               errors="replace", timeout=timeout)
+            if r.returncode != 0 or has_frames(r.stdout):
+                return r
+    r = subprocess.run(base, capture_output=True, text=True, errors="replace", timeout=timeout)
+    if r.returncode == 0 and has_frames(r.stdout):
+        if len(_PAUSED_READS) > 4096:
+            _PAUSED_READS.clear()
+        _PAUSED_READS.add(pid)
+    r.args = [*r.args, "paused"]
+    return r
+
+
 # seconds a native dump (py-spy --native, which stops the rank while it unwinds) may take before it is given
 # up for a Python-only one: a CPU torch rank takes about 1 s on a 2-core machine (docs/performance.md), a
 # first dump of a rank with libtorch_cuda loaded can take far longer (benfred/py-spy#872)
@@ -80,7 +116,9 @@ def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0, with_locals: b
     """(raw dump per rank, groups of identical stacks, error message or None).
 
     ``--nonblocking``: py-spy reads the rank's memory without stopping it, so a
-    dump can never wedge or kill a rank, even if py-spy itself is killed.
+    dump can never wedge or kill a rank, even if py-spy itself is killed (a
+    rank whose non-blocking reads show no frames is read paused instead, for
+    milliseconds: :func:`python_dump`).
     The ranks in ``native`` are dumped with ``--native`` instead (C frames:
     the CUDA runtime, the driver, NCCL), which pauses the rank while py-spy
     unwinds it (``took``: seconds each such dump ran, an upper bound on the
@@ -102,10 +140,13 @@ def dump_stacks(rank_pids: dict[int, int], timeout: float = 15.0, with_locals: b
         say = errors.setdefault
         t0 = time.monotonic()
         try:
-            r = subprocess.run([exe, "dump", "--native" if use_native else "--nonblocking", "--full-filenames",
-                                *(["--locals"] if with_locals else []), "--pid", str(pid)],
-                               capture_output=True, text=True, errors="replace",
-                               timeout=min(timeout, native_timeout) if use_native else timeout)
+            if use_native:
+                r = subprocess.run([exe, "dump", "--native", "--full-filenames",
+                                    *(["--locals"] if with_locals else []), "--pid", str(pid)],
+                                   capture_output=True, text=True, errors="replace",
+                                   timeout=min(timeout, native_timeout))
+            else:
+                r = python_dump(exe, pid, timeout=timeout, with_locals=with_locals)
             if use_native and took is not None:
                 took[rank] = time.monotonic() - t0
         except subprocess.TimeoutExpired:
