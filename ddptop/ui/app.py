@@ -39,7 +39,7 @@ from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, Tab
 from ddptop.core.analysis.job_state import JobState
 from ddptop.core.model.session_protocol import JobSession, Nodes, RemoteRun
 from ddptop.ui.alarm_box import AlarmBox, is_recent
-from ddptop.ui.commands import Commands, FilterInput
+from ddptop.ui.commands import Commands, FilterInput, PickInput
 from ddptop.ui.event_feed import TABLE_EVERY, EventFeed
 from ddptop.ui.gpu_pane import GpuPane
 from ddptop.ui.header import HeaderBar, HeaderState
@@ -78,6 +78,8 @@ class DdptopApp(EventFeed, Commands, App[str]):
     }
     #envpanel.-on { display: block; }
     #filter { dock: bottom; display: none; height: 3; border: tall $accent; }
+    #picker { dock: bottom; display: none; height: 3; border: tall $accent; }
+    #picker.-on { display: block; }
     /* short terminals: keep room for the logs (the merged log has every alarm in full) */
     Screen.-short #alarms { max-height: 5; }
     #filter.-on { display: block; }
@@ -93,6 +95,8 @@ class DdptopApp(EventFeed, Commands, App[str]):
         Binding("tab", "cycle(1)", "Next pane", priority=True),
         Binding("shift+tab", "cycle(-1)", "Prev pane", show=False, priority=True),
         Binding("w", "toggle_wrap", "Wrap", show=False),
+        Binding("z", "toggle_folding", "Fold alike lines", show=False),
+        Binding("o", "open_picker", "Open rank", show=False),
         Binding("g", "toggle_gpus", "GPUs"),
         Binding("r", "relaunch", "Relaunch"),
         Binding("e", "toggle_env", "Env"),
@@ -106,7 +110,7 @@ class DdptopApp(EventFeed, Commands, App[str]):
         *(Binding(str(n), f"rank({n})", f"Rank {n}", show=False) for n in range(10)),
     ]
 
-    MAIN_ACTIONS = {"request_quit", "help", "open_filter", "pane", "cycle", "rank", "follow", "top", "clear_filter", "toggle_wrap", "toggle_gpus",
+    MAIN_ACTIONS = {"request_quit", "help", "open_filter", "open_picker", "toggle_folding", "pane", "cycle", "rank", "follow", "top", "clear_filter", "toggle_wrap", "toggle_gpus",
                     "relaunch", "toggle_env", "stacks", "stacks_pane", "doctor", "bench", "fix"}
 
     def __init__(self, session: JobSession, *, theme: str | None = None, poll_interval: float = 0.1) -> None:
@@ -158,6 +162,8 @@ class DdptopApp(EventFeed, Commands, App[str]):
             with TabPane("merged", id="pane-merged"):
                 yield from self.logs.make_view("merged")
         yield FilterInput(placeholder="filter: lines containing… (esc clears, enter keeps)", id="filter")
+        yield PickInput(placeholder="open the log of rank… (a number, or a node's name: its odd rank out first)",
+                        id="picker")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -206,6 +212,8 @@ class DdptopApp(EventFeed, Commands, App[str]):
     # -- header and table -----------------------------------------------------
 
     def _tick(self) -> None:
+        if self.logs.tick():  # folds of alike lines whose time is up: into the merged pane
+            self._schedule_flush()
         self._refresh_header()
         if time.monotonic() - self._last_table >= TABLE_EVERY:
             self._refresh_table()
@@ -290,6 +298,10 @@ class DdptopApp(EventFeed, Commands, App[str]):
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:
         self.set_filter(event.value)
+
+    @on(Input.Submitted, "#picker")
+    def _picker_submitted(self, event: Input.Submitted) -> None:
+        self.pick_submitted(event.value)
 
     @on(Input.Submitted, "#filter")
     def _filter_submitted(self, event: Input.Submitted) -> None:

@@ -12,6 +12,7 @@ from textual.content import Content
 from textual.markup import escape
 from textual.widgets import Input, Static
 
+from ddptop.core.analysis.job_state import culprits_of
 from ddptop.core.run.profiles import ProfileError, load_all
 from ddptop.ui.dialogs import (
     DEFAULT_CHOICE,
@@ -30,6 +31,36 @@ from ddptop.ui.tool_screens import BenchScreen, DoctorScreen
 
 class FilterInput(Input):
     BINDINGS = [Binding("escape", "app.clear_filter", "Clear filter", show=False)]
+
+
+class PickInput(Input):
+    BINDINGS = [Binding("escape", "app.close_picker", "Close", show=False)]
+
+
+def pick(text: str, model) -> tuple[int | None, str]:
+    """The rank a person typed: a number (``777``, ``r777``, ``rank 777``), or a
+    node's name (or the start of it, when only one node starts so), whose odd
+    rank out is taken first, else its lowest.  (rank, what went wrong)."""
+    t = text.strip()
+    num = t.lower().removeprefix("rank").removeprefix("r").strip()
+    if num.isdigit():
+        r = int(num)
+        return (r, "") if r in model.ranks else (None, f"no rank {r} in this job")
+    if not t:
+        return None, "type a rank or a node"
+    nodes = {info.node for info in model.ranks.values() if info.node}
+    node = t if t in nodes else None
+    if node is None:
+        starts = sorted(n for n in nodes if n.startswith(t))
+        if len(starts) == 1:
+            node = starts[0]
+        elif starts:
+            return None, f"{len(starts)} nodes start with {t!r}: {', '.join(starts[:5])}{' …' if len(starts) > 5 else ''}"
+        else:
+            return None, f"no rank or node {t!r}"
+    ranks = sorted(r for r, info in model.ranks.items() if info.node == node)
+    odd = [r for r in ranks if r in set(culprits_of(model))]
+    return (odd or ranks)[0], ""
 
 
 class Commands:
@@ -69,6 +100,11 @@ class Commands:
     def action_toggle_wrap(self) -> None:
         wrap = self.logs.toggle_wrap()
         self.notify("long lines wrap" if wrap else "long lines are cut at the edge", timeout=2)
+
+    def action_toggle_folding(self) -> None:
+        on_ = self.logs.toggle_folding()
+        self.notify("merged log: alike lines of many ranks folded into one ([r0-1023] …)" if on_
+                    else "merged log: every line of every rank", timeout=3)
 
     def action_toggle_gpus(self) -> None:
         self._gpus_hidden = not self._gpus_hidden
@@ -240,6 +276,29 @@ class Commands:
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
+
+    def action_open_picker(self) -> None:
+        inp = self.query_one("#picker", PickInput)
+        inp.add_class("-on")
+        inp.focus()
+
+    def action_close_picker(self) -> None:
+        inp = self.query_one("#picker", PickInput)
+        inp.value = ""
+        inp.remove_class("-on")
+        log = self.logs.active_log()
+        if log is not None:
+            log.focus()
+
+    def pick_submitted(self, text: str) -> None:
+        rank, why = pick(text, self.model)
+        if rank is None:
+            self.notify(why, timeout=3)
+            return
+        shown = self.show_pane(f"r{rank}")
+        self.action_close_picker()
+        if not shown:
+            self.notify(f"no output of rank {rank} yet", timeout=2)
 
     def action_open_filter(self) -> None:
         inp = self.query_one("#filter", FilterInput)

@@ -22,12 +22,17 @@ HELP_TEXT = """\
 
   [b]m[/b]              merged log (every rank, prefixed \\[r0] \\[r1] …)
   [b]0[/b]-[b]9[/b]            log of rank N
+  [b]o[/b]              open a rank's log: type its number, or a node's name
+                 (its odd rank out first); above 16 ranks one tab shows
+                 the rank picked, in place of a tab per rank
   [b]t[/b]              torchrun's own output
   [b]tab[/b] / [b]shift+tab[/b]  next / previous log pane
   [b]enter[/b] on a rank  open that rank's log
   [b]/[/b]              filter log lines (case-insensitive); [b]esc[/b] clears
   [b]end[/b] / [b]home[/b]     follow the log / go to its top
   [b]w[/b]              wrap long lines on/off
+  [b]z[/b]              merged log: fold alike lines of many ranks into one
+                 (\[r0-1023] epoch 3 …; on by itself above 8 ranks)
   [b]g[/b]              show / hide the GPU pane
   [b]r[/b]              relaunch with a profile (alarm suggestions first);
                  the current profiles are kept, the chosen one is added
@@ -54,7 +59,12 @@ Alarms (stalls, crashes, error signatures, GPU faults) show in a box
 A relaunch (r) stops every rank, then starts the job again; the header
   shows "launch #N" and the profiles, the logs a "relaunch #N" line.
 
-The journal keeps every line; the panes keep the last 20,000 lines each.
+The journal keeps every line; the merged pane keeps its last 20,000, each
+  rank's pane its share of 1,000,000 for the job (20,000 up to 32 ranks,
+  976 at 1,024).  In a folded merged log a line many ranks print
+  alike (equal once numbers are masked) shows once, at its first copy, with
+  the ranks that printed it; its rank range widens under the log until no
+  rank has joined it for 1 s.  A rank's own pane keeps every line whole.
 """
 
 

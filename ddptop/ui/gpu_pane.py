@@ -6,6 +6,8 @@ turns the ``JobState`` into cells.  Nothing here does I/O.
 
 from __future__ import annotations
 
+import re
+import statistics
 from typing import Iterable
 
 from rich.text import Text
@@ -30,6 +32,9 @@ GPU_COLUMNS = (  # most important first: narrow terminals cut the right-hand sid
     ("ecc", "ECC/retired"), ("name", "name"),
 )
 FIXED_WIDTH = {"hist": UTIL_SPARK, "phist": POWER_SPARK}
+GRID_FROM = 16  # more GPUs than this: one cell each in a grid (grouped by node), not a row each
+OUTLIERS_NAMED = 8  # outliers named under the grid (then "and N more")
+_XID_GPU = re.compile(r"\bon GPU (\d+)")
 
 
 
@@ -153,6 +158,61 @@ def gpu_rows(model: JobState, theme) -> dict[str, dict[str, object]]:
 # -- the widget ----------------------------------------------------------------
 
 
+def gpu_grid(model: JobState, theme) -> Text:
+    """Every GPU as one cell, grouped by node (a space between nodes): its
+    utilisation as the block's height and its colour; a lost GPU ``✖`` and one
+    with an Xid ``!`` (a glyph, not colour alone); ``·`` no reading.  Then the
+    outliers by name: lost, Xid, idle while most are busy, busy while most
+    are idle."""
+    err = getattr(theme, "error", None) or "red"
+    ok = getattr(theme, "success", None) or "green"
+    warn = getattr(theme, "warning", None) or "yellow"
+    xid: set[tuple[str, int]] = set()
+    for a in model.alarms:
+        m = _XID_GPU.search(a.message) if a.id == "xid" else None
+        if m:
+            xid.add((a.node, int(m.group(1))))
+    multi = len({node for node, _ in model.gpus}) > 1
+    utils = [g.util for g in model.gpus.values() if g.util is not None and not g.lost]
+    typical = statistics.median(utils) if utils else None
+    out = Text()
+    node_of = None
+    lost, xids, idle, busy = [], [], [], []
+    for (node, index), g in sorted(model.gpus.items()):
+        if node_of is not None and node != node_of:
+            out.append(" ")
+        node_of = node
+        name = gpu_label(node, index, multi) + (f" ({fmt_ranks(g)})" if g.ranks else "")
+        if g.lost:
+            out.append("✖", style=f"bold {err}")
+            lost.append(name)
+        elif (node, index) in xid:
+            out.append("!", style=f"bold {err}")
+            xids.append(name)
+        elif g.util is None:
+            out.append("·", style="dim")
+        else:
+            u = max(0.0, min(100.0, g.util))
+            out.append(BLOCKS[min(len(BLOCKS) - 1, int(u / 100 * len(BLOCKS)))],
+                       style=ok if u >= 90 else warn if u >= 10 else "dim")
+            if typical is not None and typical >= 50 and u <= 10:
+                idle.append(name)
+            elif typical is not None and typical <= 10 and u >= 50:
+                busy.append(name)
+    said = [("✖ lost: ", lost), ("! Xid: ", xids), ("idle while most are busy: ", idle),
+            ("busy while most are idle: ", busy)]
+    for head, names in said:
+        if names:
+            more = f" and {len(names) - OUTLIERS_NAMED} more" if len(names) > OUTLIERS_NAMED else ""
+            out.append("\n" + head, style=f"bold {err}" if head[0] in "✖!" else "bold")
+            out.append(", ".join(names[:OUTLIERS_NAMED]) + more)
+    nodes = len({node for node, _ in model.gpus})
+    out.append(f"\n{len(model.gpus)} GPUs on {nodes} node{'s' if nodes != 1 else ''}, one cell each "
+               f"(height and colour: utilisation{f', median {typical:.0f}%' if typical is not None else ''}); "
+               "✖ lost, ! Xid, · no reading", style="dim")
+    return out
+
+
 class GpuPane(Vertical):
     """Title line, one DataTable row per GPU, and a footnote line."""
 
@@ -164,6 +224,8 @@ class GpuPane(Vertical):
     GpuPane #gpu-title.-sim { color: $warning; }
     GpuPane #gpus { height: auto; max-height: 10; }
     GpuPane #gpus.-off { display: none; }
+    GpuPane #gpu-grid { height: auto; max-height: 14; padding: 0 1; display: none; }
+    GpuPane #gpu-grid.-on { display: block; }
     GpuPane #gpu-note { height: auto; padding: 0 1; color: $text-muted; display: none; }
     GpuPane #gpu-note.-on { display: block; }
     GpuPane #gpu-note.-fault { color: $error; }
@@ -182,6 +244,7 @@ class GpuPane(Vertical):
         table: DataTable = DataTable(id="gpus", cursor_type="none", zebra_stripes=True)
         table.can_focus = False
         yield table
+        yield Static("", id="gpu-grid")
         yield Static("", id="gpu-note")
 
     def on_mount(self) -> None:
@@ -222,8 +285,13 @@ class GpuPane(Vertical):
             n.update(Text(note))
             n.set_class(bool(note), "-on")
             n.set_class(bool(fault), "-fault")
-        table.set_class(not model.gpus, "-off")
-        if model.gpus:
+        grid = len(model.gpus) > GRID_FROM
+        table.set_class(not model.gpus or grid, "-off")
+        cells = self.query_one("#gpu-grid", Static)
+        cells.set_class(grid, "-on")
+        if grid:
+            cells.update(gpu_grid(model, theme))
+        elif model.gpus:
             self._sync(table, gpu_rows(model, theme))
 
     def _sync(self, table: DataTable, rows: dict[str, dict[str, object]]) -> None:

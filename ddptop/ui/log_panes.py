@@ -22,6 +22,20 @@ from ddptop.ui.logview import BUFFER_LINES, Line, PaneBuffer
 
 FLUSH_EVERY = 0.2  # seconds between writes to the widgets while output floods in
 FIRST_LINES = 60  # lines a pane shows in the app's first frame (the rest right after it)
+FOLD_FROM = 8  # more ranks than this: the merged pane folds alike lines (z toggles it)
+TAB_RANKS = 16  # up to this many ranks, one tab each; beyond, one tab shows the rank picked (o, 0-9, enter)
+OPEN_FOLDS_SHOWN = 4  # folds still open, shown under the merged log as they widen
+# the rank panes' lines, for the whole job: each rank keeps its share (its newest lines; the journal
+# keeps them all), never fewer than RANK_LINES_MIN nor more than BUFFER_LINES
+RANK_LINES_BUDGET = 1_000_000
+RANK_LINES_MIN = 500
+
+
+def rank_lines(ranks: int) -> int:
+    """Lines each of ``ranks`` rank panes keeps (the share of the next power of
+    two at or above ``ranks``: the panes are resized a few times as a large
+    job's ranks come, not once per rank)."""
+    return max(RANK_LINES_MIN, min(BUFFER_LINES, RANK_LINES_BUDGET // (1 << max(0, ranks - 1).bit_length())))
 
 
 class LogPanes:
@@ -36,6 +50,12 @@ class LogPanes:
         # until the first frame is on the screen, a full render writes only the last
         # FIRST_LINES lines (a screenful); the pane is rendered whole right after it
         self.first_frame_done = False
+        self.fold_auto = True  # fold alike lines once the job has more than FOLD_FROM ranks (until z is pressed)
+        self._rank_lines = BUFFER_LINES
+        # more than TAB_RANKS ranks: no tab per rank, one "pick" tab shows the rank picked
+        self.picking = False
+        self.picked: str | None = None
+        self._sync_due = False
 
     # -- widgets ---------------------------------------------------------------
 
@@ -58,11 +78,23 @@ class LogPanes:
         return order
 
     def ensure(self, key: str) -> PaneBuffer:
-        """The pane ``key``'s buffer; a new pane gets its tab, in rank order."""
+        """The pane ``key``'s buffer; a new pane gets its tab, in rank order.
+        A rank's tab comes once the batch that brought it is in (``_sync_tabs``):
+        a job of more than TAB_RANKS ranks gets none, the pick tab shows them."""
         pane = self.buffers.get(key)
         if pane is not None:
             return pane
         pane = self.buffers[key] = PaneBuffer(key)
+        if key.startswith("r"):
+            self._ranks_changed()
+            if not self.picking and not self._sync_due:
+                self._sync_due = True
+                self.app.call_later(self._sync_tabs)
+            return pane
+        self._add_tab(key)
+        return pane
+
+    def _add_tab(self, key: str) -> None:
         title = "torchrun" if key == "torchrun" else f"rank {key[1:]}"
         tp = TabPane(title, *self.make_view(key), id=f"pane-{key}")
         order = self.order()
@@ -73,7 +105,37 @@ class LogPanes:
             tabs.add_pane(tp, before=before)
         else:
             tabs.add_pane(tp)
-        return pane
+
+    def _sync_tabs(self) -> None:
+        """A tab for each rank that has none, or, past TAB_RANKS ranks, the pick tab instead."""
+        self._sync_due = False
+        if self.picking:
+            return
+        ranks = sorted((k for k in self.buffers if k.startswith("r")), key=lambda k: int(k[1:]))
+        if len(ranks) > TAB_RANKS:
+            self._start_picking()
+            return
+        for key in ranks:
+            if key not in self.views:
+                self._add_tab(key)
+
+    def _start_picking(self) -> None:
+        """Too many ranks for a tab each: their tabs go, one tab shows the rank picked."""
+        self.picking = True
+        tabs = self.app.query_one("#panes", TabbedContent)
+        for key in [k for k in self.views if k.startswith("r")]:
+            tabs.remove_pane(f"pane-{key}")
+            del self.views[key]
+        self.picked = min((k for k in self.buffers if k.startswith("r")), key=lambda k: int(k[1:]))
+        tp = TabPane(self.title_of(self.picked), *self.make_view("pick"), id="pane-pick")
+        if "torchrun" in self.views and self.mounted("torchrun"):
+            tabs.add_pane(tp, before="pane-torchrun")
+        else:
+            tabs.add_pane(tp)
+
+    @staticmethod
+    def title_of(key: str) -> str:
+        return f"rank {key[1:]} (o: pick)"
 
     def ensure_rank(self, rank: int) -> bool:
         """Make rank ``rank``'s pane; True when it is new."""
@@ -82,7 +144,34 @@ class LogPanes:
         self.ensure(f"r{rank}")
         return True
 
+    def _ranks_changed(self) -> None:
+        keys = [k for k in self.buffers if k.startswith("r")]
+        if self.fold_auto and len(keys) > FOLD_FROM and self.buffers["merged"].folder is None:
+            self.buffers["merged"].set_folding(True)
+        most = rank_lines(len(keys))
+        if most != self._rank_lines:
+            self._rank_lines = most
+            for k in keys:
+                self.buffers[k].resize(most)
+        else:
+            self.buffers[keys[-1]].resize(most)
+
+    def toggle_folding(self) -> bool:
+        """Fold alike lines in the merged pane, or show every line; True: folding now."""
+        self.fold_auto = False
+        merged = self.buffers["merged"]
+        merged.set_folding(merged.folder is None)
+        merged.refold([b for k, b in self.buffers.items() if k.startswith("r")])
+        self.render("merged")
+        return merged.folder is not None
+
+    def tick(self) -> bool:
+        """Folds whose time is up go into the merged pane; True when any did."""
+        return self.buffers["merged"].tick()
+
     def mounted(self, key: str) -> bool:
+        if self.picking and key.startswith("r"):
+            key = "pick"
         try:
             self.app.query_one(f"#pane-{key}", TabPane)
             return True
@@ -94,10 +183,16 @@ class LogPanes:
             active = self.app.query_one("#panes", TabbedContent).active or "pane-merged"
         except (NoMatches, ScreenStackError):
             return "merged"
-        return active.removeprefix("pane-")
+        key = active.removeprefix("pane-")
+        return (self.picked or "merged") if key == "pick" else key
+
+    def view_of(self, key: str) -> tuple[RichLog, Static] | None:
+        if self.picking and key.startswith("r"):
+            return self.views.get("pick") if key == self.picked else None
+        return self.views.get(key)
 
     def active_log(self) -> RichLog | None:
-        view = self.views.get(self.active_key())
+        view = self.view_of(self.active_key())
         return view[0] if view is not None else None
 
     # -- lines -------------------------------------------------------------------
@@ -147,6 +242,7 @@ class LogPanes:
 
     def flush(self) -> None:
         """Write what is new to the visible pane; hidden panes re-render on show."""
+        self.tick()
         active = self.active_key()
         for key, pane in self.buffers.items():
             if key == active:
@@ -167,7 +263,7 @@ class LogPanes:
 
     def render(self, key: str) -> None:
         pane = self.buffers.get(key)
-        view = self.views.get(key)
+        view = self.view_of(key)
         if pane is None or view is None:
             return
         log, live = view
@@ -193,7 +289,7 @@ class LogPanes:
 
     def _render_live(self, pane: PaneBuffer, live: Static) -> None:
         needle = self.filter.lower()
-        parts = []
+        parts = [ln for ln in pane.open_lines(OPEN_FOLDS_SHOWN) if not needle or needle in ln.low()]
         for (rank, stream), raw in list(pane.live.items())[-4:]:
             if needle and needle not in logview.plain(raw).lower():
                 continue
@@ -208,14 +304,25 @@ class LogPanes:
         """Bring pane ``key`` to the front (False: there is no such pane yet)."""
         if key not in self.buffers or not self.mounted(key):
             return False
-        self.app.query_one("#panes", TabbedContent).active = f"pane-{key}"
+        tabs = self.app.query_one("#panes", TabbedContent)
+        if self.picking and key.startswith("r"):
+            if key != self.picked:
+                self.picked = key
+                self.buffers[key].dirty = True
+                tabs.get_tab("pane-pick").label = self.title_of(key)
+            tabs.active = "pane-pick"
+        else:
+            tabs.active = f"pane-{key}"
         self.render(key)
-        if not isinstance(self.app.focused, Input):
-            self.views[key][0].focus()
+        view = self.view_of(key)
+        if view is not None and not isinstance(self.app.focused, Input):
+            view[0].focus()
         return True
 
     def cycle(self, step: int) -> None:
         order = [k for k in self.order() if self.mounted(k)]
+        if self.picking:  # merged, the picked rank, torchrun (o picks another rank)
+            order = [k for k in order if not k.startswith("r") or k == self.picked]
         if not order:
             return
         cur = self.active_key()

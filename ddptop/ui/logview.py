@@ -9,12 +9,17 @@ tick, never more.
 from __future__ import annotations
 
 import re
+import time
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import count
 
 from rich.text import Text
 
+from ddptop.core.analysis.line_folds import Fold, Folder
+
 BUFFER_LINES = 20_000  # per pane, kept in memory (everything is in the journal)
+FOLD_RATE = 10_000  # lines a second the merged pane folds at most (1,024 ranks x 10 lines/s); a flood beyond is counted
 LOG_MAX_LINES = 5_000  # lines a RichLog widget keeps
 TICK_LINES = 150  # most lines written to a pane per tick
 RERENDER_LINES = 1_000  # most lines written when a pane is re-rendered (filter, tab switch)
@@ -53,6 +58,9 @@ def to_text(raw: str, clip: int = CLIP_CHARS) -> Text:
         return Text(plain(str(raw)).translate(_CONTROLS)[:clip], end="")
 
 
+_SEQ = count()
+
+
 @dataclass(slots=True)
 class Line:
     rank: int | None  # None: torchrun; -1: ddptop itself
@@ -60,6 +68,8 @@ class Line:
     text: str
     style: str = ""  # extra style for ddptop's own lines
     node: str = ""  # the attached node it came from ("" for a local run)
+    label: str = ""  # the ranks of a folded line ("r0-1023"): its prefix, in place of its rank's
+    seq: int = field(default_factory=_SEQ.__next__)  # the order lines came in, across panes
     _low: str | None = None
 
     def low(self) -> str:
@@ -80,10 +90,27 @@ class PaneBuffer:
     live_changed: bool = False
     dirty: bool = True  # the widget must be re-rendered from the buffer
     total: int = 0  # lines ever added
+    folder: Folder | None = None  # the merged pane of a large job: alike lines of many ranks folded
+    skipped: int = 0  # lines a flood left unfolded (not shown; in the journal and their rank's pane)
+    _fold_room: float = 0.0
+    _fold_t: float = 0.0
 
-    def add(self, line: Line) -> None:
-        self.lines.append(line)
+    def add(self, line: Line, now: float | None = None) -> None:
+        if self.folder is not None:
+            if line.rank is not None and line.rank >= 0 and line.stream != "sep":
+                self.folder.add(line.rank, line.stream, line.text, time.monotonic() if now is None else now,
+                                line.node, line.seq)
+                self.total += 1
+                self.live_changed = True  # open folds show under the log, their ranks widening in place
+                self.live.pop((line.rank, line.stream), None)
+                return
+            if self.folder.open:  # a line of torchrun or ddptop: the folds before it first, in order
+                self._keep_folds(self.folder.close_all(restart=line.stream == "sep"))
+        self._keep(line)
         self.total += 1
+
+    def _keep(self, line: Line) -> None:
+        self.lines.append(line)
         if not self.dirty:
             self.pending.append(line)
             if len(self.pending) > BUFFER_LINES:
@@ -97,6 +124,26 @@ class PaneBuffer:
         (only the last BUFFER_LINES of a batch can be kept anyway)."""
         if not lines:
             return
+        if self.folder is not None:
+            rank = lines[0].rank  # (one batch: one rank's, or torchrun's, lines)
+            if rank is not None and rank >= 0:
+                now = time.monotonic()
+                # a flood: at most FOLD_RATE lines a second are folded (each costs a few microseconds of
+                # the screen's thread); the rest, the oldest of each batch, are counted as not shown
+                self._fold_room = min(FOLD_RATE, self._fold_room + (now - self._fold_t) * FOLD_RATE)
+                self._fold_t = now
+                take = min(len(lines), int(self._fold_room))
+                self._fold_room -= take
+                self.skipped += total - take
+                fold = self.folder.add
+                for ln in lines[len(lines) - take:]:
+                    fold(ln.rank, ln.stream, ln.text, now, ln.node, ln.seq)
+                self.total += total
+                self.live_changed = True
+                self.live.pop((lines[-1].rank, lines[-1].stream), None)
+                return
+            if self.folder.open:  # torchrun's lines: the folds before them first, in order
+                self._keep_folds(self.folder.close_all())
         self.lines.extend(lines)
         self.total += total
         if not self.dirty:
@@ -107,6 +154,67 @@ class PaneBuffer:
                 self.pending.extend(lines)
         if self.live.pop((lines[-1].rank, lines[-1].stream), None) is not None:
             self.live_changed = True
+
+    # -- folding alike lines (the merged pane of a large job) ------------------------------------
+
+    def set_folding(self, on: bool) -> None:
+        """Fold alike lines of many ranks into one (``line_folds``), or stop
+        (the open folds are kept as they are)."""
+        if on and self.folder is None:
+            self.folder = Folder()
+        elif not on and self.folder is not None:
+            self._keep_folds(self.folder.close_all())
+            self.folder = None
+            self.live_changed = True
+
+    def refold(self, rank_panes: list["PaneBuffer"]) -> None:
+        """Fold alike lines (on), or show every line (off), in what the pane
+        already holds too: folding folds its lines again; unfolding takes each
+        rank's lines back from the rank panes (their newest share), in the
+        order they came in."""
+        if self.folder is not None:
+            held = list(self.lines)
+            self.lines.clear()
+            self.folder = Folder()
+            for line in held:
+                self.add(line, 0.0)
+            self._keep_folds(self.folder.close_all())
+        else:
+            share = max(1, BUFFER_LINES // max(1, len(rank_panes)))
+            lines = [ln for ln in self.lines if ln.rank is None or ln.rank < 0 or ln.stream == "sep"]
+            for pane in rank_panes:
+                lines.extend(list(pane.lines)[-share:])
+            lines.sort(key=lambda ln: ln.seq)
+            self.lines = deque(lines, maxlen=self.lines.maxlen)
+        self.total = len(self.lines)
+        self.pending = []
+        self.dirty = True
+        self.live_changed = True
+
+    def tick(self, now: float | None = None) -> bool:
+        """Keep the folds whose time is up; True when any was."""
+        if self.folder is None or not self.folder.open:
+            return False
+        done = self.folder.due(time.monotonic() if now is None else now)
+        self._keep_folds(done)
+        if done:
+            self.live_changed = True
+        return bool(done)
+
+    def _keep_folds(self, folds: list[Fold]) -> None:
+        for fold in folds:
+            self._keep(fold_line(fold))
+
+    def open_lines(self, most: int) -> list[Line]:
+        """The newest ``most`` folds still open, as lines."""
+        if self.folder is None:
+            return []
+        return [fold_line(f) for f in self.folder.open[-most:]]
+
+    def resize(self, most: int) -> None:
+        """Keep at most ``most`` lines (the newest)."""
+        if self.lines.maxlen != most:
+            self.lines = deque(self.lines, maxlen=most)
 
     def set_live(self, rank: int | None, stream: str, text: str) -> None:
         self.live[(rank, stream)] = text
@@ -128,8 +236,15 @@ class PaneBuffer:
             return True, lines[-RERENDER_LINES:], hidden
         lines = self.matching(needle, self.pending)
         self.pending = []
-        hidden = max(0, len(lines) - TICK_LINES)
+        hidden = max(0, len(lines) - TICK_LINES) + self.skipped
+        self.skipped = 0
         return False, lines[-TICK_LINES:], hidden
+
+
+def fold_line(fold: Fold) -> Line:
+    """A fold as the line the merged pane shows: its first copy, prefixed by its ranks."""
+    return Line(fold.rank, fold.stream, fold.text, "", fold.node, fold.label() if len(fold.ranks) > 1 else "",
+                fold.seq)
 
 
 def prefix_of(rank: int | None, node: str = "") -> str:
@@ -158,7 +273,7 @@ def render_lines(lines: list[Line], merged: bool, palette: list[str], hidden: in
             if ln.stream == "sep":  # a separator line (relaunch): no prefix
                 pass
             elif merged or (ln.rank is not None and ln.rank < 0) or (nodes and ln.rank is None and ln.node):
-                pre = prefix_of(ln.rank, ln.node if nodes else "")
+                pre = f"[{ln.label}]" if ln.label else prefix_of(ln.rank, ln.node if nodes else "")
                 if not merged and ln.rank is None:
                     pre = f"[{ln.node}]"  # the torchrun pane: the node is all it needs
                 style = "bold"

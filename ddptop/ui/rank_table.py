@@ -24,6 +24,8 @@ COLUMNS = (
     ("workers", "workers"), ("lines", "lines"), ("nccl", "NCCL (RAS)"),
 )
 QUIET_AFTER = 60.0  # seconds without output before "last output" is coloured as a warning
+VISIBLE_ONLY_FROM = 64  # more ranks than this: a refresh updates the rows on the screen and the odd ones
+VIEW_MARGIN = 8  # rows above and below the screen updated too
 
 
 def rank_cells(info, finished: bool, theme) -> dict[str, object]:
@@ -109,12 +111,24 @@ class RankTable(DataTable):
 
     def show(self, model: JobState, theme, on_error: Callable[[str, Exception], None]) -> None:
         """Update every row from ``model``; a row that cannot be drawn keeps its
-        last values and is reported once through ``on_error(where, error)``."""
+        last values and is reported once through ``on_error(where, error)``.
+        The odd ones out come first.  In a large job only the rows on the
+        screen (and the odd ones) are brought up to date; the others when they
+        scroll into view."""
         now = time.time()
         finished = model.finished
         added = False
         culprits = set(culprits_of(model))
-        for r, info in sorted(model.ranks.items()):
+        ranks = sorted(model.ranks)
+        in_view = None
+        if len(ranks) > VISIBLE_ONLY_FROM and len(self.rows) == len(ranks):
+            top = int(self.scroll_y) - VIEW_MARGIN
+            order = sorted(ranks, key=lambda r: (r not in culprits, r))
+            in_view = set(order[max(0, top):top + self.size.height + 2 * VIEW_MARGIN]) | culprits
+        for r in ranks:
+            if in_view is not None and r not in in_view:
+                continue
+            info = model.ranks[r]
             try:
                 row = rank_row(r, info, finished, theme, now, ras_of(model, r), r in culprits)
                 key = str(r)
@@ -136,9 +150,9 @@ class RankTable(DataTable):
                     self.update_cell(key, col, val, update_width=wider)
             except Exception as e:  # noqa: BLE001 - a UI refresh: this row keeps its last values; said once
                 on_error(f"rank {r}'s row", e)
-        if added:
-            try:
-                self.sort("rank")
+        if added or culprits != self._shown_culprits:
+            try:  # the odd ones out first, then by rank
+                self.sort("rank", key=lambda r: (int(r) not in culprits, int(r)))
             except Exception as e:  # noqa: BLE001 - a UI refresh must not take the monitor down; said once
                 on_error("the rank table's order", e)
         if culprits and culprits != self._shown_culprits and str(min(culprits)) in self.rows:

@@ -170,7 +170,8 @@ def test_live_tailing_and_transient(tmp_path):
 
 def test_the_odd_rank_out_is_marked_and_brought_into_view(tmp_path):
     """40 ranks do not fit in the rank table: the rank a stall alarm names is
-    marked and its row scrolled to; once every rank steps again, unmarked."""
+    marked, listed first and its row in view; once every rank steps again,
+    unmarked and back in rank order."""
     now = time.time()
     events = [{"t": now, "kind": "state", "state": "running"}] + [rank_started(now, r, 5000 + r) for r in range(40)]
     run = write_run(tmp_path, run_id="forty", events=events, logs={r: f"rank{r} step 1\n" for r in range(40)}, nproc=40)
@@ -187,16 +188,19 @@ def test_the_odd_rank_out_is_marked_and_brought_into_view(tmp_path):
             app._refresh_table()
             await wait_until(pilot, lambda: "odd one out" in str(table.get_cell("33", "state")),
                              what="rank 33 marked")
-            assert table.cursor_row == table.get_row_index("33")
+            assert table.cursor_row == table.get_row_index("33") == 0  # the odd one out first
+            assert [table.get_row_at(i)[0] for i in (1, 2)] == [0, 1]  # then the others, by rank
             assert not any("odd one out" in str(table.get_cell(str(r), "state")) for r in range(40) if r != 33)
             shown = lambda: table.scrollable_content_region.height  # noqa: E731
-            await wait_until(pilot, lambda: table.scroll_y <= 33 < table.scroll_y + shown(),
+            at = table.get_row_index("33")
+            await wait_until(pilot, lambda: table.scroll_y <= at < table.scroll_y + shown(),
                              what=lambda: f"rank 33's row scrolled onto the screen (scroll_y {table.scroll_y}, "
                                           f"{shown()} rows shown, cursor {table.cursor_row})")
             app.ingest([ProgressEvent(t + 1, rank=r, step=2, source="hook") for r in range(40)])
             app._refresh_table()
             await wait_until(pilot, lambda: "odd one out" not in str(table.get_cell("33", "state")),
                              what="the mark gone once every rank stepped")
+            assert table.get_row_index("33") == 33
 
     run_async(go())
 

@@ -1,0 +1,138 @@
+"""Lines that many ranks print alike, folded into one.
+
+At 1,024 ranks, every ``epoch 3 ...`` or ``step 120 loss ...`` comes 1,024
+times, a few milliseconds apart, and the merged log would show nothing else.
+Two lines are *alike* when they are equal once their numbers (and hex
+addresses) are masked.  A :class:`Folder` keeps the folds still open: the n-th
+line of a kind that a rank prints joins the fold of the n-th line of that kind
+(each rank's step 120 line with the others' step 120 line, however the ranks'
+lines interleave: live, or one rank's whole log after another's in a replay),
+or opens it.  A fold closes when no rank has joined it for
+``hold`` seconds and every fold opened before it has closed, or when more
+than ``open_max`` folds are open (the oldest first): closed folds come out in
+the order they opened.
+
+The fold keeps its first copy whole (its numbers too) and the ranks that
+joined; :func:`range_text` says them as ``r0-1023`` or ``r0-511,513-1023``.
+Pure: the caller gives the clock.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Iterable
+
+_HEX = re.compile(rb"0x[0-9a-fA-F]+")
+_DIGITS = bytes.maketrans(b"0123456789", b"##########")
+_RUN = re.compile(rb"#[#.]*(?:[eE][-+]?#+)?")  # a number, once its digits are '#': 12, 0.431, 3e-4, 1.5E+05
+_NANINF = re.compile(rb"\b(?:nan|inf)\b", re.I)
+
+HOLD = 1.0  # seconds a fold stays open after the last rank joined it
+OPEN_MAX = 4_096  # folds open at once (the oldest closes first): a replayed rank's whole log can open
+COUNT_MAX = 1_000_000  # (rank, kind) counts kept
+
+
+def alike_key(text: str, stream: str = "") -> bytes:
+    """What alike lines share: the text with its numbers masked (hex
+    addresses, nan and inf too), spaces collapsed (and the stream: stdout and
+    stderr never fold together).  Runs for every line of a large job, so on
+    bytes: a table translation first, a regex only where it left a number."""
+    k = text.encode("utf-8", "replace")
+    if b"0x" in k:
+        k = _HEX.sub(b"#", k)
+    k = k.translate(_DIGITS)
+    if b"#" in k:
+        k = _RUN.sub(b"#", k)
+    if b"nan" in k or b"inf" in k or b"NaN" in k or b"Inf" in k or b"NAN" in k or b"INF" in k:
+        k = _NANINF.sub(b"#", k)
+    if b"  " in k or b"\t" in k or k[:1].isspace() or k[-1:].isspace():
+        k = b" ".join(k.split())
+    return stream.encode() + b"\0" + k
+
+
+def range_text(ranks: Iterable[int]) -> str:
+    """``r0-1023``, ``r0-3,5,7-9``: ranks as runs."""
+    rs = sorted(set(ranks))
+    if not rs:
+        return ""
+    runs, start, prev = [], rs[0], rs[0]
+    for r in rs[1:] + [None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        runs.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return "r" + ",".join(runs)
+
+
+@dataclass(slots=True, eq=False)
+class Fold:
+    key: bytes
+    n: int  # the how-many-th line of its kind in each of its ranks
+    rank: int  # the first rank that printed it
+    stream: str
+    text: str  # the first copy, whole
+    node: str = ""
+    opened: float = 0.0
+    joined: float = 0.0  # when the last rank joined
+    ranks: set[int] = field(default_factory=set)
+    closed: bool = False
+    seq: int = 0  # the caller's order of its first copy
+
+    def label(self) -> str:
+        return range_text(self.ranks)
+
+
+class Folder:
+    """The open folds of one merged log."""
+
+    def __init__(self, hold: float = HOLD, open_max: int = OPEN_MAX) -> None:
+        self.hold = hold
+        self.open_max = open_max
+        self.open: list[Fold] = []  # in the order they opened
+        self._by_key: dict[tuple[bytes, int], Fold] = {}
+        self._count: dict[tuple[int, bytes], int] = {}  # (rank, kind) -> lines of that kind the rank printed
+
+    def add(self, rank: int, stream: str, text: str, now: float, node: str = "", seq: int = 0) -> tuple[Fold, bool]:
+        """The fold this line went to, and whether the line opened it (``seq``: the
+        caller's order of the line, kept for the fold's first copy)."""
+        key = alike_key(text, stream)
+        if len(self._count) > COUNT_MAX:  # (a job printing ever new kinds of line: start counting afresh)
+            self._count.clear()
+        n = self._count[(rank, key)] = self._count.get((rank, key), 0) + 1
+        fold = self._by_key.get((key, n))
+        if fold is not None:
+            fold.ranks.add(rank)
+            fold.joined = now
+            return fold, False
+        fold = Fold(key, n, rank, stream, text, node, now, now, {rank}, seq=seq)
+        self.open.append(fold)
+        self._by_key[(key, n)] = fold
+        return fold, True
+
+    def due(self, now: float) -> list[Fold]:
+        """Close and return the folds whose time is up, in the order they
+        opened: the oldest ones that nobody joined for ``hold`` seconds (a fold
+        waits for those opened before it, so the log keeps its order), and
+        the oldest beyond ``open_max``."""
+        n = 0
+        while n < len(self.open) and now - self.open[n].joined >= self.hold:
+            n += 1
+        return self._close(max(n, len(self.open) - self.open_max))
+
+    def close_all(self, restart: bool = False) -> list[Fold]:
+        """Close every fold (``restart``: the ranks start again, a relaunch: count afresh)."""
+        if restart:
+            self._count.clear()
+        return self._close(len(self.open))
+
+    def _close(self, n: int) -> list[Fold]:
+        if n <= 0:
+            return []
+        out, self.open = self.open[:n], self.open[n:]
+        for fold in out:
+            fold.closed = True
+            self._by_key.pop((fold.key, fold.n), None)
+        return out
