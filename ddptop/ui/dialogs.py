@@ -32,7 +32,7 @@ HELP_TEXT = """\
   [b]end[/b] / [b]home[/b]     follow the log / go to its top
   [b]w[/b]              wrap long lines on/off
   [b]z[/b]              merged log: fold alike lines of many ranks into one
-                 (\[r0-1023] epoch 3 …; on by itself above 8 ranks)
+                 (\\[r0-1023] epoch 3 …; on by itself above 8 ranks)
   [b]g[/b]              show / hide the GPU pane
   [b]r[/b]              relaunch with a profile (alarm suggestions first);
                  the current profiles are kept, the chosen one is added

@@ -70,3 +70,23 @@ def test_one_rank_waiting_on_its_busy_gpu_is_said_as_such_not_as_every_rank_in_o
     sleeping = Where(0, "frozen", "sleep/wait in user code", function="<module>", file="/tmp/job.py", line=15,
                      call="time.sleep")
     assert where_words(sleeping) == "is at job.py:15 (`time.sleep`)"
+
+
+def test_at_1024_ranks_the_waiting_group_is_said_with_its_count_and_ranges_the_culprit_by_its_node():
+    from ddptop.core.analysis.wording import stall_message
+
+    wait = Where(0, "frozen", "gpu-wait", function="train", file="/w/train.py", line=88, call="item",
+                 gpu="cuda-runtime", native="cudaStreamSynchronize (libcudart.so.12)", library="the CUDA runtime")
+    stuck = Where(777, "frozen", "data", function="next_batch", file="/w/loader.py", line=40, node="node-97")
+    where = {r: replace(wait, rank=r, node=f"node-{r // 8}") for r in range(1024) if r != 777}
+    where[777] = stuck
+    v = StackEvidence(hung=True, culprits=(777,), waiting=tuple(r for r in range(1024) if r != 777), where=where)
+    ranks = [RankState(r, step=120 if r != 777 else 119, util=100.0 if r != 777 else 0.0) for r in range(1024)]
+    msg = stall_message("collective", ranks, ranks, 9.0, 0.5, v, [777])
+    assert "Odd rank out: rank 777 on node-97 waits for data at loader.py:40" in msg, msg
+    assert "1,023 ranks (0-776,778-1023) wait on the GPU at train.py:88" in msg, msg
+    # a few ranks: as before, no count
+    two = StackEvidence(hung=True, culprits=(1,), waiting=(0, 2), where={0: wait, 2: replace(wait, rank=2),
+                                                                         1: replace(stuck, rank=1, node="")})
+    msg = stall_message("collective", ranks[:3], ranks[:3], 9.0, 0.5, two, [1])
+    assert "Ranks 0,2 wait on the GPU at train.py:88" in msg, msg

@@ -36,6 +36,9 @@ HEADLINES = {
 }
 
 
+COUNT_FROM = 8  # a group of more ranks than this is said with its count first
+
+
 def exit_words(code: int) -> str:
     """``exited with code -11 (SIGSEGV)``."""
     what = f"exited with code {code}"
@@ -184,6 +187,8 @@ def stall_message(kind: str, pool: list[RankState], everyone: list[RankState], s
             if len(rs) > 1 and verb[0] in ("waits", "is"):
                 text = {"waits": "wait", "is": "are"}[verb[0]] + " " + verb[1]
             who = ranks_text(rs)
+            if len(rs) > COUNT_FROM:  # a large job: how many, then which ("1,023 ranks (0-776,778-1023)")
+                who = f"{len(rs):,} ranks ({who.removeprefix('ranks ')})"
             parts.append(f"{who[:1].upper()}{who[1:]} {text}{gpu}.")
     if note:
         parts.append(note[:1].upper() + note[1:] + ".")
