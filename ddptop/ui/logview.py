@@ -92,6 +92,7 @@ class PaneBuffer:
     total: int = 0  # lines ever added
     folder: Folder | None = None  # the merged pane of a large job: alike lines of many ranks folded
     skipped: int = 0  # lines a flood left unfolded (not shown; in the journal and their rank's pane)
+    fold_capped: bool = True  # live: fold at most FOLD_RATE lines/s (a finished run's replay folds every line)
     _fold_room: float = 0.0
     _fold_t: float = 0.0
 
@@ -132,9 +133,12 @@ class PaneBuffer:
                 # the screen's thread); the rest, the oldest of each batch, are counted as not shown
                 self._fold_room = min(FOLD_RATE, self._fold_room + (now - self._fold_t) * FOLD_RATE)
                 self._fold_t = now
-                take = min(len(lines), int(self._fold_room))
+                take = len(lines) if not self.fold_capped else min(len(lines), int(self._fold_room))
                 self._fold_room -= take
                 self.skipped += total - take
+                if take < len(lines):  # the folds open now may lack ranks whose lines were left out
+                    for f in self.folder.open:
+                        f.partial = True
                 fold = self.folder.add
                 for ln in lines[len(lines) - take:]:
                     fold(ln.rank, ln.stream, ln.text, now, ln.node, ln.seq)
@@ -232,7 +236,8 @@ class PaneBuffer:
             self.dirty = False
             self.pending = []
             lines = self.matching(needle, self.lines)
-            hidden = max(0, len(lines) - RERENDER_LINES)
+            hidden = max(0, len(lines) - RERENDER_LINES) + self.skipped
+            self.skipped = 0
             return True, lines[-RERENDER_LINES:], hidden
         lines = self.matching(needle, self.pending)
         self.pending = []
@@ -243,8 +248,8 @@ class PaneBuffer:
 
 def fold_line(fold: Fold) -> Line:
     """A fold as the line the merged pane shows: its first copy, prefixed by its ranks."""
-    return Line(fold.rank, fold.stream, fold.text, "", fold.node, fold.label() if len(fold.ranks) > 1 else "",
-                fold.seq)
+    return Line(fold.rank, fold.stream, fold.text, "", fold.node,
+                fold.label() if len(fold.ranks) > 1 or fold.partial else "", fold.seq)
 
 
 def prefix_of(rank: int | None, node: str = "") -> str:

@@ -122,3 +122,24 @@ def test_a_rank_pane_shrinks_to_its_share_and_keeps_its_newest_lines():
         pane.add(Line(5, "stdout", f"line {i}"))
     pane.resize(1000)
     assert len(pane.lines) == 1000 and pane.lines[0].text == "line 2000" and pane.lines[-1].text == "line 2999"
+
+
+def test_a_live_flood_beyond_the_fold_rate_is_counted_and_its_folds_say_they_may_lack_ranks_a_replay_folds_all():
+    from ddptop.ui.logview import FOLD_RATE
+
+    def flood(capped: bool) -> PaneBuffer:
+        pane = PaneBuffer("merged", merged=True)
+        pane.set_folding(True)
+        pane.fold_capped = capped
+        for r in range(1024):  # one batch per rank, at once: far more than a second's FOLD_RATE
+            batch = [Line(r, "stdout", f"step {s} loss 0.5") for s in range(3 * FOLD_RATE // 1024 + 1)]
+            pane.add_many(batch, len(batch))
+        pane.tick(now=1e12)
+        return pane
+
+    live = flood(True)
+    _, lines, hidden = live.take_render("")
+    assert hidden > 0  # said as "… N lines not shown"
+    assert lines and all(ln.label.endswith("+") for ln in lines)  # "[r0-345+]": more ranks may have printed it
+    _, lines, hidden = flood(False).take_render("")
+    assert hidden == 0 and {ln.label for ln in lines} == {"r0-1023"}

@@ -80,9 +80,11 @@ class Fold:
     ranks: set[int] = field(default_factory=set)
     closed: bool = False
     seq: int = 0  # the caller's order of its first copy
+    partial: bool = False  # lines were left unfolded while it was open (a flood): more ranks may have printed it
 
     def label(self) -> str:
-        return range_text(self.ranks)
+        """``r0-1023``; ``r0-245+`` for a partial fold."""
+        return range_text(self.ranks) + ("+" if self.partial else "")
 
 
 class Folder:
