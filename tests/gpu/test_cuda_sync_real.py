@@ -86,6 +86,13 @@ def note_gaps():
 if "--gaps" in sys.argv:
     threading.Thread(target=note_gaps, daemon=True, name="gaps").start()
 x = torch.ones(1, device="cuda:0")
+# Every kernel used below launched once first: under lazy module loading (CUDA's default since 12.2) the
+# first launch of a kernel loads its module, and that waits for the kernels already running.  (On an H100
+# the add below, first launched behind the queued sleeps, sat in cuLaunchKernel for their whole length
+# and "syncing" never came: tests/data/h100/launch-behind-sleeps.txt.)
+x.add_(1)
+torch.cuda._sleep(1000)
+x.item()
 # Kernels sized by a clock no GPU reaches (3 GHz), so each lasts a second at least.  (Sized by the
 # clock measured on one short kernel, they ended early on an H200 and the tests found the child
 # gone; a clock still ramping up from idle when measured is the likely cause.)  The tests kill the
@@ -134,7 +141,8 @@ class Child:
         return "\n".join(self.lines[-40:])
 
     def wait_for(self, text: str, timeout: float = START_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
+        began = time.monotonic()
+        deadline = began + timeout
         while text not in self.lines:
             if self.p.poll() is not None:
                 self._reader.join(5)
@@ -144,6 +152,7 @@ class Child:
             if time.monotonic() > deadline:
                 pytest.fail(f"no {text!r} from the child in {timeout:.0f} s:\n{self.output()}")
             time.sleep(0.05)
+        print(f"\n[{text!r} from the child after {time.monotonic() - began:.1f} s]", flush=True)
 
     @property
     def spinning(self) -> bool:
@@ -172,8 +181,10 @@ def dump(pid: int, native: bool) -> subprocess.CompletedProcess:
     """A native dump, or the Python-only read ddptop's sampler takes (non-blocking, or paused where
     non-blocking reads come back without frames: ``python_dump``)."""
     if native:
+        began = time.monotonic()
         r = subprocess.run([PY_SPY, "dump", "--native", "--full-filenames", "--pid", str(pid)],
                            capture_output=True, text=True, errors="replace", timeout=DUMP_TIMEOUT, check=False)
+        print(f"[native dump: rc {r.returncode} in {time.monotonic() - began:.2f} s]", flush=True)
     else:
         r = python_dump(PY_SPY, pid, timeout=DUMP_TIMEOUT)
         if r.args[-1] == "paused":
@@ -190,10 +201,13 @@ def dump(pid: int, native: bool) -> subprocess.CompletedProcess:
 def wait_at_sync(child: Child, timeout: float = 30.0, line: int = SYNC):
     """Python-only dumps until the main thread sits on the sync line (the
     line after "syncing"); its RankStack there."""
-    deadline = time.monotonic() + timeout
+    began = time.monotonic()
+    deadline = began + timeout
     while True:
         r = dump(child.pid, native=False)
         st = rank_state(parse_dump(r.stdout)) if r.returncode == 0 else None
+        print(f"[python-only dump at {time.monotonic() - began:.1f} s: rc {r.returncode} {r.args[-1]}, "
+              f"{st.state if st else None} at line {st.user.line if st and st.user else None}]", flush=True)
         if st is not None and st.user is not None and st.user.line == line:
             return st
         if time.monotonic() > deadline:

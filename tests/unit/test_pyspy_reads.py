@@ -102,3 +102,30 @@ def test_a_real_h200_native_dump_of_a_rank_at_item_reads_as_a_gpu_wait_at_its_li
     # the same rank read Python-only: its line, running (a CPU-side spin), no claim about the GPU
     py = rank_state(parse_dump((DATA / "h200" / "cuda_spin_item.nonblocking.txt").read_text()))
     assert py.user == st.user and py.kind != "gpu-wait" and py.state == "active", py
+
+
+@pytest.mark.parametrize("name, native, state, where", [
+    # a kernel launch that waits: the first launch of torch's add kernel behind 20 queued seconds of
+    # `torch.cuda._sleep`, under lazy module loading: cuLaunchKernel sat there until the sleeps ended
+    ("launch_behind_sleeps", "cudaLaunchKernel (libcudart.so.13)", "active", ("child.py", 37)),
+    # asleep on a blocking event (cudaEventBlockingSync): libc's wait under the driver, the thread idle
+    ("cuda_event_sync", "cudaEventSynchronize (libcudart.so.13)", "idle", ("cuda_sync_rank.py", 45)),
+    # spinning at `x.item()`
+    ("cuda_spin_item", "cudaStreamSynchronize (libcudart.so.13)", "active", ("cuda_sync_rank.py", 49)),
+])
+def test_real_h100_native_dumps_read_as_gpu_waits_at_the_scripts_line(name, native, state, where):
+    """Recorded on an H100 (tests/data/h100/README.md): three ways a rank waits on its GPU, each read as a
+    wait on the GPU at the script's own line, through the CUDA runtime, whatever the thread's state."""
+    st = rank_state(parse_dump((DATA / "h100" / f"{name}.native.txt").read_text()))
+    assert st.kind == "gpu-wait" and st.gpu == "cuda-runtime", st
+    assert st.native.startswith(native), st.native
+    assert st.state == state, st
+    assert st.user is not None and (Path(st.user.file).name, st.user.line) == where, st.user
+
+
+def test_a_python_only_read_of_the_launch_blocked_rank_shows_it_running_at_its_line():
+    """Without native frames the blocked launch looks like a rank running at its line (the driver spins):
+    why ddptop reads a rank's native frames (or NVML) before it calls a busy rank the odd one out."""
+    py = rank_state(parse_dump((DATA / "h100" / "launch_behind_sleeps.nonblocking.txt").read_text()))
+    assert py.kind != "gpu-wait" and py.state == "active", py
+    assert py.user is not None and (Path(py.user.file).name, py.user.line) == ("child.py", 37), py.user
