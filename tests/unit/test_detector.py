@@ -680,3 +680,34 @@ def test_a_stall_raised_early_is_raised_once_until_progress_resumes():
     c.t += 2.5
     d.stacks(StackVerdict(c.t - 0.5, True, (1,), "hung: ...", {0: gpu_wait(0, 88), 1: stuck(1, 60)}, waiting=(0,)))
     assert d.decide().stall is not None
+
+
+def test_a_rank_held_inside_a_kernel_launch_is_said_and_eager_loading_comes_first():
+    """A rank stopped in cudaLaunchKernel (recorded on an H100: a first launch behind running kernels, under
+    lazy module loading) while the other waits at its sync: the alarm says the launch is held by the GPU and
+    puts the eager-load profile first; the same ranks at syncs only do not mention it."""
+    def launching(rank, line):
+        return dict(gpu_wait(rank, line), call="torch.Tensor.add_", native="cudaLaunchKernel (libcudart.so.13)",
+                    status="frozen")
+
+    def stall(where):
+        c = Clock()
+        d = StallDetector(c, can_sample=True)
+        run_steps(d, c, [0, 1], 20, 1.0)
+        for r in (0, 1):
+            d.telemetry(r, util=100.0, cpu=100.0)
+        c.t += 3.5
+        d.stacks(StackVerdict(c.t, True, (), "hung, no single culprit: ...", where, waiting=(0, 1)))
+        s = None
+        while s is None and c.t < 1020 + 30:
+            c.t += 0.5
+            s = d.decide().stall
+        assert s is not None
+        return s
+
+    s = stall({0: gpu_wait(0, 88), 1: launching(1, 91)})
+    assert "Rank 1 waits inside a kernel launch" in s.message, s.message
+    assert "CUDA_MODULE_LOADING=EAGER" in s.message
+    assert s.suggested_profiles[0] == "eager-load" and len(set(s.suggested_profiles)) == len(s.suggested_profiles)
+    plain = stall({0: gpu_wait(0, 88), 1: gpu_wait(1, 88)})
+    assert "kernel launch" not in plain.message and "eager-load" not in plain.suggested_profiles

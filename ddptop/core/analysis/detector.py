@@ -26,9 +26,10 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from ddptop.core.analysis.culprits import Evidence, culprits_of, overdue
+from ddptop.core.analysis.native_frames import is_launch
 from ddptop.core.analysis.rank_state import RankState
 from ddptop.core.analysis.stack_judge import combine
-from ddptop.core.analysis.wording import stall_message
+from ddptop.core.analysis.wording import launch_words, stall_message
 from ddptop.core.model.evidence import (
     HOT_UTIL,
     IDLE_UTIL,
@@ -463,6 +464,10 @@ class StallDetector:
         else:
             kind = "unknown"
         where, node = _with_nodes(everyone, where, culprits)
+        launching = sorted(r for r, w in (v.where.items() if v is not None and v.hung else ())
+                           if w.kind == "gpu-wait" and is_launch(w.native))
+        if launching:
+            note = "; ".join(n for n in (note, launch_words(launching)) if n)
         msg = stall_message(kind, pool, everyone, silent, expected, v, culprits, ras[2] if ras else "", note)
         starting = all(st.last_progress is None for st in pool)
         profiles = {"lost-peer": ("nccl-debug", "flight-recorder"),
@@ -480,6 +485,8 @@ class StallDetector:
         if starting and kind in ("hot", "collective", "unknown") and not culprits:
             # every rank stuck before the first step, none the odd one out: the broken peer-to-peer start-up
             profiles = ("p2p-off", "nccl-debug", "flight-recorder", "gloo")
+        if launching:  # a launch the GPU holds: eager module loading first, the usual order after it
+            profiles = ("eager-load", *(p for p in profiles if p != "eager-load"))
         return Stall(kind, tuple(st.rank for st in pool), tuple(sorted(set(culprits))), silent, expected,
                      tuple(evidence), msg, profiles, dict(sorted(where.items())), node)
 

@@ -41,7 +41,7 @@ from typing import Sequence
 from ddptop.core.analysis.stack_dumps import Frame
 
 __all__ = ["Library", "LIBRARIES", "library_of", "library_words", "api_call", "primitive", "GpuWait", "gpu_wait", "frame_words",
-           "GPU_KEYS"]
+           "GPU_KEYS", "is_launch"]
 
 
 @dataclass(frozen=True)
@@ -184,6 +184,18 @@ def primitive(frames: Sequence[Frame], upto: int | None = None) -> str:
 _WAITS_FOR_WORK = re.compile(r"synchroni[sz]e|sync(?:_|$|[A-Z])|memcpy|memset|copy|local_scalar|event(?:synchronize|"
                              r"query|record|elapsed)|wait|query|launch|free|signal_wait|groupend|allreduce|"
                              r"broadcast|reduce|gather|scatter|send|recv|alltoall", re.IGNORECASE)
+
+
+# the GPU calls that *launch* work (or load the code a launch needs): such a call returns at once unless the
+# driver holds it, so a rank stopped in one is held by the GPU's queue (lazy module loading's first launch waits
+# for the kernels already running; under CUDA_LAUNCH_BLOCKING=1 every launch waits for its kernel)
+_LAUNCH = re.compile(r"(?:cu|cuda|hip|hipExt)(?:Module|Library)?(?:Launch|Load)\w*|hipModuleLaunch\w*")
+
+
+def is_launch(call: str) -> bool:
+    """The GPU call (its symbol, or a ``Where.native`` text such as "cudaLaunchKernel (libcudart.so.13)") launches
+    a kernel or loads a module."""
+    return bool(_LAUNCH.fullmatch(call.split(" ", 1)[0].strip("`")))
 
 
 @dataclass(frozen=True)

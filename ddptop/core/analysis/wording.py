@@ -197,6 +197,15 @@ def stall_message(kind: str, pool: list[RankState], everyone: list[RankState], s
     return " ".join(parts)
 
 
+def launch_words(ranks: list[int]) -> str:
+    """Ranks stopped inside a kernel *launch* (not a sync): what holds a launch, and the profile that tells."""
+    who = ranks_text(ranks)
+    return (f"{who} {'waits' if len(ranks) == 1 else 'wait'} inside a kernel launch, which returns at once unless the "
+            "GPU holds it: under CUDA's lazy module loading a kernel's first launch waits for the kernels running (a "
+            "kernel waiting for a peer never ends), and under CUDA_LAUNCH_BLOCKING=1 every launch waits for its "
+            "kernel; CUDA_MODULE_LOADING=EAGER (profile eager-load) rules out the first")
+
+
 # --------------------------------------------------------------------------- the other alarms' sentences
 
 

@@ -117,6 +117,9 @@ BUILTIN: list[Profile] = [
     Profile("cuda-sync", "CUDA_LAUNCH_BLOCKING=1: every GPU kernel runs synchronously, so a CUDA error names "
             "the op that caused it (slow)", "illegal memory access, device-side assert",
             env={"CUDA_LAUNCH_BLOCKING": "1"}),
+    Profile("eager-load", "CUDA_MODULE_LOADING=EAGER: every kernel loaded when CUDA starts, so a kernel's first "
+            "launch never waits for the kernels running", "a rank stuck inside a kernel launch (lazy loading)",
+            env={"CUDA_MODULE_LOADING": "EAGER"}),
     Profile("flight-recorder", "PyTorch's flight recorder with dump on timeout, dumps in RUN/flight/",
             "find the collective that diverged",
             env={"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
