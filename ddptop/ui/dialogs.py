@@ -40,7 +40,9 @@ HELP_TEXT = """\
   [b]p[/b]              capture every rank's Python stack now (py-spy);
                  also done by itself at a stall
   [b]s[/b]              the stacks pane: the last samples grouped by stack,
-                 the culprit first, where the groups part marked
+                 the culprit first, where the groups part marked; every
+                 node's samples judged together; in it, [b]n[/b] opens the
+                 groups of more than 8 ranks into their ranks by node
   [b]D[/b]              ddptop doctor: this machine's preflight checks
   [b]B[/b]              GPU P2P / all-reduce benchmark (starts on enter)
   [b]F[/b]              stop the job and run ddptop fix (a profile search)

@@ -6,6 +6,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from ddptop.core.analysis.stack_judge import combine
 from ddptop.core.model.events import (
     FINAL_STATES,
     STARTING,
@@ -24,10 +25,18 @@ from ddptop.core.model.events import (
     StacksEvent,
     StateEvent,
 )
+from ddptop.core.model.evidence import StackEvidence
 
 HISTORY = 300  # telemetry samples kept per GPU (5 minutes at 1 Hz)
 STEP_LOOKBACK = 256  # lines of a batch looked at (from its end) for the rank table's step
 from ddptop.core.analysis.progress import TrainingBars
+
+# One sampling round of a multi-node job: the nodes' latest stack samples taken within this many seconds of the
+# newest.  A stall makes every node sample at once (the cross-node view asks them all, and each node's own
+# detector sees the same silence); a node takes its samples a second apart, up to 3 s more per native dump,
+# and its clock is corrected to ours within a link's delay, so one round spreads over a few seconds.  A node
+# whose latest samples are older belongs to an earlier stall and is left out, not judged with this one.
+STACKS_ROUND = 10.0
 
 
 @dataclass
@@ -68,16 +77,66 @@ class JobState:
     profiles: tuple[str, ...] = ()  # profiles of the current launch
     env_diff: dict = field(default_factory=dict)  # current launch vs the first
     alarms: list[AlarmEvent] = field(default_factory=list)
-    stacks: StacksEvent | None = None  # the latest stack samples (the stacks pane)
+    stacks_by_node: dict[str, StacksEvent] = field(default_factory=dict)  # each node's latest stack samples
     ras: RasEvent | None = None  # what NCCL's RAS port said last (an answer, not an error)
     notes: list[NoteEvent] = field(default_factory=list)
     links: dict[str, LinkEvent] = field(default_factory=dict)  # attached node -> its link's latest state
     bars: TrainingBars = field(default_factory=TrainingBars, repr=False, compare=False)  # the one step rule
+    # (the latest round's combined view, made when first read after a node's samples came: 128 nodes' events
+    # arrive one by one, and judging 1,024 ranks takes tens of ms, so it is not redone at each)
+    _stacks_view: tuple[StacksEvent, StackEvidence] | None = field(default=None, init=False, repr=False,
+                                                                   compare=False)
 
     @property
     def nodes(self) -> list[str]:
         """The nodes of an attachment to several (or remote) hosts, in order seen; [] for a local job."""
         return list(self.links)
+
+    def stacks_round(self) -> list[StacksEvent]:
+        """The nodes' latest stack samples of the latest sampling round (``STACKS_ROUND``), in the order the
+        nodes were first seen; one event for a single-node job."""
+        if not self.stacks_by_node:
+            return []
+        newest = max(ev.t for ev in self.stacks_by_node.values())
+        return [ev for ev in self.stacks_by_node.values() if ev.t >= newest - STACKS_ROUND]
+
+    @property
+    def stacks(self) -> StacksEvent | None:
+        """The latest stack samples as one event (the stacks pane): a single node's own event, or every node's
+        of the latest round judged together (``stack_judge.combine``: the culprit on one node, the ranks waiting
+        for it on the others), its ranks all the nodes' ranks."""
+        view = self._stacks_of_round()
+        return view[0] if view is not None else None
+
+    @property
+    def stacks_evidence(self) -> StackEvidence | None:
+        """What the latest round's samples say, every node's ranks judged together (``combine``)."""
+        view = self._stacks_of_round()
+        return view[1] if view is not None else None
+
+    def _stacks_of_round(self) -> tuple[StacksEvent, StackEvidence] | None:
+        if self._stacks_view is not None or not self.stacks_by_node:
+            return self._stacks_view
+        evs = self.stacks_round()
+        if len(evs) == 1:
+            self._stacks_view = (evs[0], StackEvidence.from_event(evs[0]))
+            return self._stacks_view
+        v = combine([StackEvidence.from_event(ev) for ev in evs])
+        assert v is not None
+        fields = v.to_event_fields()
+        fields["node"] = ""  # every node's
+        # the dumps stay on each node: the culprits' node's (or the first node's) said as NODE:PATH
+        odd = {v.where[r].node for r in v.culprits if r in v.where}
+        home = next((ev for ev in evs if ev.dir and len(odd) == 1 and ev.node in odd), None) or next(
+            (ev for ev in evs if ev.dir), None)
+        sampled = [ev.samples for ev in evs if ev.samples]
+        ev = StacksEvent(v.t, ranks=tuple(sorted({r for ev in evs for r in ev.ranks})),
+                         samples=min(sampled) if sampled else 0, span=max(ev.span for ev in evs),
+                         dir=f"{home.node}:{home.dir}" if home is not None else "",
+                         native=any(ev.native for ev in evs), pause=max(ev.pause for ev in evs),
+                         given_up=tuple(sorted({r for ev in evs for r in ev.given_up})), **fields)
+        self._stacks_view = (ev, v)
+        return self._stacks_view
 
     @property
     def finished(self) -> bool:
@@ -155,7 +214,8 @@ class JobState:
             elif isinstance(ev, AlarmEvent):
                 self.alarms.append(ev)
             elif isinstance(ev, StacksEvent):
-                self.stacks = ev
+                self.stacks_by_node[ev.node] = ev
+                self._stacks_view = None
             elif isinstance(ev, RasEvent):
                 if ev.ok:
                     self.ras = ev
