@@ -2,7 +2,7 @@
 events, and the cross-node detector naming the culprit's node in the alarm's fields.  Pure, fast."""
 
 from ddptop.core.analysis.analyzer import Analyzer
-from ddptop.core.analysis.nodes import ACROSS, HOLD, OneAlarm, stands_alone
+from ddptop.core.analysis.nodes import ACROSS, HOLD, HOLD_SUSPECTED, OneAlarm, stands_alone
 from ddptop.core.model.events import AlarmEvent, LogBatch, NoteEvent, ProgressEvent, RankEvent, StacksEvent
 from ddptop.core.model.evidence import Where
 
@@ -13,8 +13,9 @@ def stall(node, culprits=(), id="stall-collective", t=100.0, ranks=(0, 1), msg="
     return AlarmEvent(t, type="stall", id=id, ranks=tuple(ranks), culprits=tuple(culprits), message=msg, node=node)
 
 
-def apply(f, events=(), cross=(), now=100.0, silence=90.0, rank_nodes=TWO, flush=False):
-    return f.apply(list(events), list(cross), now, silence_began=silence, rank_nodes=rank_nodes, flush=flush)
+def apply(f, events=(), cross=(), now=100.0, silence=90.0, rank_nodes=TWO, flush=False, suspected=False):
+    return f.apply(list(events), list(cross), now, silence_began=silence, rank_nodes=rank_nodes, flush=flush,
+                   suspected=suspected)
 
 
 def alarms(evs):
@@ -143,3 +144,25 @@ def test_a_job_on_one_node_keeps_its_alarm_on_the_watching_node():
         t[0] += 0.5
         a = next(iter(an.check()), None)
     assert a is not None and a.node == "vm" and " on vm" not in a.message, a
+
+
+def test_a_node_alarm_waits_longer_while_the_cross_node_view_suspects_the_same_stall():
+    """node-b names its own rank 1; the cross-node view suspects the stall too (its alarm is on its way, slowed
+    by the nodes' stack samples on a loaded machine): node-b's alarm is held past HOLD, and the cross-node alarm
+    that comes takes it in: one alarm, every rank in it.  Not suspected, it stands alone after HOLD."""
+    own_b = stall("node-b", (1,), id="stall-idle", ranks=(1,))
+    f = OneAlarm()
+    assert alarms(apply(f, [own_b], now=100.0, suspected=True)) == []
+    assert alarms(apply(f, now=100.0 + HOLD + 1, suspected=True)) == []
+    cross = stall("node-b", (1,), id="stall-hot", ranks=(0, 1))
+    (a,) = alarms(apply(f, [], [cross], now=100.0 + HOLD + 2, suspected=True))
+    assert a.id == "stall-hot" and a.ranks == (0, 1) and [d.id for d in a.folded] == ["stall-idle"]
+    # the cross-node alarm never comes: node-b's is shown at HOLD_SUSPECTED (an alarm is never lost)
+    f = OneAlarm()
+    apply(f, [own_b], now=100.0, suspected=True)
+    assert alarms(apply(f, now=100.0 + HOLD_SUSPECTED - 0.5, suspected=True)) == []
+    assert alarms(apply(f, now=100.0 + HOLD_SUSPECTED, suspected=True)) == [own_b]
+    # nothing suspected across nodes: HOLD, as before
+    f = OneAlarm()
+    apply(f, [own_b], now=100.0)
+    assert alarms(apply(f, now=100.0 + HOLD)) == [own_b]

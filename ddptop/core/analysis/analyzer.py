@@ -364,6 +364,10 @@ class Analyzer:
         """When the job's current silence began (its last sign of life)."""
         return self.stall.silence_began()
 
+    def suspects_stall(self, now: float | None = None) -> bool:
+        """Every rank silent long enough to look at its stacks (a stall alarm may follow)."""
+        return not self.finished and not self.stopping and self.detect_stalls and self.stall.suspect(now)
+
     def rank_nodes(self) -> dict[int, str]:
         """Each rank's node, as its events said."""
         return self.stall.nodes()

@@ -35,6 +35,9 @@ from ddptop.core.model.events import AlarmEvent, Event, NoteEvent
 from ddptop.core.model.evidence import FoldedAlarm, ranks_text
 
 HOLD = 5.0  # seconds a node's stall alarm waits for the cross-node alarm of the same hang
+# ... and while the cross-node view itself suspects the stall (every rank silent long enough to look at its
+# stacks: its alarm is on the way, slowed by the nodes' stack samples over their links on a loaded machine)
+HOLD_SUSPECTED = 10.0
 ACROSS = "all nodes"  # the node of a cross-node alarm whose culprits are not on one node
 
 
@@ -100,8 +103,9 @@ class OneAlarm:
     node's stall alarm is held back until the cross-node alarm of the same
     hang takes it in, or ``hold`` seconds have passed."""
 
-    def __init__(self, hold: float = HOLD):
+    def __init__(self, hold: float = HOLD, hold_suspected: float = HOLD_SUSPECTED):
         self.hold = hold
+        self.hold_suspected = hold_suspected
         self.shown: AlarmEvent | None = None  # the stall alarm of the current episode
         self._episode = 0.0  # when the silence it was raised in began
         self._pending: list[tuple[float, AlarmEvent]] = []  # nodes' stall alarms held back (arrival, alarm)
@@ -112,12 +116,14 @@ class OneAlarm:
         return bool(self._pending) or self._cross is not None
 
     def apply(self, events: list[Event], cross: list[AlarmEvent], now: float, *, silence_began: float,
-              rank_nodes: Mapping[int, str], flush: bool = False) -> list[Event]:
+              rank_nodes: Mapping[int, str], flush: bool = False, suspected: bool = False) -> list[Event]:
         """``events``: the nodes' merged events; ``cross``: the cross-node
         view's new alarms; ``silence_began``: when the job's current silence
         began (the cross-node detector's ``silence_began()``: a later value
         means life came back, and a new episode); ``rank_nodes``: each rank's
-        node; ``flush``: release whatever is held (the job has ended)."""
+        node; ``flush``: release whatever is held (the job has ended);
+        ``suspected``: the cross-node view suspects the stall too (its alarm
+        is on the way: a node's alarm waits ``hold_suspected`` for it)."""
         if self.shown is not None and silence_began > self._episode:
             self.shown = None  # life came back since: the next stall is a new episode
         out: list[Event] = []
@@ -135,7 +141,7 @@ class OneAlarm:
                 self._cross = (now, c)  # one node has every rank: its own alarm tells the story, if it comes
             else:
                 self._show(take_in(c, [a for _, a in self._pending], rank_nodes), silence_began, out)
-        self._due(now, silence_began, rank_nodes, flush, out)
+        self._due(now, silence_began, rank_nodes, flush, out, self.hold_suspected if suspected else self.hold)
         return out
 
     def _node_alarm(self, a: AlarmEvent, now: float, silence_began: float, rank_nodes: Mapping[int, str],
@@ -149,11 +155,11 @@ class OneAlarm:
             self._pending.append((now, a))
 
     def _due(self, now: float, silence_began: float, rank_nodes: Mapping[int, str], flush: bool,
-             out: list[Event]) -> None:
+             out: list[Event], hold: float) -> None:
         """Release what waited ``hold`` seconds for the alarm that would take it in."""
         if self._cross is not None and (flush or now - self._cross[0] >= self.hold or self._pending):
             self._show(take_in(self._cross[1], [a for _, a in self._pending], rank_nodes), silence_began, out)
-        if not self._pending or not (flush or now - self._pending[0][0] >= self.hold):
+        if not self._pending or not (flush or now - self._pending[0][0] >= hold):
             return
         pending = [a for _, a in self._pending]
         first = next((i for i, a in enumerate(pending) if stands_alone(a, None, rank_nodes)), None)

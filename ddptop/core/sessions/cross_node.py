@@ -146,7 +146,8 @@ class MultiSession:
         ending = not self.finished and all(s.finished for s in self.sessions)
         an = self.pipeline.analyzer
         out = self.one_alarm.apply(out, [a for a in alarms if isinstance(a, AlarmEvent)], self.clock(),
-                                   silence_began=an.silence_began(), rank_nodes=an.rank_nodes(), flush=ending)
+                                   silence_began=an.silence_began(), rank_nodes=an.rank_nodes(), flush=ending,
+                                   suspected=an.suspects_stall())
         out.extend(a for a in alarms if not isinstance(a, AlarmEvent))
         self.pipeline.react(alarms)
         if ending:
