@@ -52,6 +52,7 @@ class LogPanes:
         self.first_frame_done = False
         self.fold_auto = True  # fold alike lines once the job has more than FOLD_FROM ranks (until z is pressed)
         self._rank_lines = BUFFER_LINES
+        self._rank_panes = 0  # rank panes made (the "r<N>" buffers)
         # more than TAB_RANKS ranks: no tab per rank, one "pick" tab shows the rank picked
         self.picking = False
         self.picked: str | None = None
@@ -86,7 +87,7 @@ class LogPanes:
             return pane
         pane = self.buffers[key] = PaneBuffer(key)
         if key.startswith("r"):
-            self._ranks_changed()
+            self._ranks_changed(key)
             if not self.picking and not self._sync_due:
                 self._sync_due = True
                 self.app.call_later(self._sync_tabs)
@@ -144,17 +145,20 @@ class LogPanes:
         self.ensure(f"r{rank}")
         return True
 
-    def _ranks_changed(self) -> None:
-        keys = [k for k in self.buffers if k.startswith("r")]
-        if self.fold_auto and len(keys) > FOLD_FROM and self.buffers["merged"].folder is None:
+    def _ranks_changed(self, key: str) -> None:
+        """A rank's pane came (``key``): fold from FOLD_FROM ranks on, and share the lines budget (every
+        pane resized only when the share changes: counted, not listed, so that 1,024 ranks cost 1,024 steps)."""
+        self._rank_panes += 1
+        if self.fold_auto and self._rank_panes > FOLD_FROM and self.buffers["merged"].folder is None:
             self.buffers["merged"].set_folding(True)
-        most = rank_lines(len(keys))
+        most = rank_lines(self._rank_panes)
         if most != self._rank_lines:
             self._rank_lines = most
-            for k in keys:
-                self.buffers[k].resize(most)
+            for k in self.buffers:
+                if k.startswith("r"):
+                    self.buffers[k].resize(most)
         else:
-            self.buffers[keys[-1]].resize(most)
+            self.buffers[key].resize(most)
 
     def toggle_folding(self) -> bool:
         """Fold alike lines in the merged pane, or show every line; True: folding now."""

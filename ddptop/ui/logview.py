@@ -139,9 +139,10 @@ class PaneBuffer:
                 if take < len(lines):  # the folds open now may lack ranks whose lines were left out
                     for f in self.folder.open:
                         f.partial = True
-                fold = self.folder.add
-                for ln in lines[len(lines) - take:]:
-                    fold(ln.rank, ln.stream, ln.text, now, ln.node, ln.seq)
+                kept = lines[len(lines) - take:]
+                if kept:
+                    self.folder.add_many(rank, kept[0].stream, [ln.text for ln in kept], now, kept[0].node,
+                                         [ln.seq for ln in kept])
                 self.total += total
                 self.live_changed = True
                 self.live.pop((lines[-1].rank, lines[-1].stream), None)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from ddptop.core.analysis.line_folds import Folder, alike_key, range_text
+from ddptop.core.analysis.line_folds import Folder, alike_key, alike_keys, range_text
 from ddptop.ui.logview import Line, PaneBuffer, render_lines
 
 
@@ -143,3 +145,23 @@ def test_a_live_flood_beyond_the_fold_rate_is_counted_and_its_folds_say_they_may
     assert lines and all(ln.label.endswith("+") for ln in lines)  # "[r0-345+]": more ranks may have printed it
     _, lines, hidden = flood(False).take_render("")
     assert hidden == 0 and {ln.label for ln in lines} == {"r0-1023"}
+
+
+@given(st.lists(st.text(alphabet=st.sampled_from(list("ab x0123456789.eE-+\t\r\n nanif0xAF")), max_size=30),
+                min_size=1, max_size=8))
+def test_a_batchs_keys_are_each_lines_own_key(texts):
+    """Keys made for a whole batch at once (the replay of a large job) equal each line's own: no number, space or
+    newline of one line leaks into its neighbour's key."""
+    assert alike_keys(texts, "stdout") == [alike_key(t, "stdout") for t in texts]
+    assert alike_keys(texts, "stdout") == [alike_keys([t], "stdout")[0] for t in texts]
+
+
+def test_folding_a_batch_is_folding_its_lines_one_by_one():
+    one, many = Folder(), Folder()
+    for r in range(4):
+        texts = [f"epoch {e} step {s}  loss {r / 7:.3f}" for e in range(3) for s in range(5)] + ["done", "", "  x  "]
+        for t in texts:
+            one.add(r, "stdout", t, now=0.0)
+        many.add_many(r, "stdout", texts, now=0.0)
+    assert [(f.key, f.n, sorted(f.ranks), f.text) for f in one.open] == \
+        [(f.key, f.n, sorted(f.ranks), f.text) for f in many.open]

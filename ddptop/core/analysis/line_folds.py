@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Sequence
 
 _HEX = re.compile(rb"0x[0-9a-fA-F]+")
 _DIGITS = bytes.maketrans(b"0123456789", b"##########")
@@ -33,22 +33,41 @@ OPEN_MAX = 4_096  # folds open at once (the oldest closes first): a replayed ran
 COUNT_MAX = 1_000_000  # (rank, kind) counts kept
 
 
+# runs of whitespace that a key collapses to one space (a lone space stays as it is: most lines have only those)
+_SPACES = re.compile(rb"[ \t\r\x0b\x0c]{2,}|[\t\r\x0b\x0c]")
+_EDGES = re.compile(rb" ?\n ?")
+
+
+def alike_keys(texts: Sequence[str], stream: str = "") -> list[bytes]:
+    """What alike lines share, for each of ``texts``: the text with its
+    numbers masked (hex addresses, nan and inf too), whitespace collapsed and
+    stripped (and the stream: stdout and stderr never fold together).  Runs
+    for every line of a large job, so on bytes and a whole batch at once: one
+    table translation and a few regex passes over the joined lines, not
+    several per line (replaying 1,024 ranks' logs folds 200,000 lines)."""
+    if not texts:
+        return []
+    blob = "\n".join(texts).encode("utf-8", "replace")
+    if blob.count(b"\n") != len(texts) - 1:  # (a text with a newline in it: that one as a space)
+        blob = "\n".join(t.replace("\n", " ") for t in texts).encode("utf-8", "replace")
+    if b"0x" in blob:
+        blob = _HEX.sub(b"#", blob)
+    blob = blob.translate(_DIGITS)
+    if b"#" in blob:
+        blob = _RUN.sub(b"#", blob)
+    if b"nan" in blob or b"inf" in blob or b"NaN" in blob or b"Inf" in blob or b"NAN" in blob or b"INF" in blob:
+        blob = _NANINF.sub(b"#", blob)
+    if b"  " in blob or b"\t" in blob or b"\r" in blob or b"\x0b" in blob or b"\x0c" in blob:  # (rare: scans first)
+        blob = _SPACES.sub(b" ", blob)
+    if b" \n" in blob or b"\n " in blob:
+        blob = _EDGES.sub(b"\n", blob)
+    prefix = stream.encode() + b"\0"
+    return [prefix + k for k in blob.strip(b" ").split(b"\n")]
+
+
 def alike_key(text: str, stream: str = "") -> bytes:
-    """What alike lines share: the text with its numbers masked (hex
-    addresses, nan and inf too), spaces collapsed (and the stream: stdout and
-    stderr never fold together).  Runs for every line of a large job, so on
-    bytes: a table translation first, a regex only where it left a number."""
-    k = text.encode("utf-8", "replace")
-    if b"0x" in k:
-        k = _HEX.sub(b"#", k)
-    k = k.translate(_DIGITS)
-    if b"#" in k:
-        k = _RUN.sub(b"#", k)
-    if b"nan" in k or b"inf" in k or b"NaN" in k or b"Inf" in k or b"NAN" in k or b"INF" in k:
-        k = _NANINF.sub(b"#", k)
-    if b"  " in k or b"\t" in k or k[:1].isspace() or k[-1:].isspace():
-        k = b" ".join(k.split())
-    return stream.encode() + b"\0" + k
+    """``alike_keys`` of one line."""
+    return alike_keys((text,), stream)[0]
 
 
 def range_text(ranks: Iterable[int]) -> str:
@@ -113,6 +132,23 @@ class Folder:
         self.open.append(fold)
         self._by_key[(key, n)] = fold
         return fold, True
+
+    def add_many(self, rank: int, stream: str, texts: Sequence[str], now: float, node: str = "",
+                 seqs: Sequence[int] = ()) -> None:
+        """``add`` for lines of one rank's stream, in order (their keys made at once: ``alike_keys``)."""
+        count, by_key = self._count, self._by_key
+        if len(count) > COUNT_MAX:
+            count.clear()
+        for i, key in enumerate(alike_keys(texts, stream)):
+            n = count[(rank, key)] = count.get((rank, key), 0) + 1
+            fold = by_key.get((key, n))
+            if fold is not None:
+                fold.ranks.add(rank)
+                fold.joined = now
+                continue
+            fold = Fold(key, n, rank, stream, texts[i], node, now, now, {rank}, seq=seqs[i] if seqs else 0)
+            self.open.append(fold)
+            by_key[(key, n)] = fold
 
     def due(self, now: float) -> list[Fold]:
         """Close and return the folds whose time is up, in the order they
