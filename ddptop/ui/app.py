@@ -107,6 +107,7 @@ class DdptopApp(EventFeed, Commands, App[str]):
         Binding("B", "bench", "P2P bench", show=False),
         Binding("end", "follow", "Follow", show=False),
         Binding("home", "top", "Top", show=False),
+        Binding("L", "earlier", "Earlier lines", show=False),
         *(Binding(str(n), f"rank({n})", f"Rank {n}", show=False) for n in range(10)),
     ]
 

@@ -6,6 +6,8 @@ state these read and change.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from textual import work
 from textual.binding import Binding
 from textual.content import Content
@@ -13,7 +15,9 @@ from textual.markup import escape
 from textual.widgets import Input, Static
 
 from ddptop.core.analysis.job_state import culprits_of
+from ddptop.core.model.session_protocol import LocalRun
 from ddptop.core.run.profiles import ProfileError, load_all
+from ddptop.core.sources.log_tailer import read_back
 from ddptop.ui.dialogs import (
     DEFAULT_CHOICE,
     FixScreen,
@@ -24,7 +28,7 @@ from ddptop.ui.dialogs import (
 )
 from ddptop.ui.gpu_pane import GpuPane
 from ddptop.ui.header import env_markup
-from ddptop.ui.logview import Line
+from ddptop.ui.logview import LOG_MAX_LINES, RERENDER_LINES, Line
 from ddptop.ui.stacks_screen import StacksScreen
 from ddptop.ui.tool_screens import BenchScreen, DoctorScreen
 
@@ -268,6 +272,63 @@ class Commands:
             else:
                 self.notify(f"relaunch failed: {why}", severity="error", timeout=10)
         self._refresh_header()
+
+    def action_earlier(self) -> None:
+        """L: the active pane's earlier lines, a thousand at a time: first those it holds but has not
+        written, then, for a rank's pane that no longer holds them (a large job keeps each rank's newest),
+        read back from the journal when it is on this machine."""
+        key = self.logs.active_key()
+        pane = self.logs.buffers.get(key)
+        if pane is None:
+            return
+        if pane.window >= LOG_MAX_LINES - 1:
+            self.notify(f"this pane shows its {pane.window:,} newest lines at most; the others are in the journal "
+                        f"({self.session.location})", timeout=8)
+            return
+        more = min(RERENDER_LINES, LOG_MAX_LINES - 1 - pane.window)
+        if pane.window >= len(pane.lines):
+            if not pane.evicted:
+                self.notify("no earlier lines", timeout=3)
+                return
+            got, why = self._read_back(pane, min(more, pane.evicted))
+            if not got:
+                self.notify(why, title="earlier lines", severity="warning", timeout=10)
+                return
+            pane.earlier(got)
+            more = len(got)  # (with its separator line)
+        pane.window += more
+        pane.dirty = True
+        self.logs.render_active()
+        self.action_top()
+
+    def _read_back(self, pane, most: int) -> tuple[list[Line], str]:
+        """Up to ``most`` lines older than every line ``pane`` holds, read back from the journal (for each file
+        its oldest held line came from, that file's lines before it), and why none when none."""
+        loc = self.session.location
+        base = loc.run_dir if isinstance(loc, LocalRun) else None
+        oldest: dict[str, int] = {}
+        rank = stream = None
+        node = ""
+        for ln in pane.lines:
+            if ln.src is not None and ln.src[0] not in oldest:
+                oldest[ln.src[0]] = ln.src[1]
+                rank, stream, node = ln.rank, ln.stream, ln.node
+        if not oldest:
+            return [], "the lines this pane holds do not say where they are in the journal"
+        files = {path: (Path(path) if Path(path).is_absolute() else base / path if base is not None else None)
+                 for path in oldest}
+        if any(f is None for f in files.values()):
+            return [], f"the earlier lines are in the journal on the node: {loc} ({', '.join(oldest)})"
+        got: list[Line] = []
+        for path, f in files.items():
+            chunk = read_back(f, oldest[path], max(1, most // len(files)))
+            if not chunk.texts:
+                continue
+            sep = Line(-1, "sep", f"── {len(chunk.texts):,} earlier lines of {path}, read back from the journal ──",
+                       "dim")
+            got += [sep] + [Line(rank, stream if len(files) == 1 else ("stderr" if "stderr" in path else "stdout"),
+                                 t, "", node, src=(path, o)) for o, t in zip(chunk.offsets, chunk.texts)]
+        return got, "" if got else "no earlier lines in the journal"
 
     def action_top(self) -> None:
         log = self.logs.active_log()

@@ -30,6 +30,8 @@ HELP_TEXT = """\
   [b]enter[/b] on a rank  open that rank's log
   [b]/[/b]              filter log lines (case-insensitive); [b]esc[/b] clears
   [b]end[/b] / [b]home[/b]     follow the log / go to its top
+  [b]L[/b]              a thousand earlier lines (a large job's rank pane
+                 keeps its newest: the others are read back from the journal)
   [b]w[/b]              wrap long lines on/off
   [b]z[/b]              merged log: fold alike lines of many ranks into one
                  (\\[r0-1023] epoch 3 …; on by itself above 8 ranks)

@@ -118,7 +118,7 @@ class EventFeed:
                 if isinstance(ev, LogBatch):
                     if ev.rank is not None and self.logs.ensure_rank(ev.rank):
                         new_ranks = True
-                    self.logs.add_batch(ev.rank, ev.stream, ev.done, ev.node)
+                    self.logs.add_batch(ev.rank, ev.stream, ev.done, ev.node, ev.path, ev.offsets)
                     if ev.live is not None:
                         self.logs.set_live(ev.rank, ev.stream, ev.live)
                     continue

@@ -208,14 +208,20 @@ class LogPanes:
             key = self.key_of(line.rank)
             (self.buffers.get(key) or self.ensure(key)).add(line)
 
-    def add_batch(self, rank: int | None, stream: str, texts, node: str = "") -> None:
+    def add_batch(self, rank: int | None, stream: str, texts, node: str = "", path: str = "",
+                  offsets=()) -> None:
         """The ended lines of one batch (a LogBatch's ``done``), for the merged
         pane and their rank's (or torchrun's): one Line object for each line a
-        pane can keep, not for each line of the batch."""
+        pane can keep, not for each line of the batch.  ``path`` and
+        ``offsets``: where each line is in the journal (read back from there
+        once its pane no longer holds it)."""
         n = len(texts)
         if not n:
             return
         lines = [Line(rank, stream, t, "", node) for t in texts[-BUFFER_LINES:]]
+        if path and len(offsets) >= n:
+            for ln, off in zip(lines, offsets[n - len(lines):n]):
+                ln.src = (path, off)
         self.buffers["merged"].add_many(lines, n)
         key = self.key_of(rank)
         (self.buffers.get(key) or self.ensure(key)).add_many(lines, n)
@@ -278,7 +284,8 @@ class LogPanes:
                 pane.dirty = True  # whole, once the first frame is painted (after_first_frame)
             if full:
                 log.clear()
-            text = logview.render_lines(lines, pane.merged, self.palette, hidden, full, self.multi_node)
+            text = logview.render_lines(lines, pane.merged, self.palette, hidden, full, self.multi_node,
+                                        bool(self.filter))
             if text is not None:
                 log.write(text, scroll_end=None)
             if pane.live_changed or full:

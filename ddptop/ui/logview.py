@@ -70,6 +70,7 @@ class Line:
     node: str = ""  # the attached node it came from ("" for a local run)
     label: str = ""  # the ranks of a folded line ("r0-1023"): its prefix, in place of its rank's
     seq: int = field(default_factory=_SEQ.__next__)  # the order lines came in, across panes
+    src: tuple[str, int] | None = None  # (its file, relative to the run directory, or absolute; its byte offset)
     _low: str | None = None
 
     def low(self) -> str:
@@ -95,6 +96,21 @@ class PaneBuffer:
     fold_capped: bool = True  # live: fold at most FOLD_RATE lines/s (a finished run's replay folds every line)
     _fold_room: float = 0.0
     _fold_t: float = 0.0
+    window: int = RERENDER_LINES  # lines a full re-render writes (widened by "earlier lines")
+
+    @property
+    def evicted(self) -> int:
+        """Lines this pane got and no longer holds (a rank's pane of a large job keeps its newest; the journal
+        keeps them all).  The merged pane's are not counted: its lines are its ranks' panes'."""
+        return 0 if self.merged else max(0, self.total - len(self.lines))
+
+    def earlier(self, lines: list[Line]) -> None:
+        """Lines read back from the journal, older than every line held: put before them (and held too)."""
+        if lines:
+            self.lines = deque([*lines, *self.lines], maxlen=(self.lines.maxlen or len(self.lines)) + len(lines))
+            self.total += sum(1 for ln in lines if ln.stream == "sep")  # (a separator is no line of the rank's)
+            self.total = max(self.total, len(self.lines))
+            self.dirty = True
 
     def add(self, line: Line, now: float | None = None) -> None:
         if self.folder is not None:
@@ -237,9 +253,9 @@ class PaneBuffer:
             self.dirty = False
             self.pending = []
             lines = self.matching(needle, self.lines)
-            hidden = max(0, len(lines) - RERENDER_LINES) + self.skipped
+            hidden = max(0, len(lines) - self.window) + self.skipped + (0 if needle else self.evicted)
             self.skipped = 0
-            return True, lines[-RERENDER_LINES:], hidden
+            return True, lines[-self.window:], hidden
         lines = self.matching(needle, self.pending)
         self.pending = []
         hidden = max(0, len(lines) - TICK_LINES) + self.skipped
@@ -264,13 +280,14 @@ def prefix_of(rank: int | None, node: str = "") -> str:
 
 
 def render_lines(lines: list[Line], merged: bool, palette: list[str], hidden: int, full: bool,
-                 nodes: bool = False) -> Text | None:
+                 nodes: bool = False, filtered: bool = False) -> Text | None:
     """Many lines -> one Text (one RichLog.write call).  ``nodes``: the job spans
     several nodes, so torchrun's lines say which node they come from."""
     parts: list[Text] = []
     if hidden:
-        what = "earlier matching lines" if full else "lines"
-        parts.append(Text(f"… {hidden} {what} not shown (all in the journal)", style="dim italic", end=""))
+        what = ("earlier matching lines" if filtered else "earlier lines") if full else "lines"
+        more = "; L shows earlier ones" if full and not merged else ""
+        parts.append(Text(f"… {hidden:,} {what} not shown (all in the journal{more})", style="dim italic", end=""))
     for ln in lines:
         try:
             body = to_text(ln.text)

@@ -267,3 +267,61 @@ class Tailer:
         if not texts:
             return EMPTY
         return Chunk(offsets, texts, tuple(partial), transient)
+
+
+BACK_STEP = 64 * 1024  # bytes read at a time while looking backwards for line starts
+BACK_MOST = 16 * 1024 * 1024  # bytes one read-back reads at most (its oldest lines are left for the next)
+
+
+def read_back(path: str | os.PathLike, end: int, most: int, max_line: int = MAX_LINE) -> Chunk:
+    """The last ``most`` lines of ``path`` that end before byte ``end`` (a
+    line start: a kept line's offset), read as a ``Tailer`` reads them
+    (invalid UTF-8 replaced, over-long lines cut, a ``\\r`` line as its last
+    update), with their offsets: lines a viewer no longer holds, read back
+    from the journal.  At most ``BACK_MOST`` bytes are read; ``EMPTY`` when
+    the file cannot be read or nothing comes before ``end``."""
+    if end <= 0 or most <= 0:
+        return EMPTY
+    start, found, pos = 0, 0, end - 1  # (the newline at end - 1 ends the line before ``end``)
+    try:
+        with open(path, "rb") as f:
+            while pos > 0 and end - pos < BACK_MOST:
+                lo = max(0, pos - BACK_STEP)
+                f.seek(lo)
+                buf = f.read(pos - lo)
+                i = len(buf)
+                while True:
+                    i = buf.rfind(b"\n", 0, i)
+                    if i < 0:
+                        break
+                    found += 1
+                    if found == most:
+                        start = lo + i + 1
+                        break
+                if found == most:
+                    break
+                pos = lo
+            else:
+                start = 0 if pos <= 0 else pos
+    except OSError:
+        return EMPTY
+    t = Tailer(path, start, max_line)
+    offsets: list[int] = []
+    texts: list[str] = []
+    partial: list[int] = []
+    try:
+        while t.pos < end:
+            c = t.read_chunk(min(READ_CHUNK, end - t.pos))
+            if not c.texts and t.pos < end and t.at_eof():
+                break
+            for i, (o, text) in enumerate(zip(c.offsets, c.texts)):
+                if o >= end or (c.transient and i == len(c.texts) - 1):
+                    continue
+                if i in c.partial:
+                    partial.append(len(texts))
+                offsets.append(o)
+                texts.append(text)
+    finally:
+        t.close()
+    return Chunk(offsets[-most:], texts[-most:], tuple(p - max(0, len(texts) - most) for p in partial
+                                                          if p >= len(texts) - most))

@@ -1,0 +1,84 @@
+"""A rank's earlier lines, when its pane no longer holds them (a large job's rank panes share one budget, each
+keeping its newest lines): the pane says how many are not shown, and ``L`` brings them back a thousand at a
+time, read back from the journal, down to the rank's first line.  The budget is made small here so that two
+ranks show what 1,024 would (the mechanism is the same); what is shown, never how fast."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+pytest.importorskip("textual")
+
+from textual.widgets import RichLog  # noqa: E402
+
+from ddptop.core.run.run_session import Session  # noqa: E402
+from ddptop.core.sources.log_tailer import Tailer, read_back  # noqa: E402
+from ddptop.ui import log_panes  # noqa: E402
+from ddptop.ui.app import make_app  # noqa: E402
+from conftest import rank_started, write_run  # noqa: E402
+from helpers import wait_until  # noqa: E402
+
+LINES = 3_000
+
+
+def text_of(app, key: str) -> list[str]:
+    return [strip.text for strip in app.query_one(f"#log-{key}", RichLog).lines]
+
+
+def test_earlier_lines_come_back_from_the_journal(tmp_path, monkeypatch):
+    monkeypatch.setattr(log_panes, "RANK_LINES_BUDGET", 2_000)  # 1,000 lines a rank pane, of 3,000
+    monkeypatch.setattr(log_panes, "RANK_LINES_MIN", 100)
+    now = time.time()
+    events = [{"t": now, "kind": "state", "state": "running"}] + [rank_started(now, r, 10_000 + r) for r in (0, 1)]
+    logs = {r: "".join(f"rank {r} line {i} caf\u00e9\n" for i in range(LINES)) for r in (0, 1)}
+    run = write_run(tmp_path, events=events, logs=logs, nproc=2)
+
+    async def go():
+        app = make_app(Session.open(run), poll_interval=0.02)
+        async with app.run_test(size=(160, 45)) as pilot:
+            await pilot.press("1")  # rank 1's pane
+            await wait_until(pilot, lambda: f"rank 1 line {LINES - 1} café" in text_of(app, "r1"), timeout=60,
+                             what="rank 1's last line")
+            head = " ".join(s.strip() for s in text_of(app, "r1")[:3])
+            assert "… 2,000 earlier" in head and "L shows earlier ones" in head, head
+            lines = [s for s in text_of(app, "r1") if s.startswith("rank 1 line")]
+            assert lines[0] == "rank 1 line 2000 café" and len(lines) == 1_000, lines[:2]
+            await pilot.press("L")  # 1,000 more, read back from the journal
+            await wait_until(pilot, lambda: "rank 1 line 1000 café" in text_of(app, "r1"), timeout=10,
+                             what="the lines read back")
+            shown = text_of(app, "r1")
+            head = " ".join(s.strip() for s in shown[:4])
+            assert "… 1,000 earlier" in head and "1,000 earlier lines of" in head and "read back from the journal" \
+                in head, head
+            lines = [s for s in shown if s.startswith("rank 1 line")]
+            assert lines[0] == "rank 1 line 1000 café" and len(lines) == 2_000, lines[:2]
+            await pilot.press("L")
+            await wait_until(pilot, lambda: "rank 1 line 0 café" in text_of(app, "r1"), timeout=10,
+                             what="the rank's first line")
+            shown = [s for s in text_of(app, "r1") if s.startswith("rank 1 line")]
+            assert shown == [f"rank 1 line {i} café" for i in range(LINES)]  # every line once, in order
+            assert not any(s.startswith("rank 0") for s in text_of(app, "r1"))
+            await pilot.press("L")  # nothing more: said, nothing changes
+            await pilot.pause(0.2)
+            assert [s for s in text_of(app, "r1") if s.startswith("rank 1 line")] == shown
+
+    asyncio.run(asyncio.wait_for(go(), 240))
+
+
+def test_read_back_is_what_the_tailer_read_before_an_offset(tmp_path):
+    """Lines before a held line's offset, as the tailer reads them: invalid UTF-8 replaced, a 10 MB line cut,
+    a progress line's last update; the first line of the file and nothing before it."""
+    f = tmp_path / "stdout.log"
+    f.write_bytes(b"first\n" + b"bad \xff\xfe\n" + b"x" * 10_000_000 + b"\n" + b"bar 1\rbar 2\n" + b"last\n")
+    t = Tailer(f)
+    whole = t.read_chunk(1 << 30)
+    t.close()
+    last = whole.offsets[-1]
+    for most in (1, 2, 4, 10):
+        back = read_back(f, last, most)
+        assert back.texts == whole.texts[:-1][-most:] and back.offsets == whole.offsets[:-1][-most:]
+    assert read_back(f, last, 10).partial == (2,)  # the long line, cut as the tailer cuts it
+    assert read_back(f, 0, 5).texts == [] and read_back(tmp_path / "gone.log", 100, 5).texts == []
