@@ -15,7 +15,10 @@ launching it as torchrun would, must:
   ("gpu-wait"): from the CUDA frames of a native dump, or from NVML;
 * do it both ways a CUDA wait can look: spinning (CUDA's default) and asleep on
   a blocking event (``cudaEventBlockingSync``, the form that makes a waiting
-  rank look idle rather than busy);
+  rank look idle rather than busy); and at a kernel's first launch behind the
+  wedged kernel (lazy module loading holds it), said as a launch with the
+  eager-load profile first, which under ``CUDA_MODULE_LOADING=EAGER`` moves
+  the wait to the sync;
 * stop the job it launched with ``--on-stall kill`` (exit 124), no rank left.
 
 Figures (the alarm's latency after the missed step, the GPU's utilisation)
@@ -63,6 +66,8 @@ for step in range(1, 100_000):
     if step == wedge:
         print("the GPU wedges now (a kernel that does not end)", flush=True)
         torch.cuda._sleep(10 ** 12)  # minutes of GPU time in one kernel
+        if how == "launch":
+            first = x.cumsum(0)  # WAIT launch
     if how == "blocking":
         done = torch.cuda.Event(blocking=True)
         done.record()
@@ -77,11 +82,21 @@ def line_of(marker: str) -> int:
     return 1 + next(i for i, line in enumerate(JOB.splitlines()) if line.endswith(marker))
 
 
-@pytest.mark.parametrize("how", ["spin", "blocking"])
-def test_a_wedged_gpu_alarms_with_the_rank_at_its_cuda_wait(tmp_path, how):
+# how the rank meets the wedged GPU, the line it waits at, and the environment: at a sync (spinning, or asleep
+# on a blocking event); at the first launch of a kernel (under CUDA's lazy module loading a first launch waits
+# for the kernels running: on an H100 it sat in cuLaunchKernel, tests/data/h100/); and the same job under the
+# eager-load profile's CUDA_MODULE_LOADING=EAGER, where that launch returns and the rank waits at its sync
+CASES = {"spin": ("spin", "spin", {}), "blocking": ("blocking", "blocking", {}), "launch": ("launch", "launch", {}),
+         "launch-eager": ("launch", "spin", {"CUDA_MODULE_LOADING": "EAGER"})}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_wedged_gpu_alarms_with_the_rank_at_its_cuda_wait(tmp_path, case):
+    how, at, extra = CASES[case]
     script = tmp_path / "one_gpu_job.py"
     script.write_text(JOB)
-    env = dict(os.environ, DDPTOP_RUNS_DIR=str(tmp_path / "runs"), DDPTOP_MIN_SILENCE="5", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, DDPTOP_RUNS_DIR=str(tmp_path / "runs"), DDPTOP_MIN_SILENCE="5", PYTHONUNBUFFERED="1",
+               **extra)
     env.pop("CUDA_VISIBLE_DEVICES", None) if env.get("CUDA_VISIBLE_DEVICES") == "" else None
     p = subprocess.Popen([sys.executable, "-m", "ddptop", "--json", "--gpu", "auto", "--on-stall", "kill",
                           "torchrun", "--nproc-per-node", "1", str(script), how, "20"],
@@ -101,7 +116,7 @@ def test_a_wedged_gpu_alarms_with_the_rank_at_its_cuda_wait(tmp_path, how):
     stalls = [e for e in events if e["kind"] == "alarm" and e["type"] == "stall"]
     steps = [e for e in events if e["kind"] == "log" and e.get("rank") == 0 and e["text"].startswith("step ")]
     gpus = [e for e in events if e["kind"] == "gpu"]
-    print(f"\n[{how}] exit {p.returncode}; {len(steps)} steps, {len(gpus)} GPU samples, {len(stalls)} stall alarm(s)")
+    print(f"\n[{case}] exit {p.returncode}; {len(steps)} steps, {len(gpus)} GPU samples, {len(stalls)} stall alarm(s)")
     assert p.returncode == 124, err[-3000:]
     assert not left, f"ranks {left} outlived the kill"
     assert len(stalls) == 1, stalls
@@ -118,9 +133,13 @@ def test_a_wedged_gpu_alarms_with_the_rank_at_its_cuda_wait(tmp_path, how):
     w0 = a["where"].get("0") or ([e for e in samples if e["t"] <= a["t"]] or samples)[-1]["where"]["0"]
     print(f"rank 0: {w0['kind']} (gpu {w0.get('gpu')!r}, native {w0.get('native')!r}) at line {w0['line']}: "
           f"{w0['text']}")
-    assert Path(w0["file"]).name == script.name and w0["line"] == line_of(f"# WAIT {how}"), w0
+    assert Path(w0["file"]).name == script.name and w0["line"] == line_of(f"# WAIT {at}"), w0
     assert w0["kind"] == "gpu-wait", w0
-    wait = "loss.item()" if how == "spin" else "done.synchronize()"
-    assert f"Rank 0 waits on the GPU at {script.name}:{line_of(f'# WAIT {how}')} `" in a["message"], a["message"]
+    wait = {"spin": "loss.item()", "blocking": "done.synchronize()", "launch": "x.cumsum(0)"}[at]
+    assert f"Rank 0 waits on the GPU at {script.name}:{line_of(f'# WAIT {at}')} `" in a["message"], a["message"]
     assert wait in a["message"] and re.search(r"its GPU at (9\d|100)%", a["message"]), a["message"]
     assert busy and max(busy) >= 90, busy
+    launching = "waits inside a kernel launch" in a["message"]
+    print(f"suggested profiles: {a['suggested_profiles']}")
+    assert launching == (at == "launch"), a["message"]
+    assert (a["suggested_profiles"][:1] == ["eager-load"]) == (at == "launch"), a["suggested_profiles"]
