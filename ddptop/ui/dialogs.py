@@ -28,6 +28,7 @@ HELP_TEXT = """\
   [b]t[/b]              torchrun's own output
   [b]tab[/b] / [b]shift+tab[/b]  next / previous log pane
   [b]enter[/b] on a rank  open that rank's log
+  [b]enter[/b] on a node  open it into its ranks / close it ([b]→[/b] / [b]←[/b] too)
   [b]/[/b]              filter log lines (case-insensitive); [b]esc[/b] clears
   [b]end[/b] / [b]home[/b]     follow the log / go to its top
   [b]L[/b]              a thousand earlier lines (a large job's rank pane
@@ -55,6 +56,10 @@ HELP_TEXT = """\
 Rank table: GPU ("?" = mapping guessed; in a container, ranks map to
   GPUs by device: CUDA_VISIBLE_DEVICES / LOCAL_RANK), CPU % of one core, RSS,
   process status, threads, workers (child processes and their CPU %).
+  Above 16 ranks on more than one node: a row per node (▸ r8-15, ▾ open),
+  the worst state of its ranks (culprit, dead, frozen, behind), its step
+  range and slowest rank (120-121 (r9)), the odd nodes first; the alarm's
+  culprit stays on top, its node open beneath it.
 GPU pane: utilisation and its history, memory, power and its history,
   temperature, ranks on it ("r0?" = guessed), memory-bandwidth use,
   SM clock, PCIe link, throttle reasons, ECC errors / retired pages.

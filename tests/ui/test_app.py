@@ -359,7 +359,7 @@ def test_bad_events_do_not_crash(tmp_path):
 def test_a_row_that_cannot_be_drawn_says_so_once_and_the_others_go_on(tmp_path, monkeypatch, ui_errors):
     """A failure while drawing one rank's row (or the header) is a note in the
     log, once, not a row frozen in silence; the other rows keep updating."""
-    import ddptop.ui.rank_table as table_mod
+    import ddptop.ui.rank_rows as table_mod
 
     real = table_mod.rank_cells
 

@@ -181,7 +181,7 @@ def test_ranks_mapped_by_device_in_a_container_are_no_guess(tmp_path):
     run_async(go())
     from ddptop.core.model.events import ProcEvent
     from ddptop.core.analysis.job_state import RankInfo
-    from ddptop.ui.rank_table import rank_cells
+    from ddptop.ui.rank_rows import rank_cells
 
     sample = ProcEvent(1.0, rank=0, pid=42, gpu=3, gpu_mapping="device")
     assert rank_cells(RankInfo(0, pid=42, alive=True, proc=sample), False, None)["gpu"] == "3"

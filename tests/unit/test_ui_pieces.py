@@ -70,7 +70,7 @@ def test_an_ended_rank_shows_no_live_process_figures():
     """After a rank exits its row must not keep saying `running` at 66% CPU."""
     from ddptop.core.model.events import ProcEvent
     from ddptop.core.analysis.job_state import RankInfo
-    from ddptop.ui.rank_table import rank_cells
+    from ddptop.ui.rank_rows import rank_cells
 
     sample = ProcEvent(1.0, rank=0, pid=42, cpu=66.0, rss=300 << 20, status="running", threads=4,
                        children=2, children_cpu=10.0, gpu=0, gpu_mapping="nvml")
