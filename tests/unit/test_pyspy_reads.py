@@ -129,3 +129,17 @@ def test_a_python_only_read_of_the_launch_blocked_rank_shows_it_running_at_its_l
     py = rank_state(parse_dump((DATA / "h100" / "launch_behind_sleeps.nonblocking.txt").read_text()))
     assert py.kind != "gpu-wait" and py.state == "active", py
     assert py.user is not None and (Path(py.user.file).name, py.user.line) == ("child.py", 37), py.user
+
+
+def test_diagnose_of_a_saved_launch_wait_dump_names_eager_loading_and_of_a_sync_wait_does_not():
+    """`ddptop diagnose` on the H100 dumps: a rank held in a kernel launch gets the launch sentence and the
+    eager-load profile (text and JSON); a rank waiting at a sync gets neither."""
+    from ddptop.core.tools.diagnose import stacks_report
+
+    rep = stacks_report([str(DATA / "h100" / "launch_behind_sleeps.native.txt")])
+    assert rep is not None and rep.to_dict()["suggested_profiles"] == ["eager-load"]
+    text = "\n".join(rep.lines())
+    assert "waits inside a kernel launch" in text and "try: --profile eager-load" in text, text
+    sync = stacks_report([str(DATA / "h100" / "cuda_spin_item.native.txt")])
+    assert sync is not None and sync.to_dict()["suggested_profiles"] == []
+    assert "kernel launch" not in "\n".join(sync.lines())

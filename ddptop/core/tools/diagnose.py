@@ -29,11 +29,13 @@ from ddptop.core.analysis.culprits import (
     lost_peers,
 )
 from ddptop.core.analysis.failure_ranking import collective_counters, counter_verdict
+from ddptop.core.analysis.native_frames import is_launch
 from ddptop.core.analysis.prefixes import PrefixReader
 from ddptop.core.analysis.ras_verdict import verdict as ras_verdict
 from ddptop.core.analysis.signature_catalog import CONSEQUENCE
 from ddptop.core.analysis.signatures import Finding
 from ddptop.core.analysis.stack_verdict import verdict
+from ddptop.core.analysis.wording import launch_words
 from ddptop.core.model import run_dirs
 from ddptop.core.model.events import AlarmEvent, LogBatch
 from ddptop.core.model.evidence import StackEvidence, Where, ranks_text
@@ -278,7 +280,8 @@ class StacksReport:
                             "text": self._label(g.text), "culprit": g.culprit} for g in v.groups],
                 "ranks": {str(r): self.rank_dict(w) for r, w in sorted(v.where.items())},
                 "by_pid": sorted(self.dumps.by_pid), "summary": self._label(v.summary),
-                "formats": sorted(self.dumps.formats), "sources": self.dumps.sources, "notes": self.dumps.notes}
+                "formats": sorted(self.dumps.formats), "sources": self.dumps.sources, "notes": self.dumps.notes,
+                "launching": self.launching, "suggested_profiles": ["eager-load"] if self.launching else []}
 
     def lines(self) -> list[str]:
         v = self.evidence
@@ -306,8 +309,17 @@ class StacksReport:
             out.append("  no native frames in the dumps of " + ", ".join(self.dumps.label(r) for r in no_native) +
                        " (py-spy without --native, or its unwinding failed): where they wait in C is not known")
         out.append(f"  summary: {self._label(v.summary)}")
+        launching = self.launching
+        if launching:
+            out.append("  " + self._label(launch_words(launching)))
+            out.append("  try: --profile eager-load")
         out += [f"  note: {x}" for x in self.dumps.notes]
         return out
+
+    @property
+    def launching(self) -> list[int]:
+        """The ranks (or pids) held inside a kernel launch (see ``native_frames.is_launch``)."""
+        return sorted(r for r, w in self.evidence.where.items() if w.kind == "gpu-wait" and is_launch(w.native))
 
 
 def stacks_report(paths: list[str], gpu_job: bool = False) -> StacksReport | None:
