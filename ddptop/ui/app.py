@@ -37,7 +37,8 @@ from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
 
 from ddptop.core.analysis.job_state import JobState
-from ddptop.core.model.session_protocol import JobSession, Nodes, RemoteRun
+from ddptop.core.model import run_dirs
+from ddptop.core.model.session_protocol import JobSession, LocalRun, Nodes, RemoteRun
 from ddptop.ui.alarm_box import AlarmBox, is_recent
 from ddptop.ui.commands import Commands, FilterInput, PickInput
 from ddptop.ui.event_feed import TABLE_EVERY, EventFeed
@@ -112,11 +113,15 @@ class DdptopApp(EventFeed, Commands, App[str]):
     ]
 
     MAIN_ACTIONS = {"request_quit", "help", "open_filter", "open_picker", "toggle_folding", "pane", "cycle", "rank", "follow", "top", "clear_filter", "toggle_wrap", "toggle_gpus",
-                    "relaunch", "toggle_env", "stacks", "stacks_pane", "doctor", "bench", "fix"}
+                    "relaunch", "toggle_env", "stacks", "stacks_pane", "doctor", "bench", "fix", "earlier"}
 
     def __init__(self, session: JobSession, *, theme: str | None = None, poll_interval: float = 0.1) -> None:
         super().__init__()
         self.session = session
+        # a run that had ended when opened: its replay folds every line (a live job's flood is capped, and a
+        # replay's final state comes only once every file is read, too late to tell it by)
+        loc = session.location
+        self._replay = not session.is_live or (isinstance(loc, LocalRun) and (loc.run_dir / run_dirs.EXIT).exists())
         self.poll_interval = poll_interval
         self.model = JobState()
         self._requested_theme = theme

@@ -6,6 +6,7 @@ state these read and change.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from textual import work
@@ -15,7 +16,7 @@ from textual.markup import escape
 from textual.widgets import Input, Static
 
 from ddptop.core.analysis.job_state import culprits_of
-from ddptop.core.model.session_protocol import LocalRun
+from ddptop.core.model.session_protocol import LocalRun, PodLogs
 from ddptop.core.run.profiles import ProfileError, load_all
 from ddptop.core.sources.log_tailer import read_back
 from ddptop.ui.dialogs import (
@@ -298,36 +299,48 @@ class Commands:
             more = len(got)  # (with its separator line)
         pane.window += more
         pane.dirty = True
-        self.logs.render_active()
-        self.action_top()
+        self.logs.render_active(top=True)
 
     def _read_back(self, pane, most: int) -> tuple[list[Line], str]:
-        """Up to ``most`` lines older than every line ``pane`` holds, read back from the journal (for each file
-        its oldest held line came from, that file's lines before it), and why none when none."""
+        """Up to ``most`` lines older than every line ``pane`` holds, read back from the journal: from each
+        file it got lines of, those before the oldest line of it that it holds (or, holding none, all it got:
+        a rank's early warnings on stderr, an earlier attempt), a block per file, the earlier attempts first,
+        and why none when none."""
         loc = self.session.location
+        if isinstance(loc, PodLogs):
+            return [], f"the earlier lines are only in `kubectl logs` of the pods ({loc}): pods keep no journal"
         base = loc.run_dir if isinstance(loc, LocalRun) else None
-        oldest: dict[str, int] = {}
-        rank = stream = None
-        node = ""
-        for ln in pane.lines:
-            if ln.src is not None and ln.src[0] not in oldest:
-                oldest[ln.src[0]] = ln.src[1]
-                rank, stream, node = ln.rank, ln.stream, ln.node
-        if not oldest:
+        if not pane.sources:
             return [], "the lines this pane holds do not say where they are in the journal"
+        ends = dict(pane.sources)
+        held: set[str] = set()
+        for ln in pane.lines:
+            if ln.src is not None and ln.src[0] not in held:
+                held.add(ln.src[0])
+                ends[ln.src[0]] = ln.src[1]  # (the oldest line held of that file)
         files = {path: (Path(path) if Path(path).is_absolute() else base / path if base is not None else None)
-                 for path in oldest}
+                 for path in ends if ends[path] > 0}
+        if not files:
+            return [], "no earlier lines in the journal"
         if any(f is None for f in files.values()):
-            return [], f"the earlier lines are in the journal on the node: {loc} ({', '.join(oldest)})"
+            return [], f"the earlier lines are in the journal on the node: {loc} ({', '.join(files)})"
+        rank = int(pane.key[1:]) if pane.key.startswith("r") else None
+        node = next((ln.node for ln in pane.lines if ln.node), "")
+
+        def order(path: str) -> tuple[int, int, str]:
+            m = re.search(r"attempt_(\d+)", path)
+            return (int(m.group(1)) if m else 0, "stderr" in path, path)
+
         got: list[Line] = []
-        for path, f in files.items():
-            chunk = read_back(f, oldest[path], max(1, most // len(files)))
+        for path in sorted(files, key=order):
+            chunk = read_back(files[path], ends[path], max(1, most // len(files)))
             if not chunk.texts:
                 continue
-            sep = Line(-1, "sep", f"── {len(chunk.texts):,} earlier lines of {path}, read back from the journal ──",
-                       "dim")
-            got += [sep] + [Line(rank, stream if len(files) == 1 else ("stderr" if "stderr" in path else "stdout"),
-                                 t, "", node, src=(path, o)) for o, t in zip(chunk.offsets, chunk.texts)]
+            stream = "stderr" if "stderr" in path else "stdout"
+            got.append(Line(-1, "sep", f"── {len(chunk.texts):,} earlier lines of {path}, read back from the "
+                                       "journal ──", "dim"))
+            got += [Line(rank, stream, t, "", node, src=(path, o)) for o, t in zip(chunk.offsets, chunk.texts)]
+            pane.sources[path] = chunk.offsets[0]  # (a file it holds nothing of now begins there)
         return got, "" if got else "no earlier lines in the journal"
 
     def action_top(self) -> None:

@@ -31,8 +31,9 @@ HELP_TEXT = """\
   [b]enter[/b] on a node  open it into its ranks / close it ([b]→[/b] / [b]←[/b] too)
   [b]/[/b]              filter log lines (case-insensitive); [b]esc[/b] clears
   [b]end[/b] / [b]home[/b]     follow the log / go to its top
-  [b]L[/b]              a thousand earlier lines (a large job's rank pane
-                 keeps its newest: the others are read back from the journal)
+  [b]L[/b]              a thousand earlier lines (a large job's rank
+                 pane keeps its newest: the rest comes from the
+                 journal)
   [b]w[/b]              wrap long lines on/off
   [b]z[/b]              merged log: fold alike lines of many ranks into one
                  (\\[r0-1023] epoch 3 …; on by itself above 8 ranks)
@@ -42,10 +43,11 @@ HELP_TEXT = """\
   [b]e[/b]              show / hide the launch's profiles and env diff
   [b]p[/b]              capture every rank's Python stack now (py-spy);
                  also done by itself at a stall
-  [b]s[/b]              the stacks pane: the last samples grouped by stack,
-                 the culprit first, where the groups part marked; every
-                 node's samples judged together; in it, [b]n[/b] opens the
-                 groups of more than 8 ranks into their ranks by node
+  [b]s[/b]              the stacks pane: the last samples grouped by
+                 stack, the culprit first, where the groups part
+                 marked; every node's samples judged together; in
+                 it, [b]n[/b] opens the groups of more than 8 ranks
+                 into their ranks by node
   [b]D[/b]              ddptop doctor: this machine's preflight checks
   [b]B[/b]              GPU P2P / all-reduce benchmark (starts on enter)
   [b]F[/b]              stop the job and run ddptop fix (a profile search)

@@ -112,7 +112,7 @@ class EventFeed:
             self._add_line(Line(-1, "note", f"could not apply events: {e}", "bold"))
         new_ranks = False
         # a finished run's replay folds every line; a live job's flood is capped (logview.FOLD_RATE)
-        self.logs.buffers["merged"].fold_capped = not self._job_ended()
+        self.logs.buffers["merged"].fold_capped = not (self._replay or self._job_ended())
         for ev in events:
             try:
                 if isinstance(ev, LogBatch):

@@ -219,12 +219,14 @@ class LogPanes:
         if not n:
             return
         lines = [Line(rank, stream, t, "", node) for t in texts[-BUFFER_LINES:]]
+        key = self.key_of(rank)
+        own = self.buffers.get(key) or self.ensure(key)
         if path and len(offsets) >= n:
             for ln, off in zip(lines, offsets[n - len(lines):n]):
                 ln.src = (path, off)
+            own.sources[path] = offsets[n - 1] + len(texts[n - 1].encode("utf-8", "replace")) + 1
         self.buffers["merged"].add_many(lines, n)
-        key = self.key_of(rank)
-        (self.buffers.get(key) or self.ensure(key)).add_many(lines, n)
+        own.add_many(lines, n)
 
     def set_live(self, rank: int | None, stream: str, text: str) -> None:
         """A progress bar's latest redraw (shown under the log, not kept)."""
@@ -268,10 +270,11 @@ class LogPanes:
         self.first_frame_done = True
         self.render_active()
 
-    def render_active(self) -> None:
-        self.render(self.active_key())
+    def render_active(self, top: bool = False) -> None:
+        """Write the pane shown; ``top``: then show its first line (the earlier lines just brought in)."""
+        self.render(self.active_key(), top)
 
-    def render(self, key: str) -> None:
+    def render(self, key: str, top: bool = False) -> None:
         pane = self.buffers.get(key)
         view = self.view_of(key)
         if pane is None or view is None:
@@ -285,9 +288,11 @@ class LogPanes:
             if full:
                 log.clear()
             text = logview.render_lines(lines, pane.merged, self.palette, hidden, full, self.multi_node,
-                                        bool(self.filter))
+                                        bool(self.filter), pane.evicted if full and self.filter else 0)
             if text is not None:
-                log.write(text, scroll_end=None)
+                log.write(text, scroll_end=False if top else None)
+            if top:
+                log.call_after_refresh(log.scroll_home, animate=False)
             if pane.live_changed or full:
                 pane.live_changed = False
                 self._render_live(pane, live)

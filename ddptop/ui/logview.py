@@ -97,6 +97,9 @@ class PaneBuffer:
     _fold_room: float = 0.0
     _fold_t: float = 0.0
     window: int = RERENDER_LINES  # lines a full re-render writes (widened by "earlier lines")
+    # each file the pane got lines of (relative to the run directory, or absolute) -> the end of the last line
+    # it got (about: its offset, its length, its newline): where reading back starts when it holds none of them
+    sources: dict = field(default_factory=dict)
 
     @property
     def evicted(self) -> int:
@@ -280,14 +283,18 @@ def prefix_of(rank: int | None, node: str = "") -> str:
 
 
 def render_lines(lines: list[Line], merged: bool, palette: list[str], hidden: int, full: bool,
-                 nodes: bool = False, filtered: bool = False) -> Text | None:
+                 nodes: bool = False, filtered: bool = False, unheld: int = 0) -> Text | None:
     """Many lines -> one Text (one RichLog.write call).  ``nodes``: the job spans
     several nodes, so torchrun's lines say which node they come from."""
     parts: list[Text] = []
-    if hidden:
+    if hidden or unheld:
         what = ("earlier matching lines" if filtered else "earlier lines") if full else "lines"
-        more = "; L shows earlier ones" if full and not merged else ""
-        parts.append(Text(f"… {hidden:,} {what} not shown (all in the journal{more})", style="dim italic", end=""))
+        more = "; L shows earlier ones" if full else ""
+        said = f"… {hidden:,} {what} not shown (all in the journal{more})"
+        if unheld:  # (filtered: the lines the pane no longer holds were not searched)
+            said = (f"… {hidden:,} {what} not shown; " if hidden else "… ") + \
+                f"{unheld:,} earlier lines not held, not searched (L reads them back from the journal)"
+        parts.append(Text(said, style="dim italic", end=""))
     for ln in lines:
         try:
             body = to_text(ln.text)

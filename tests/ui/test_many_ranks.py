@@ -96,6 +96,30 @@ def test_1024_ranks_alike_lines_fold_into_one_and_the_odd_line_keeps_its_rank(tm
     run_async(go())
 
 
+def test_a_finished_1024_rank_run_replayed_folds_every_rank_into_every_line(tmp_path):
+    """Replaying a finished run (20 lines from each of 1,024 ranks: more than a live flood's cap of folded
+    lines a second) folds every rank's lines: each fold names all 1,024 ranks, none is marked partial (a
+    replay's final state comes only once every file is read, so the replay is known at open, not by it)."""
+    now = time.time()
+    events = [{"t": now, "kind": "state", "state": "running"}]
+    events += [{**rank_started(now, r, 10_000 + r), "node": f"node-{r // 8}"} for r in range(1024)]
+    logs = {r: "".join(f"step {s} loss {r / (s + 1):.4f}\n" for s in range(20)) for r in range(1024)}
+    run = write_run(tmp_path, events=events, logs=logs, nproc=1024,
+                    exit={"state": "succeeded", "exit_code": 0, "t": now + 30})
+
+    async def go():
+        app = make_app(Session.open(run), poll_interval=0.02)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: "step 19 loss" in text_of(app, "merged"), timeout=120,
+                             what=lambda: f"the last step; merged: {text_of(app, 'merged')[-400:]!r}")
+            await pilot.pause(0.5)
+            steps = [ln for ln in text_of(app, "merged").splitlines() if "] step " in ln]
+            assert steps and all(ln.startswith("[r0-1023] step ") for ln in steps), steps[:5]
+            assert len(steps) == len(set(steps)) <= 20
+
+    run_async(go())
+
+
 def test_8_ranks_show_every_line_until_z_folds_them(tmp_path):
     run = run_of(tmp_path, 8)
 

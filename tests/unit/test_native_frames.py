@@ -286,3 +286,17 @@ def test_data_loading_code_is_told_by_its_file_or_folder_never_by_a_mount_point(
     from ddptop.core.analysis.stack_verdict import classify_frame
 
     assert classify_frame(Frame("__next__", path, 10)) == kind
+
+
+def test_a_launch_is_told_from_a_sync_by_the_calls_name():
+    """The calls that launch work or load the code a launch needs (held by the GPU's queue under lazy loading
+    or CUDA_LAUNCH_BLOCKING=1), against those that wait for work to finish."""
+    from ddptop.core.analysis.native_frames import is_launch
+
+    for call in ("cudaLaunchKernel (libcudart.so.13)", "cuLaunchKernel", "cuLaunchKernelEx", "cuLibraryLoadData",
+                 "cuModuleLoadData", "cudaGraphLaunch", "cuGraphLaunch", "cuModuleGetFunction", "cuLibraryGetKernel",
+                 "hipLaunchKernel", "hipModuleLaunchKernel", "hipExtLaunchKernel", "`cudaLaunchCooperativeKernel`"):
+        assert is_launch(call), call
+    for call in ("cudaStreamSynchronize (libcudart.so.12)", "cuEventSynchronize", "cudaMemcpyAsync", "ncclGroupEnd",
+                 "cuGraphInstantiate", "in the CUDA driver", "", "pthread_mutex_lock"):
+        assert not is_launch(call), call

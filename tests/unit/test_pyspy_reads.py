@@ -139,7 +139,8 @@ def test_diagnose_of_a_saved_launch_wait_dump_names_eager_loading_and_of_a_sync_
     rep = stacks_report([str(DATA / "h100" / "launch_behind_sleeps.native.txt")])
     assert rep is not None and rep.to_dict()["suggested_profiles"] == ["eager-load"]
     text = "\n".join(rep.lines())
-    assert "waits inside a kernel launch" in text and "try: --profile eager-load" in text, text
+    # (one sample: a launch that waits and one caught on its way look alike, so the advice is conditional)
+    assert "waits inside a kernel launch" in text and "if a second dump" in text and "--profile eager-load" in text
     sync = stacks_report([str(DATA / "h100" / "cuda_spin_item.native.txt")])
     assert sync is not None and sync.to_dict()["suggested_profiles"] == []
     assert "kernel launch" not in "\n".join(sync.lines())

@@ -55,7 +55,8 @@ def alike_keys(texts: Sequence[str], stream: str = "") -> list[bytes]:
     blob = blob.translate(_DIGITS)
     if b"#" in blob:
         blob = _RUN.sub(b"#", blob)
-    if b"nan" in blob or b"inf" in blob or b"NaN" in blob or b"Inf" in blob or b"NAN" in blob or b"INF" in blob:
+    low = blob.lower()
+    if b"nan" in low or b"inf" in low:  # (any case, as _NANINF matches: Nan, iNf)
         blob = _NANINF.sub(b"#", blob)
     if b"  " in blob or b"\t" in blob or b"\r" in blob or b"\x0b" in blob or b"\x0c" in blob:  # (rare: scans first)
         blob = _SPACES.sub(b" ", blob)

@@ -189,7 +189,8 @@ _WAITS_FOR_WORK = re.compile(r"synchroni[sz]e|sync(?:_|$|[A-Z])|memcpy|memset|co
 # the GPU calls that *launch* work (or load the code a launch needs): such a call returns at once unless the
 # driver holds it, so a rank stopped in one is held by the GPU's queue (lazy module loading's first launch waits
 # for the kernels already running; under CUDA_LAUNCH_BLOCKING=1 every launch waits for its kernel)
-_LAUNCH = re.compile(r"(?:cu|cuda|hip|hipExt)(?:Module|Library)?(?:Launch|Load)\w*|hipModuleLaunch\w*")
+_LAUNCH = re.compile(r"(?:cu|cuda|hip|hipExt)(?:Module|Library|Graph)?(?:Launch|Load)\w*|hipModuleLaunch\w*"
+                     r"|cu(?:ModuleGetFunction|LibraryGetKernel)\w*")
 
 
 def is_launch(call: str) -> bool:

@@ -270,7 +270,9 @@ class Tailer:
 
 
 BACK_STEP = 64 * 1024  # bytes read at a time while looking backwards for line starts
-BACK_MOST = 16 * 1024 * 1024  # bytes one read-back reads at most (its oldest lines are left for the next)
+# bytes one read-back looks back at most for its lines' starts: a progress bar drawn with \r only is one line
+# of many megabytes, and lines before it must stay reachable (beyond this, the rest of the file is not)
+BACK_MOST = 1024 * 1024 * 1024
 
 
 def read_back(path: str | os.PathLike, end: int, most: int, max_line: int = MAX_LINE) -> Chunk:

@@ -312,13 +312,18 @@ class StacksReport:
         launching = self.launching
         if launching:
             out.append("  " + self._label(launch_words(launching)))
-            out.append("  try: --profile eager-load")
+            out.append("  try: --profile eager-load" if self.evidence.hung else
+                       "  if a second dump a few seconds later shows it there still (one sample cannot tell a "
+                       "launch that waits from one caught on its way), try: --profile eager-load")
         out += [f"  note: {x}" for x in self.dumps.notes]
         return out
 
     @property
     def launching(self) -> list[int]:
-        """The ranks (or pids) held inside a kernel launch (see ``native_frames.is_launch``)."""
+        """The ranks (or pids) held inside a kernel launch (see ``native_frames.is_launch``), unless the samples
+        show the job moving (a busy job is often caught launching)."""
+        if self.evidence.hung is False:
+            return []
         return sorted(r for r, w in self.evidence.where.items() if w.kind == "gpu-wait" and is_launch(w.native))
 
 
