@@ -22,7 +22,12 @@ def test_each_kind_in_words_and_headless_decorates_them():
         "== ddptop: rank 1 (local 1, pid 42, attempt 0) exited with code -11 (SIGSEGV) ==")
     assert format_text(NoteEvent(t, "warning", "py-spy is missing")) == "== ddptop warning: py-spy is missing =="
     assert format_text(LinkEvent(t, node="n1", state="down", message="ssh exited 255", retry_in=2)) == (
-        "== ddptop: link to n1 down: ssh exited 255 (retrying in 2 s) ==")
+        "== ddptop: link to n1 down: ssh exited 255 (retrying in 2 s, then less often, in silence) ==")
+    # the same node still down: retried in silence, said again when it is back
+    assert describe(LinkEvent(t, node="n1", state="down", message="ssh exited 255", retry_in=8, tries=4)) is None
+    assert describe(LinkEvent(t, node="n1", state="connecting", message="ssh (try 5)", tries=4)) is None
+    assert format_text(LinkEvent(t, node="n1", state="up", message="h, ddptop 0.1.0, run r", tries=4)) == (
+        "== ddptop: link to n1 up: h, ddptop 0.1.0, run r (back after 4 tries) ==")
     st = StacksEvent(t, ranks=(0, 1), samples=2, span=1.0, hung=True, summary="hung: rank 1 is in main")
     assert format_text(st) == "== ddptop: stacks of 2 ranks, 2 samples over 1.0 s: frozen; hung: rank 1 is in main =="
 

@@ -97,11 +97,17 @@ def describe(ev: Event, *, nodes: bool = False) -> Said | None:
     if isinstance(ev, NoteEvent):
         return Said(ev.message, ev.level if ev.level in ("warning", "error") else "info", label=ev.level)
     if isinstance(ev, LinkEvent):
+        # a node that drops is said once: its first drop, then nothing while it is retried with backoff (the
+        # header shows its state), then when it is back (128 nodes, one of them down for an hour, is two lines)
+        if ev.tries and ev.state in ("down", "connecting"):
+            return None
         s = f"link to {ev.node} {ev.state}"
         if ev.message:
             s += f": {ev.message}"
         if ev.retry_in is not None:
-            s += f" (retrying in {ev.retry_in:g} s)"
+            s += f" (retrying in {ev.retry_in:g} s, then less often, in silence)"
+        if ev.state == "up" and ev.tries:
+            s += f" (back after {ev.tries} tr{'y' if ev.tries == 1 else 'ies'})"
         return Said(s, "warning" if ev.state in ("down", "failed") else "info")
     return None
 

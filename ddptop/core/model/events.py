@@ -429,6 +429,7 @@ class LinkEvent(Event):
     message: str = ""
     retry_in: float | None = None
     connects: int = 0  # successful connections so far
+    tries: int = 0  # tries that failed since the link was last up (a drop is said once, at the first)
 
 
 _KINDS: dict[str, type[Event]] = {

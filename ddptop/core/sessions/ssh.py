@@ -122,6 +122,7 @@ class RemoteSession(AgentStream, NodeAttempts):
         self.error: str | None = None  # why the attachment failed for good
         self.link = "connecting"
         self.connects = 0
+        self._tries = 0  # tries that failed since the link was last up (LinkEvent.tries)
         self._final: StateEvent | None = None
         self._exit: ExitStatus | None = None  # from the agent's bye
         self._q: queue.SimpleQueue = queue.SimpleQueue()
@@ -278,7 +279,7 @@ class RemoteSession(AgentStream, NodeAttempts):
     def _set_link(self, state: str, message: str = "", retry_in: float | None = None) -> None:
         self.link = state
         self._emit([LinkEvent(self.clock(), node=self.node, state=state, message=message, retry_in=retry_in,
-                              connects=self.connects)])
+                              connects=self.connects, tries=self._tries)])
 
     def _argv(self) -> list[str]:
         if self._after is not None:  # the node's next attempt: the first run begun after the last one
@@ -343,10 +344,12 @@ class RemoteSession(AgentStream, NodeAttempts):
             if outcome == "hello":
                 failures = 0  # it was connected: start the backoff over
             delay = self.backoff[min(failures, len(self.backoff) - 1)]
+            self._tries = failures  # (0: the first drop; more: still down, retried in silence)
             failures += 1
             self._set_link("down", message, retry_in=delay)
             if self._closed.wait(delay):
                 return
+            self._tries = failures
             self._set_link("connecting", f"{self.transport.label()} (try {failures + 1})")
 
     def _fail(self, message: str) -> None:
