@@ -37,6 +37,7 @@ TABLE_EVERY = 0.5  # seconds between rank-table updates
 WAIT = 1.0  # seconds the poller waits for a file to change (or a line to arrive) at most
 BACKLOG_LINES = 200_000  # the poller waits while this many lines (and other events) wait for the UI
 # shown elsewhere than the log: the rank table, the GPU pane, the header
+INGEST_SLICE = 20_000  # lines taken from the inbox at a time (a screen refresh may come between slices)
 _NOT_IN_LOG = (LogBatch, RankEvent, LaunchEvent, GpuEvent, ProcEvent, ProgressEvent, GpuStatusEvent)
 _STYLE = {"alarm": "bold", "error": "bold", "warning": "bold", "info": "dim"}
 
@@ -95,10 +96,23 @@ class EventFeed:
             self.logs.flush()
 
     def on_events_ready(self, _msg: EventsReady) -> None:
+        """Take what the inbox holds, INGEST_SLICE lines at most at a time (the rest stays first in it, for
+        the next message): a replay of 1,024 ranks' logs paints its first frame after its first slice, and
+        the screen answers keys between slices, rather than after all of it."""
         with self._inbox_lock:
-            events, self._inbox = self._inbox, []
-            self._inbox_lines = 0
-            self._posted = False
+            events, taken = [], 0
+            for ev in self._inbox:
+                k = len(ev) if isinstance(ev, LogBatch) else 1
+                if events and taken + k > INGEST_SLICE:
+                    break
+                events.append(ev)
+                taken += k
+            self._inbox = self._inbox[len(events):]
+            self._inbox_lines = max(0, self._inbox_lines - taken) if self._inbox else 0
+            more = bool(self._inbox)
+            self._posted = more
+        if more:
+            self.call_after_refresh(self.post_message, EventsReady())
         if events:
             self.ingest(events)
 
