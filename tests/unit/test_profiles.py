@@ -52,7 +52,7 @@ def test_profiles_change_the_launch_in_order(tmp_path):
     assert rewrite_script_args(["--workers=7"], {"--workers": "half"}) == ["--workers=3"]
     # eager-load: every kernel loaded when CUDA starts (what the H100 run showed moves a launch's wait)
     plan = plan_launch(user, tmp_path, profiles=resolve(["eager-load"], []))
-    assert plan.env_set["CUDA_MODULE_LOADING"] == "EAGER" and plan.command[:-3] == user[:-3]
+    assert plan.env_set["CUDA_MODULE_LOADING"] == "EAGER" and plan.command[-4:] == user[-4:]
 
 
 def test_secret_names_by_segment_and_secret_option_values_masked():
