@@ -688,7 +688,8 @@ def bench_frame_tmux(n: int = 5, ranks: int = 2, lines: int = 100, nodes: int = 
     if not shutil.which("tmux"):
         print("first frame in tmux: tmux is not installed")
         return
-    times = []
+    times: list[float] = []
+    whole: list[float] = []
     with tempfile.TemporaryDirectory() as d:
         run = make_synthetic_run(Path(d), ranks, lines, nodes=nodes)
         screen = ""
@@ -706,12 +707,24 @@ def bench_frame_tmux(n: int = 5, ranks: int = 2, lines: int = 100, nodes: int = 
                         times.append((time.perf_counter() - t0) * 1000)
                         break
                     time.sleep(0.005)
+                # (a large run: until the merged log's last line names every rank: the whole replay folded)
+                every = f"[r0-{ranks - 1}] step {lines - 1} "
+                while ranks > 2 and time.perf_counter() - t0 < 60:
+                    screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", name], capture_output=True,
+                                            text=True).stdout
+                    if every in screen:
+                        whole.append((time.perf_counter() - t0) * 1000)
+                        break
+                    time.sleep(0.02)
             finally:
                 subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
     if times:
         print(_target(f"TUI first frame in tmux, {ranks} ranks x {lines} lines (process start included): median "
                       f"{statistics.median(times):.0f} ms of {len(times)}", "<= 400 ms" if ranks <= 8 else "<= 2 s",
                       "python + import textual.app"))
+        if whole:
+            print(f"  every rank's lines read and folded (the merged log's last line names all {ranks}): median "
+                  f"{statistics.median(whole):.0f} ms of {len(whole)}")
         if ranks > 2 and screen:
             print("\n".join("  | " + ln for ln in screen.splitlines()[:45]))
 
@@ -921,13 +934,32 @@ def bench_analysis(lines: int = 50_000) -> None:
         print(f"live analysis, {what}: {dt / lines * 1e6:.1f} us per line")
 
 
+def bench_scale() -> None:
+    """One ``ddptop attach`` following a 1,024-rank job of 128 simulated nodes over the real wire protocol
+    (issue 35; tests/bench/scale_bench.py says how).  Its options follow it on the command line
+    (``bench.py scale --nodes 1,8,32,128 --seconds 60``) and take the rest of it: the benchmarks named
+    after them run after it."""
+    sys.path.insert(0, str(ROOT / "tests" / "bench"))
+    import scale_bench
+
+    rest = sys.argv[sys.argv.index("scale") + 1:] if "scale" in sys.argv else []
+    opts = []
+    while rest and rest[0] not in BENCHES:
+        opts.append(rest.pop(0))
+    scale_bench.main(opts)
+    if opts:  # (the loop in __main__ would read the options as benchmark names)
+        for n in rest:
+            BENCHES[n]()
+        sys.exit(0)
+
+
 BENCHES = {"help": bench_help, "ingest": bench_ingest, "frame": bench_first_frame, "supervise": bench_supervise,
            "telemetry": bench_telemetry, "hook": bench_hook, "alarm": bench_alarm_latency, "native-pause": bench_native_pause, "nvml-tick": bench_nvml_tick, "watch": bench_stack_watch, "attach": bench_attach, "relaunch": bench_relaunch,
            "busy-node": bench_busy_node, "signatures": bench_signatures, "ras": bench_ras,
            "replay": bench_replay, "latency": bench_latency, "frame-tmux": bench_frame_tmux, "idle": bench_idle, "ui64": bench_ui64,
            "frame-tmux-1024": lambda: bench_frame_tmux(3, ranks=1024, lines=200, nodes=128),
            "ui1024": lambda: bench_ui64(ranks=1024, rate=20, seconds=40, odd=777),
-           "analysis": bench_analysis}
+           "analysis": bench_analysis, "scale": bench_scale}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(BENCHES)

@@ -30,6 +30,7 @@ from ddptop.core.run.pipeline import Pipeline
 from ddptop.core.sessions.ssh import FIX_ELSEWHERE, RemoteSession
 
 MULTI_STEP = 0.02  # seconds between looks at the nodes' links while a cross-node view waits
+JUDGE_EVERY = 0.25  # seconds between readings of the detector for the one-alarm rule, with no stall alarm to place
 _NCCL_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+\S*)")
 _NCCL_VIA = re.compile(r"\bvia (NET/[A-Za-z]+|P2P/[A-Za-z]+|SHM|direct pointer)")
 
@@ -51,9 +52,11 @@ class MultiSession:
         self.finished = False
         self._seen: dict[str, dict[str, set]] = {}  # what -> node -> values (NCCL version, transports)
         self._said: set = set()
+        self._versions_read: dict[str, dict] = {}  # node -> its versions as last read (the same dict: not again)
         self._rank_node: dict[tuple, str] = {}  # (launch, attempt, rank) -> the node that first reported it
         self._clashes: set[int] = set()
         self._launches = 0  # the highest launch generation shown
+        self._judged: tuple[float, tuple[float, dict[int, str], bool]] | None = None  # (when, _judgement())
 
     @property
     def meta(self) -> journal.Meta | None:
@@ -144,10 +147,14 @@ class MultiSession:
                         "lines and the stall detector mix them. Attach to one node at a time.")))
         alarms = self.pipeline.process(out)
         ending = not self.finished and all(s.finished for s in self.sessions)
-        an = self.pipeline.analyzer
+        # (what the one-alarm rule reads of the detector walks every rank: at 1,024 ranks, read on each of the
+        # many polls a second that a busy job brings, it was most of the viewer's CPU; read when a stall alarm
+        # is to be placed, else at most every JUDGE_EVERY)
+        urgent = ending or bool(alarms) or any(isinstance(ev, AlarmEvent) and ev.type == "stall" for ev in out)
+        silence_began, rank_nodes, suspected = self._judgement(urgent)
         out = self.one_alarm.apply(out, [a for a in alarms if isinstance(a, AlarmEvent)], self.clock(),
-                                   silence_began=an.silence_began(), rank_nodes=an.rank_nodes(), flush=ending,
-                                   suspected=an.suspects_stall())
+                                   silence_began=silence_began, rank_nodes=rank_nodes, flush=ending,
+                                   suspected=suspected)
         out.extend(a for a in alarms if not isinstance(a, AlarmEvent))
         self.pipeline.react(alarms)
         if ending:
@@ -159,6 +166,15 @@ class MultiSession:
             out.append(self._final)
             self.finished = True
         return out
+
+    def _judgement(self, fresh: bool) -> tuple[float, dict[int, str], bool]:
+        """The detector's silence_began, rank_nodes and suspects_stall, read now when ``fresh`` or when the
+        last reading is JUDGE_EVERY old, else that reading."""
+        now = self.clock()
+        if fresh or self._judged is None or not 0 <= now - self._judged[0] < JUDGE_EVERY:
+            an = self.pipeline.analyzer
+            self._judged = (now, (an.silence_began(), an.rank_nodes(), an.suspects_stall()))
+        return self._judged[1]
 
     def _stacks_everywhere(self, alarm: AlarmEvent) -> None:
         for s in self.sessions:
@@ -200,6 +216,9 @@ class MultiSession:
         NCCL's INFO lines (the nccl-debug profile)."""
         seen = self._seen
         for s in self.sessions:
+            if s.versions is self._versions_read.get(s.node):
+                continue  # (a node's versions are a new dict at each hello: read once each)
+            self._versions_read[s.node] = s.versions
             for what, v in s.versions.items():
                 if what in ("torch", "nccl"):
                     seen.setdefault(what, {}).setdefault(s.node, set()).add(v)

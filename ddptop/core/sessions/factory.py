@@ -191,8 +191,37 @@ def open_target(req: AttachRequest) -> Opened:
     return _remote([*req.targets, *req.hosts], req)
 
 
+FDS_PER_NODE = 4  # a node's link: its launcher's stdin, stdout and stderr pipes, and one more while it starts
+
+
+def enough_files(nodes: int) -> str | None:
+    """Raise this process's soft limit on open files to what ``nodes``
+    links need (up to the hard limit) when it is lower: a login node's
+    common 1,024 runs out at about 300 nodes (3 pipes each), and a node
+    whose link cannot be opened is not watched.  What to do, in words, when even the hard
+    limit is too low; None when there are enough."""
+    need = FDS_PER_NODE * nodes + 64
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY or soft >= need:
+            return None
+        new = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        if new > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            soft = new
+    except (ImportError, OSError, ValueError):
+        return None
+    if soft >= need:
+        return None
+    return (f"{nodes} nodes' links need about {need} open files and this shell allows {soft} (ulimit -Hn): the "
+            f"nodes past that are retried as links close; raise the limit (`ulimit -n {need}`) and attach again")
+
+
 def _remote(targets: list[str], req: AttachRequest) -> Opened:
 
+    short = enough_files(len(targets) + len(req.slurm_hosts))
     sessions = []
     for t in targets:
         try:
@@ -220,6 +249,8 @@ def _remote(targets: list[str], req: AttachRequest) -> Opened:
                 raise OpenError(str(e)) from None
         how = f"through srun (job {req.slurm_job}, --overlap)" if use_srun else "over ssh (--via ssh)"
         notes.append(f"attaching to {', '.join(req.slurm_hosts)} {how}")
+    if short:
+        notes.append(short)
     if len(opened) == 1:
         return Opened(opened[0], tuple(notes))
     return Opened(MultiSession(opened, stall_after=req.options.stall_after), tuple(notes))
@@ -244,6 +275,7 @@ def _pods(req: AttachRequest) -> Opened:
                                      outlook=k8s.outlook, restart_wait=k.restart_wait),
                       (f"following the logs of {what} {k.name or k.selector} ({len(pods)} pods, each through kubectl logs -f): "
                        "LOGS ONLY (no GPU pane, no stacks, no stall alarm from silence)",))
+    short = enough_files(len(pods))
     try:
         opened = [RemoteSession(p.node, req.run or "latest", remote_cmd=req.remote_cmd, gpu=req.options.gpu,
                                 restart_wait=k.restart_wait,
@@ -256,6 +288,7 @@ def _pods(req: AttachRequest) -> Opened:
     note = (f"attaching to {what} {k.name or k.selector}: "
             + ", ".join(f"{p.node} (pod {p.name}, container {p.container or '?'})" for p in pods)
             + " through kubectl exec")
+    notes = (note, short) if short else (note,)
     if len(opened) == 1:
-        return Opened(opened[0], (note,))
-    return Opened(MultiSession(opened, stall_after=req.options.stall_after), (note,))
+        return Opened(opened[0], notes)
+    return Opened(MultiSession(opened, stall_after=req.options.stall_after), notes)

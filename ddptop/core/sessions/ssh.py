@@ -29,6 +29,7 @@ says of its pods in ``k8s_pods``.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import queue
@@ -63,6 +64,8 @@ from ddptop.core.sessions.wire import encode_cursor
 
 BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0)  # seconds before reconnect n (then the last, forever)
 SILENCE = 15.0  # seconds without any line (the agent sends one every 2 s) = dead link
+# what Popen fails with when this process (or the machine) is short of file descriptors or processes for now
+_SHORT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
 FIX_ELSEWHERE = "ddptop fix runs the job again on this machine: run it on the node where the job runs"
 
 
@@ -303,21 +306,26 @@ class RemoteSession(AgentStream, NodeAttempts):
                 proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, start_new_session=True)
             except OSError as e:
-                return self._fail(f"cannot run {argv[0]!r}: {e}")
-            with self._lock:
-                self._proc = proc
-            try:
-                outcome, message = self._pump(proc)
-            finally:
-                self._kill()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                if e.errno not in _SHORT_OF:
+                    return self._fail(f"cannot run {argv[0]!r}: {e}")
+                # (out of file descriptors or processes for now, with a hundred nodes' links open: not this node's
+                # fault, and not for good: tried again with the backoff, like a link that dropped)
+                proc, outcome, message = None, "lost", f"cannot run {argv[0]!r} now: {e.strerror}"
+            if proc is not None:
                 with self._lock:
-                    self._proc = None
-                    self.link = "down"
+                    self._proc = proc
+                try:
+                    outcome, message = self._pump(proc)
+                finally:
+                    self._kill()
+                    try:
+                        proc.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        proc.wait()
+                    with self._lock:
+                        self._proc = None
+                        self.link = "down"
             if outcome == "bye":
                 if self._attempt_over(self._run_final):
                     failures = 0
