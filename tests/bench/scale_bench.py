@@ -161,7 +161,7 @@ class Headless:
                                             "id": d.get("id"), "message": d.get("message", "")[:600]})
                 elif b'"kind":"link"' in raw[:60]:
                     d = json.loads(raw)
-                    self.links.append((now, d.get("node", ""), d.get("state", "")))
+                    self.links.append((now, d.get("node", ""), d.get("state", ""), d.get("message", "")))
                     if d.get("state") == "up":
                         self.ups.setdefault(d.get("node", ""), now)
                 elif b'"kind":"note"' in raw[:60]:
@@ -282,10 +282,16 @@ def run_one(nodes: int, rpn: int, mode: str, view: str, seconds: float, stop_at:
         status = json.loads(status_f.read_text()) if status_f.exists() else {}
         out["relay_cpu_s"] = sum(relay_seen.values())
         out["relays"] = len(relays) - (1 if agent is not None else 0)
-    finally:
-        out["leftover"] = _end(started, viewer, sim, tmp)
+    except BaseException:  # (interrupted, or killed by SIGTERM: what it started ends, and its files go)
+        _end(started, viewer, sim, tmp)
         sim_err.close()
         view_err.close()
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    out["leftover"] = _end(started, viewer, sim, tmp)
+    sim_err.close()
+    view_err.close()
     status = json.loads(status_f.read_text()) if status_f.exists() else status
     out["sim_end"] = status.get("end", {})
     if view == "tui":
@@ -305,6 +311,7 @@ def run_one(nodes: int, rpn: int, mode: str, view: str, seconds: float, stop_at:
         out["notes"] = reader.notes
         out["stdout_bytes"] = reader.bytes
     out["view_err"] = (tmp / "view.err").read_text()[-3000:] if (tmp / "view.err").exists() else ""
+    out["sim_err"] = (tmp / "sim.err").read_text()[-1500:] if (tmp / "sim.err").exists() else ""
     if not keep:
         shutil.rmtree(tmp, ignore_errors=True)
     else:
@@ -374,11 +381,13 @@ def run_one(nodes: int, rpn: int, mode: str, view: str, seconds: float, stop_at:
         out["lat_hang_p95"] = _q(after, 0.95) * 1000 if after else None
     out["faults"] = []
     for f in status.get("faults", []):
-        mine = [(t - f["t"], st) for t, n, st in links if n == f["node"] and t >= f["t"] - 0.5]
+        mine = [(t - f["t"], st) for t, n, st, _m in links if n == f["node"] and t >= f["t"] - 0.5]
+        said = list(dict.fromkeys(m for t, n, st, m in links if n == f["node"] and t >= f["t"] - 0.5
+                                  and st in ("down", "failed") and m))
         down = next((dt for dt, st in mine if st == "down"), None)
-        up = next((dt for dt, st in mine if st == "up" and (down is None or dt > down)), None)
+        up = next((dt for dt, st in mine if st == "up" and (down is None or dt >= down)), None)
         others = [x for t, x in lat if f["t"] <= t <= f["t"] + 25]
-        out["faults"].append({**f, "down_after": down, "up_after": up, "states": [st for _, st in mine][:12],
+        out["faults"].append({**f, "down_after": down, "up_after": up, "states": [st for _, st in mine][:12], "said": said[:3],
                               "others_p95": _q(others, 0.95) * 1000 if others else None})
     out["stall_alarms"] = len(alarms)
     if alarms and stopped:
@@ -513,6 +522,10 @@ def report(o: dict) -> None:
              + ", up again after " + (f"{f['up_after']:.1f} s" if f["up_after"] is not None else "NEVER")
              + f"; link events {'/'.join(f['states'])}"
              + (f"; other nodes' lines p95 {f['others_p95']:.0f} ms in the 25 s after" if f["others_p95"] else ""))
+        for m in f.get("said", []):
+            line(f"  {f['node']} said: {m[:160]}")
+    for ln in [x for x in o.get("sim_err", "").splitlines() if x.strip()][-3:]:
+        line(f"simulator said: {ln[:160]}")
     if o.get("leftover"):
         line(f"LEFT RUNNING at the end (killed now): {o['leftover']}")
     if o.get("viewer_exit") not in (0, 143, None) and o["view"] == "headless":
@@ -537,6 +550,8 @@ def table(rows: list[dict]) -> None:
 
 
 def main(argv: list[str]) -> int:
+    # (SIGTERM as an interrupt: each run ends what it started and removes its files before the bench exits)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     p = argparse.ArgumentParser(prog="bench.py scale", description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", default="128", help="nodes, or a comma-separated list (a table at the end)")
     p.add_argument("--ranks-per-node", type=int, default=8)

@@ -675,15 +675,24 @@ class Sim:
 
     def accept(self, srv: socket.socket) -> None:
         conn, _ = srv.accept()
+        fds: list[int] = []
         try:
             conn.settimeout(5)
             msg, fds, _flags, _addr = socket.recv_fds(conn, 65536, 2)
+            while not msg.endswith(b"\n"):  # (the header is one line; a stream may hand it over in pieces)
+                more = conn.recv(65536)
+                if not more:
+                    raise ValueError("the header ended early")
+                msg += more
             conn.setblocking(False)
             creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
             pid = struct.unpack("3i", creds)[0]
             hdr = json.loads(msg.decode())
         except (OSError, ValueError) as e:
             sys.stderr.write(f"scale_sim: a link could not be taken: {e}\n")
+            self.stats["refused_links"] = self.stats.get("refused_links", 0) + 1
+            for fd in fds:
+                os.close(fd)  # (else the viewer's pipe stays open here: a link that says nothing, not one that ends)
             conn.close()
             return
         node = self.by_name.get(hdr.get("node", ""))

@@ -54,7 +54,7 @@ def main() -> int:
                 if seen["lines"] % 97 < len(e.texts):
                     seen["lat"].append((now, now - e.t))
             elif isinstance(e, LinkEvent):
-                seen["links"].append((now, e.node, e.state))
+                seen["links"].append((now, e.node, e.state, e.message))
                 if e.state == "up":
                     seen["ups"].setdefault(e.node, now)
             elif isinstance(e, AlarmEvent) and e.type == "stall":
