@@ -218,7 +218,10 @@ class DdptopApp(EventFeed, Commands, App[str]):
     # -- header and table -----------------------------------------------------
 
     def _tick(self) -> None:
-        if self.logs.tick():  # folds of alike lines whose time is up: into the merged pane
+        # folds of alike lines whose time is up: into the merged pane (not while a replay is still read: its
+        # ranks' lines come a slice at a time, and a loaded machine can take longer than a fold's hold between
+        # slices; its final state comes once every file is read)
+        if not (self._replay and not self.model.finished) and self.logs.tick():
             self._schedule_flush()
         self._refresh_header()
         if time.monotonic() - self._last_table >= TABLE_EVERY:
