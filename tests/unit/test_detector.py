@@ -569,17 +569,23 @@ def test_ranks_spinning_on_the_gpu_at_different_lines_are_a_mismatch_naming_the_
     assert s.suggested_profiles[0] == "flight-recorder"
 
 
-def test_every_rank_waiting_at_one_sync_point_waits_for_the_threshold_and_is_not_vetoed():
-    """All ranks at the same CUDA sync: a long GPU step looks the same, so no early alarm; but it is no
-    'busy, working' veto either: at the learned threshold it is a hot stall with no single culprit."""
+def two_busy_ranks_sampled(where):
+    """Two ranks stepping once a second, both GPUs at 100%, then sampled 3.5 s into a silence, both waiting
+    (``where``: each rank's place): the clock and the detector."""
     c = Clock()
     d = StallDetector(c, can_sample=True)
     run_steps(d, c, [0, 1], 20, 1.0)
     for r in (0, 1):
         d.telemetry(r, util=100.0, cpu=100.0)
     c.t += 3.5
-    d.stacks(StackVerdict(c.t, True, (), "hung, no single culprit: ...", {0: gpu_wait(0, 88), 1: gpu_wait(1, 88)},
-                          waiting=(0, 1)))
+    d.stacks(StackVerdict(c.t, True, (), "hung, no single culprit: ...", where, waiting=(0, 1)))
+    return c, d
+
+
+def test_every_rank_waiting_at_one_sync_point_waits_for_the_threshold_and_is_not_vetoed():
+    """All ranks at the same CUDA sync: a long GPU step looks the same, so no early alarm; but it is no
+    'busy, working' veto either: at the learned threshold it is a hot stall with no single culprit."""
+    c, d = two_busy_ranks_sampled({0: gpu_wait(0, 88), 1: gpu_wait(1, 88)})
     while c.t < 1020 + 9.5:
         assert d.decide().stall is None, c.t
         c.t += 0.5
@@ -691,13 +697,7 @@ def test_a_rank_held_inside_a_kernel_launch_is_said_and_eager_loading_comes_firs
                     status="frozen")
 
     def stall(where):
-        c = Clock()
-        d = StallDetector(c, can_sample=True)
-        run_steps(d, c, [0, 1], 20, 1.0)
-        for r in (0, 1):
-            d.telemetry(r, util=100.0, cpu=100.0)
-        c.t += 3.5
-        d.stacks(StackVerdict(c.t, True, (), "hung, no single culprit: ...", where, waiting=(0, 1)))
+        c, d = two_busy_ranks_sampled(where)
         s = None
         while s is None and c.t < 1020 + 30:
             c.t += 0.5
