@@ -240,6 +240,35 @@ def test_a_node_whose_clock_is_ahead_does_not_delay_the_stall_alarm(tmp_path, ss
     assert not any("clock" in e.message for e in evs if e.kind == "note" and e.node == "node-a")
 
 
+def test_a_hello_read_late_is_not_taken_for_a_skewed_clock(tmp_path, sshd):
+    """The node's clock agrees with ours, but its hello reaches us 2.5 s after
+    the agent stamped it (a loaded machine, a slow link): no clock warning, and
+    the node's times are taken as they are.  (The bound: a hello is sent after
+    the connection was started, so a late one cannot make a clock look behind.)"""
+    body = """
+t = time.time()
+time.sleep(2.5)  # the hello stamped, then held up on its way
+print(json.dumps({"kind": "hello", "proto": "ddptop-agent", "version": 1, "host": "h", "ddptop": "0.1.0",
+                  "run": "r", "run_dir": "/r", "meta": None, "t": t}), flush=True)
+print(json.dumps({"t": time.time(), "kind": "log", "rank": 0, "stream": "stdout", "text": "step 1", "attempt": 0,
+                  "path": "logs/0", "offset": 0}), flush=True)
+print('{"kind":"cursor","files":{"logs/0":7}}')
+print(json.dumps({"t": time.time(), "kind": "state", "state": "succeeded", "exit_code": 0}))
+print('{"kind":"bye","exit_code":0}', flush=True)
+"""
+    rs = RemoteSession("node-a", ssh=sshd.ssh, remote_cmd=fake_agent(tmp_path, body), backoff=(0.1,))
+    t0 = time.time()
+    try:
+        evs = drain(rs, lambda es: rs.finished, timeout=60, what="the end")
+    finally:
+        rs.close()
+    t1 = time.time()
+    assert rs.skew == 0.0
+    assert not [e.message for e in evs if e.kind == "note" and "clock" in e.message]
+    logs = [e for e in per_line(evs) if e.kind == "log"]
+    assert [e.text for e in logs] == ["step 1"] and t0 <= logs[0].t <= t1
+
+
 def test_link_cut_mid_line_resumes_from_the_last_cursor(tmp_path, sshd):
     """The first connection dies in the middle of a batch and of a line: nothing
     of that batch is shown, and the second connection resumes at its cursor."""

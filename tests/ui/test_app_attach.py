@@ -149,7 +149,8 @@ def test_two_attached_nodes_one_view(tmp_path, sshd):
             for line in ("[r0] rank0 step 2 loss 0.2", "[r1] rank1 step 0 loss 0.0",
                          "[node-a torchrun] torchrun on node-a: rendezvous done"):
                 assert merged.count(line) == 1, line
-            assert not app.query_one("#alarms", AlarmBox).has_class("-on")
+            assert not app.query_one("#alarms", AlarmBox).has_class("-on"), [
+                (n.level, n.message) for n in app.model.notes if n.level != "info"] + app.model.alarms
 
     try:
         run_async(go())

@@ -93,10 +93,11 @@ class RemoteSession(AgentStream, NodeAttempts):
         self.run = run
         self.gpu = gpu
         self.versions: dict[str, str] = {}  # the node's python/torch/NCCL, from the agent's hello
-        # our clock minus the node's (measured at each hello, the link's delay included), added to the
+        # our clock minus the node's (measured at each hello, within the bounds of when it was sent), added to the
         # times of the node's events when over SKEW_MIN, so that ages and the cross-node stall
         # detector compare like with like
         self.skew = 0.0
+        self._spawned: float | None = None  # when the current connection was started (our clock)
         self.ssh = list(ssh) if ssh else list(settings().ssh)
         # how the node is reached (ssh, srun, kubectl): everything else is the same for all
         self.transport: Transport = transport if transport is not None else Ssh(self.host, tuple(self.ssh))
@@ -302,6 +303,7 @@ class RemoteSession(AgentStream, NodeAttempts):
                 argv = self._argv()
             except ValueError as e:  # (a name the cluster gave that could be read as an option)
                 return self._fail(str(e))
+            self._spawned = self.clock()  # (the agent's hello is sent after this: what its clock is judged by)
             try:
                 proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, start_new_session=True)

@@ -199,18 +199,27 @@ class AgentStream(RemoteState):
         return self._classify_failure(rc, err, before_hello)
 
     def _measure_skew(self, t) -> None:
+        """The node's clock against ours, from its hello's time ``t``.  The hello
+        was sent after we started the connection and before we read it, so the
+        skew lies between those two bounds (a slow link or a loaded machine
+        widens them, it never makes a clock look wrong): a skew is said only
+        when both bounds are past ``SKEW_MIN`` on the same side."""
         if not isinstance(t, (int, float)) or isinstance(t, bool):
             return  # an older agent: times are taken as they are
-        skew = self.clock() - float(t)
+        now = self.clock()
+        lo, hi = min(self._spawned if self._spawned is not None else now, now) - float(t), now - float(t)
         was = self.skew
-        self.skew = skew if abs(skew) > SKEW_MIN else 0.0
-        if self.skew and (not was or abs(self.skew - was) > SKEW_MIN):
-            self._emit([NoteEvent(self.clock(), "warning",
+        if was and lo - SKEW_MIN <= was <= hi + SKEW_MIN:
+            return  # still what was measured before, within this measurement's bounds
+        skew = (lo + hi) / 2 if lo > SKEW_MIN or hi < -SKEW_MIN else 0.0
+        self.skew = skew
+        if skew and (not was or abs(skew - was) > SKEW_MIN):
+            self._emit([NoteEvent(now, "warning",
                                   f"{self.host}'s clock is {abs(skew):.1f} s {'behind' if skew > 0 else 'ahead of'} "
                                   f"this machine's: its times are shown on this machine's clock (is NTP running "
                                   f"there?)", node=self.node)])
-        elif was and not self.skew:
-            self._emit([NoteEvent(self.clock(), "info", f"{self.host}'s clock now agrees with this machine's",
+        elif was and not skew:
+            self._emit([NoteEvent(now, "info", f"{self.host}'s clock now agrees with this machine's",
                                   node=self.node)])
 
     def _parse(self, raw: bytes) -> tuple[str | None, dict]:
