@@ -22,6 +22,7 @@ class RemoteState:
     gpu: str | None
     versions: dict[str, str]  # the node's python/torch/NCCL, from the agent's hello
     skew: float  # our clock minus the node's, when over SKEW_MIN (else 0)
+    _spawned: float | None  # when the current connection was started (our clock): its hello came after
     transport: Transport
     remote_cmd: str
     clock: Callable[[], float]
