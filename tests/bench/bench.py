@@ -934,6 +934,54 @@ def bench_analysis(lines: int = 50_000) -> None:
         print(f"live analysis, {what}: {dt / lines * 1e6:.1f} us per line")
 
 
+def bench_agent(seconds: float = 30.0, ranks: int = 8) -> None:
+    """The agent's own CPU on one node of a live job (issue 35's load: 5 lines/s
+    a rank, rank 0 at 10x, a step a second through the hook's and the batch
+    beats): ``ddptop agent`` reads a journal this bench writes live, its output
+    thrown away, measured after 5 s."""
+    import psutil
+
+    with tempfile.TemporaryDirectory() as d:
+        run = make_synthetic_run(Path(d), ranks, 0, finished=False)
+        me = psutil.Process()
+        (run / "supervisor.json").write_text(json.dumps({"pid": me.pid, "create_time": me.create_time()}))
+        (run / "beats").mkdir(exist_ok=True)
+        logs = [open(next(run.glob(f"logs/*/attempt_0/{r}/stdout.log")), "a") for r in range(ranks)]
+        beats = [os.open(run / "beats" / f"{kind}.{r}", os.O_WRONLY | os.O_CREAT, 0o644)
+                 for r in range(ranks) for kind in ("hook", "batch")]
+        agent = subprocess.Popen([sys.executable, "-m", "ddptop", "agent", "--run", str(run)], cwd=ROOT,
+                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+        try:
+            p = psutil.Process(agent.pid)
+            t0 = time.time()
+            c0 = None
+            tick, k = 0, 0
+            while time.time() - t0 < seconds + 5:
+                tick += 1  # every 20 ms: rank 0 a line each tick (50/s), the others one every 10 ticks (5/s)
+                for r, f in enumerate(logs):
+                    if r == 0 or (tick + r) % 10 == 0:
+                        k += 1
+                        f.write(f"step {tick // 50} loss 0.{k % 997:03d} lr 3e-4 tokens/s 51234\n")
+                        f.flush()
+                if tick % 50 == 0:  # a step a second on every rank
+                    for i, fd in enumerate(beats):
+                        os.pwrite(fd, b"%020d %.6f %-5s\n" % (tick // 50, time.time(), b"train"), 0)
+                if c0 is None and time.time() - t0 >= 5:
+                    c0, w0 = sum(p.cpu_times()[:2]), time.time()
+                time.sleep(max(0.0, t0 + tick * 0.02 - time.time()))
+            c1, w1 = sum(p.cpu_times()[:2]), time.time()
+        finally:
+            agent.kill()
+            agent.wait()
+            for f in logs:
+                f.close()
+            for fd in beats:
+                os.close(fd)
+    print(_target(f"agent on a node of {ranks} ranks ({k / (time.time() - t0):.0f} lines/s, a step a second): "
+                  f"{100 * (c1 - c0) / (w1 - w0):.2f}% of a core over {w1 - w0:.0f} s (load {os.getloadavg()[0]:.1f})",
+                  "<= 1%", "issue 35"))
+
+
 def bench_scale() -> None:
     """One ``ddptop attach`` following a 1,024-rank job of 128 simulated nodes over the real wire protocol
     (issue 35; tests/bench/scale_bench.py says how).  Its options follow it on the command line
@@ -959,7 +1007,7 @@ BENCHES = {"help": bench_help, "ingest": bench_ingest, "frame": bench_first_fram
            "replay": bench_replay, "latency": bench_latency, "frame-tmux": bench_frame_tmux, "idle": bench_idle, "ui64": bench_ui64,
            "frame-tmux-1024": lambda: bench_frame_tmux(3, ranks=1024, lines=200, nodes=128),
            "ui1024": lambda: bench_ui64(ranks=1024, rate=20, seconds=40, odd=777),
-           "analysis": bench_analysis, "scale": bench_scale}
+           "analysis": bench_analysis, "scale": bench_scale, "agent": bench_agent}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(BENCHES)

@@ -120,7 +120,7 @@ class Pipeline:
 
     def _new_analyzer(self):
         s = self.thresholds
-        return Analyzer(self.clock, stall_after=self.stall_after, node=self.node,
+        return Analyzer(self.clock, stall_after=self.stall_after, node=self.node, match_signatures=not self.stall_only,
                         can_sample=self.sampler is not None or self.ras is not None,
                         resample_every=self.resample_every, stacks_wait=self.stacks_wait,
                         first_step_grace=s.first_step_grace, min_silence=s.min_silence,

@@ -47,7 +47,7 @@ from ddptop.core.run import journal
 from ddptop.core.run.launcher import launch
 from ddptop.core.run.pipeline import RankMap
 from ddptop.core.run.profiles import resolve
-from ddptop.core.sources.log_tailer import Tailer, read_share
+from ddptop.core.sources.log_tailer import EMPTY, Tailer, read_share
 from ddptop.core.sources.log_wake import FileWaker
 
 SCAN_EVERY = 0.5  # seconds between looks for new rank log files
@@ -55,6 +55,7 @@ LIVE_EVERY = 0.5  # seconds between looks at the supervisor process while pollin
 POLL_BYTES = 4 << 20  # log bytes one poll reads, at most about, from all files together
 WAIT_AT_MOST = 1.0  # seconds a wait() lasts without a file event (the supervisor's liveness is looked at then)
 SIZE_CHECK_EVERY = 5.0  # seconds between full reads while file events say nothing changed (they may be missing)
+SCAN_AFTER_ADDED = 5.0  # seconds after a file was created in which new rank logs are looked for every SCAN_EVERY
 
 
 class Session:
@@ -74,7 +75,7 @@ class Session:
         self._events_line = self._lines_before(self._events)  # line number of the last line read
         self._torchrun = self._tailer(self.run_dir / run_dirs.TORCHRUN_LOG)
         self._final_offset: int | None = None
-        self._logs: dict[Path, tuple[Tailer, int, int, str]] = {}
+        self._logs: dict[str, tuple[Tailer, int, int, str, str]] = {}  # path -> (tailer, attempt, local rank, stream, its path in the run)
         self._ranks = RankMap(self.meta.node_rank, self.meta.nproc_per_node)
         self._last_scan = 0.0
         self._beats: dict[str, int] = {}  # beat file -> mtime_ns last read
@@ -86,6 +87,10 @@ class Session:
         self._waker: FileWaker | None = None
         self._woken = False
         self._full_read = 0.0  # (monotonic) when poll last read every file
+        self._events_path = str(self._events.path)
+        self._torchrun_path = str(self._torchrun.path)
+        self._beats_dir = str(self.run_dir / run_dirs.BEATS)
+        self._scan_until = 0.0  # (clock) look for new rank logs every SCAN_EVERY until then, even with file events
         self._backlog = False  # the last poll left bytes to read (its share of POLL_BYTES was used up)
 
     @classmethod
@@ -117,12 +122,11 @@ class Session:
         """Byte offsets (by path relative to the run directory) just after
         everything ``poll()`` has returned so far: ``Session.open(run,
         resume=cursor)`` continues with no line lost and none repeated."""
-        run_dir = self.run_dir
         out = {run_dirs.EVENTS: self._events.cursor, run_dirs.TORCHRUN_LOG: self._torchrun.cursor}
         if self._final_offset is not None and not self.finished:
             out[run_dirs.EVENTS] = self._final_offset  # the final state is read but not yet returned
-        for path, (tailer, *_rest) in self._logs.items():
-            out[os.path.relpath(path, run_dir)] = tailer.cursor
+        for tailer, _attempt, _local_rank, _stream, rel in self._logs.values():
+            out[rel] = tailer.cursor
         for name, tailer in self._notes.items():
             out[f"{run_dirs.BEATS}/{name}"] = tailer.cursor
         return out
@@ -213,8 +217,9 @@ class Session:
 
     def _scan_logs(self) -> None:
         for attempt, local_rank, stream, path in journal.rank_log_files(Path(self.meta.log_dir)):
-            if path not in self._logs:
-                self._logs[path] = (self._tailer(path), attempt, local_rank, stream)
+            if str(path) not in self._logs:
+                self._logs[str(path)] = (self._tailer(path), attempt, local_rank, stream,
+                                         os.path.relpath(path, self.run_dir))
 
     def _valid_utf8(self, offset: int) -> bool:
         """The raw bytes of the journal line at ``offset`` decode as UTF-8 (the
@@ -299,11 +304,21 @@ class Session:
         if (waker is not None and waker.quiet and not self._backlog and self._final is None
                 and time.monotonic() - self._full_read < SIZE_CHECK_EVERY and self._supervisor_alive(now)):
             return []  # no file event and the supervisor is there: nothing to read (a slow check reads anyway)
-        self._full_read = time.monotonic()
         had_backlog = self._backlog
+        mono = time.monotonic()
+        # what file events named since the last poll: only those files are read (and any with bytes left);
+        # every file when that is not known, on a path this session does not read (a new file of the run),
+        # and every SIZE_CHECK_EVERY seconds (a file event may be missing)
+        changed = waker.take_changed() if waker is not None else None
+        full = (changed is None or had_backlog or self._final is not None
+                or mono - self._full_read >= SIZE_CHECK_EVERY or not self._known(changed))
+        if full:
+            self._full_read = mono
+            changed = None
         out: list[Event] = []
         final_seen = self._final is not None
-        self._read_events(now, out)
+        if changed is None or self._events_path in changed:
+            self._read_events(now, out)
         read_any = bool(out)
         if self._final is None and not self._supervisor_alive(now):
             # gone: whatever it wrote before it went is in the journal now
@@ -315,35 +330,41 @@ class Session:
                                else StateEvent(now, LOST, None, journal.LOST_MESSAGE))
         if self._final is not None and not final_seen:
             self._last_scan = 0.0  # one more full scan before the end
-        if now - self._last_scan >= SCAN_EVERY or (waker is not None and waker.take_added()):
-            self._last_scan = now  # (a file was created: maybe a new rank's log)
+        if waker is not None and waker.take_added():
+            # a file was created: maybe a new rank's log (its directory first: the files in it may come
+            # before their directory is watched, so look again for a while)
+            self._scan_until = now + SCAN_AFTER_ADDED
+            self._last_scan = 0.0
+        if now - self._last_scan >= SCAN_EVERY and (changed is None or now < self._scan_until):
+            self._last_scan = now
             self._scan_logs()
-        run_dir = str(self.run_dir)
-        beats = self._read_beats(now)
+        beats = self._read_beats(now, changed)
         read_any = read_any or bool(beats)
         out.extend(beats)
         batch = LogBatch.fast
         per_file = read_share(max_bytes, len(self._logs) + 1)
-        c = self._torchrun.read_chunk(per_file)
+        c = (self._torchrun.read_chunk(per_file)
+             if changed is None or self._torchrun_path in changed or self._torchrun.left() else EMPTY)
         if c.texts:
             read_any = True
             out.append(batch(now, None, "torchrun", 0, run_dirs.TORCHRUN_LOG, *c))
-        drained = self._torchrun.at_eof()
-        for path, (tailer, attempt, local_rank, stream) in self._logs.items():
+        # (left(): what the read's own look at the file's size said; a write since then brings a file event)
+        drained = not self._torchrun.left()
+        for path, (tailer, attempt, local_rank, stream, rel) in self._logs.items():
+            if changed is not None and path not in changed and not tailer.left():
+                continue
             c = tailer.read_chunk(per_file)
             if c.texts:
                 read_any = True
-                out.append(batch(now, self._rank_for(attempt, local_rank), stream, attempt,
-                                 os.path.relpath(path, run_dir), *c))
-            if not tailer.at_eof():
+                out.append(batch(now, self._rank_for(attempt, local_rank), stream, attempt, rel, *c))
+            if tailer.left():
                 drained = False
-        self._backlog = not drained or not self._events.at_eof()
+        self._backlog = not drained or self._events.left()
         if self._final is not None and drained:
-            for path, (tailer, attempt, local_rank, stream) in self._logs.items():
+            for tailer, attempt, local_rank, stream, rel in self._logs.values():
                 c = tailer.flush_chunk()
                 if c.texts:
-                    out.append(batch(now, self._rank_for(attempt, local_rank), stream, attempt,
-                                     os.path.relpath(path, run_dir), *c))
+                    out.append(batch(now, self._rank_for(attempt, local_rank), stream, attempt, rel, *c))
             out.append(self._final)
             self.finished = True
         if self._waker is not None:
@@ -361,13 +382,28 @@ class Session:
         self._live_checked = (now, answer)
         return answer
 
-    def _read_beats(self, now: float) -> list[Event]:
-        """Step counts published by the in-rank hook or ddptop.beat()."""
-        d = self.run_dir / run_dirs.BEATS
-        try:
-            names = os.listdir(d)
-        except OSError:
-            return []
+    def _known(self, changed: set[str]) -> bool:
+        """Every path of ``changed`` is one this session reads (its journal, torchrun's log, a rank's log it
+        has found, a beat)."""
+        for p in changed:
+            if p != self._events_path and p != self._torchrun_path and os.path.dirname(p) != self._beats_dir:
+                if p not in self._logs:
+                    return False
+        return True
+
+    def _read_beats(self, now: float, changed: set[str] | None = None) -> list[Event]:
+        """Step counts published by the in-rank hook or ddptop.beat() (those that file events named, when
+        ``changed`` is given; else every beat)."""
+        d = self._beats_dir
+        if changed is not None:
+            names = [os.path.basename(p) for p in changed if os.path.dirname(p) == d]
+            if not names:
+                return []
+        else:
+            try:
+                names = os.listdir(d)
+            except OSError:
+                return []
         out: list[Event] = []
         for name in names:
             source, _, rank = name.partition(".")

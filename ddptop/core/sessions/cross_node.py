@@ -13,6 +13,7 @@ import time
 from dataclasses import replace
 
 from ddptop.core.analysis.nodes import ACROSS, OneAlarm
+from ddptop.core.analysis.note_folds import FOLD_FROM as NOTES_FOLD_FROM, NoteFolder
 from ddptop.core.model.events import (
     FINAL_STATES,
     LOST,
@@ -48,6 +49,8 @@ class MultiSession:
         self.pipeline = Pipeline(node=ACROSS, stall_after=stall_after, clock=clock, stall_only=True,
                                  on_stall=self._stacks_everywhere)
         self.one_alarm = OneAlarm()  # one hang, one stall alarm: the nodes' own are folded into the cross-node one
+        # past a few nodes, the notes every node makes alike (a stack capture's, its own folded alarm) are counted
+        self.note_folds = NoteFolder() if len(sessions) > NOTES_FOLD_FROM else None
         self._final: StateEvent | None = None
         self.finished = False
         self._seen: dict[str, dict[str, set]] = {}  # what -> node -> values (NCCL version, transports)
@@ -157,6 +160,11 @@ class MultiSession:
                                    suspected=suspected)
         out.extend(a for a in alarms if not isinstance(a, AlarmEvent))
         self.pipeline.react(alarms)
+        if self.note_folds is not None:
+            now = self.clock()
+            out = self.note_folds.add(out, now)
+            if ending:
+                out += self.note_folds.due(now, flush=True)
         if ending:
             finals = [s.final_state for s in self.sessions if s.final_state is not None]
             bad = [f for f in finals if f.exit_code != 0]

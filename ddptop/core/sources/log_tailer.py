@@ -15,6 +15,7 @@ from typing import BinaryIO, NamedTuple
 MAX_LINE = 64 * 1024
 READ_CHUNK = 4 * 1024 * 1024
 MIN_SHARE = 64 * 1024  # a file's share of a poll's read budget, at least
+READ_AT_LEAST = 4096  # bytes a read asks for, at least (a file grown since its size was looked at is read on)
 
 
 def read_share(budget: int, files: int) -> int:
@@ -92,6 +93,7 @@ class Tailer:
         self._last_transient = b""
         self._f: BinaryIO | None = None
         self._ino: int | None = None
+        self._size = 0  # the file's size when the last read began
         if offset > 0:
             # resuming at a byte offset (a reconnecting ``ddptop attach``): the
             # cursor is a line start (after a newline), or inside an over-long
@@ -117,7 +119,9 @@ class Tailer:
         try:
             st = os.stat(self.path)
         except OSError:
+            self._size = 0
             return False
+        self._size = st.st_size
         if self._f is not None and (st.st_ino != self._ino or st.st_size < self.pos):
             # replaced or truncated: start over from the beginning of the new file
             self.close()
@@ -131,6 +135,12 @@ class Tailer:
                 return False
             self._ino = st.st_ino
         return True
+
+    def left(self) -> bool:
+        """Bytes were left unread by the last read (the file was longer, when it
+        began, than what it took): read again before waiting for the file to
+        change.  No system call (``at_eof`` looks at the file now)."""
+        return self._size > self.pos
 
     def at_eof(self) -> bool:
         try:
@@ -147,10 +157,12 @@ class Tailer:
         if not self._open():
             return EMPTY
         f = self._f
-        if f is None:
-            return EMPTY
+        if f is None or self._size <= self.pos:
+            return EMPTY  # (nothing appended: no seek, no read)
         f.seek(self.pos)
-        data = f.read(max_bytes)
+        # (what the file holds past pos when looked at, if less: no buffer of max_bytes made for a few lines;
+        # a file grown since is read on)
+        data = f.read(min(max_bytes, max(self._size - self.pos, READ_AT_LEAST)))
         if not data:
             return EMPTY
         self.pos += len(data)

@@ -48,6 +48,8 @@ class FileWaker:
         self._woke = 0.0
         self._interrupt = threading.Event()  # wake(): end the current (or next) wait now
         self._added = False  # a file was created (take_added)
+        # the paths the file events named since take_changed (None: not known, read everything: a wake, polling)
+        self._changed: set[str] | None = None
         self.clock = clock
         self.polling = False
         self._notify = None
@@ -86,6 +88,7 @@ class FileWaker:
         if self._interrupt.is_set():
             self._interrupt.clear()
             self._timed_out = False  # (the poll after a wake reads everything)
+            self._changed = None
             return False
         if timeout <= 0:
             return False
@@ -130,15 +133,28 @@ class FileWaker:
         if r == "stop":  # wake(): watchfiles drops the changes it had gathered, so the next poll reads all
             self._interrupt.clear()
             self._timed_out = False
+            self._changed = None
             return False
         if isinstance(r, str):  # "timeout"
             self._timed_out = True
             return False
         self._timed_out = False
         self._last_change = self.clock()
+        self._took(r)
+        return True
+
+    def _took(self, r: set[tuple[int, str]]) -> None:
         if any(change == ADDED for change, _path in r):
             self._added = True
-        return True
+        if self._changed is not None:
+            self._changed.update(path for _change, path in r)
+
+    def take_changed(self) -> set[str] | None:
+        """The paths file events named since the last call, or None when that
+        is not known (polling; a wake dropped them; the first call): read
+        everything then."""
+        changed, self._changed = self._changed, (None if self.polling else set())
+        return changed
 
     def take_added(self) -> bool:
         """A file or directory was created since the last call (new rank logs to look for)."""
@@ -171,8 +187,7 @@ class FileWaker:
         if not isinstance(r, str):
             self._last_change = self.clock()
             self._misses = 0
-            if any(change == ADDED for change, _path in r):
-                self._added = True
+            self._took(r)
             return  # its event came: events work
         self._misses += 1
         if self._misses >= MISSES:
@@ -181,6 +196,7 @@ class FileWaker:
     def _fall_back(self, why: str) -> None:
         self.close()
         self.polling = True
+        self._changed = None
         self._note = f"{why}: polling every {POLL_EVERY:g} s instead"
 
     def take_note(self) -> str | None:
