@@ -165,3 +165,45 @@ def test_diagnose_reads_past_an_over_long_line(tmp_path):
     with open(run / "events.jsonl", "a") as fh:
         fh.write(json.dumps({"t": 9.0, "kind": "state", "state": "failed", "exit_code": 1}) + "\n")
     assert "cuda-oom" in {x.signature for x in analyze_paths([str(run)]).findings}
+
+
+def test_a_poll_reads_the_files_events_named_and_loses_none_of_the_others(watched, monkeypatch):
+    """After a file event a poll reads only the files it named (a node's agent
+    polls 20 times a second: every file stat'ed each time was most of its CPU);
+    lines and steps written to other files meanwhile come with their own
+    events, each once, and a file the session does not read makes it read all."""
+    run, s = watched
+    monkeypatch.setattr(session_mod, "SIZE_CHECK_EVERY", 3600.0)  # (no slow full read to hide a lost line)
+    s.poll()
+    s.wait(0.05)
+    assert s.poll() == [] and s._waker.mode == "file events"
+    got: list = []
+
+    def take():
+        for e in per_line(s.poll()):
+            if e.kind == "log":
+                got.append((e.rank, e.text))
+            elif e.kind == "progress":
+                got.append((e.rank, f"beat {e.step}"))
+
+    beats = run / "beats"
+    beats.mkdir(exist_ok=True)
+    for i in range(2, 12):  # the two ranks' logs and rank 1's hook beat, written in turn
+        with open(rank_log(run, i % 2), "a") as f:
+            f.write(f"step {i} loss 0.5\n")
+        if i % 3 == 0:
+            (beats / "hook.1").write_text(f"{i:020d} {time.time():.6f}\n")
+        s.wait(5)
+        take()
+    want = [(i % 2, f"step {i} loss 0.5") for i in range(2, 12)] + [(1, f"beat {i}") for i in (3, 6, 9)]
+    wait_for(lambda: s.wait(0.2) or take() or sorted(set(got)) == sorted(want), timeout=TIMEOUT,
+             what="every line and beat")
+    assert sorted(got) == sorted(want)  # each once
+    # a path the session does not read (a stack dump, exit.json): the next poll reads every file
+    with open(rank_log(run, 0), "a") as f:
+        f.write("step 12 loss 0.5\n")
+    s._waker.wait(5)  # its event, taken and dropped here: as if it had been missed
+    s._waker.take_changed()
+    (run / "stacks.txt").write_text("a dump\n")
+    wait_for(lambda: s.wait(0.2) or take() or (0, "step 12 loss 0.5") in got, timeout=20,
+             what="the line, read with every file")
