@@ -131,3 +131,22 @@ def test_a_damaged_typed_field_is_refused_naming_it(bad, why):
 
     with pytest.raises(BadEvent, match=why):
         from_dict({"t": 1.0, "kind": "stacks", **bad})
+
+
+@pytest.mark.parametrize("change,why", [
+    ({"util": "hot"}, "field 'util'"),
+    ({"index": True}, "field 'index'"),  # a bool is no GPU index (JSON true is not 1)
+    ({"index": 1.5}, "field 'index'"),
+    ({"name": 7}, "field 'name'"),
+    ({"simulated": 1}, "field 'simulated'"),
+])
+def test_a_reading_of_the_wrong_type_is_refused_naming_the_field(change, why):
+    """Readings of exactly their type are taken as they are (thousands a second at 128 nodes); any other
+    type still meets the field's checker."""
+    from ddptop.core.model.events import GpuEvent
+
+    d = {**GpuEvent(1.0, index=0, util=50.0).to_dict(), **change}
+    with pytest.raises(BadEvent, match=why):
+        from_dict(d)
+    ok = from_dict({**GpuEvent(1.0, index=0).to_dict(), "util": 99, "mem_used": None})
+    assert isinstance(ok, GpuEvent) and ok.util == 99 and ok.mem_used is None

@@ -39,6 +39,7 @@ HELLO_TIMEOUT = 60.0
 MAX_LINE = 16 * 1024 * 1024
 SKEW_MIN = 1.0  # seconds: a node clock further than this from ours has its event times moved onto ours
 CONTROL = wire.CONTROL
+_STR, _INT = {str}, {int}  # (a batch's texts' and offsets' types, checked in C: map(type, ...))
 
 
 def event_off_the_wire(d: dict, node: str, skew: float = 0.0) -> Event:
@@ -68,8 +69,8 @@ def _logs_off_the_wire(d: dict, node: str, skew: float) -> LogBatch | None:
     if (type(t) not in (int, float) or (rank is not None and type(rank) is not int) or type(stream) is not str
             or type(attempt) is not int or type(path) is not str or n < 0 or type(offsets) is not list
             or len(offsets) != n or type(partial) is not list or type(transient) is not bool
-            or (transient and not n) or not all(type(x) is str for x in texts)
-            or not all(type(x) is int for x in offsets) or not all(type(i) is int and 0 <= i < n for i in partial)):
+            or (transient and not n) or (n and (set(map(type, texts)) != _STR or set(map(type, offsets)) != _INT))
+            or not all(type(i) is int and 0 <= i < n for i in partial)):
         return None
     return LogBatch.fast(t + skew if skew else t, rank, stream, attempt, path, tuple(offsets), tuple(texts),
                          tuple(partial), transient, node)
