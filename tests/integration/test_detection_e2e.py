@@ -1,6 +1,7 @@
 """Real torchrun, 2 ranks on CPU: the example's injected faults are recognised."""
 
 import json
+import os
 
 import pytest
 
@@ -40,15 +41,19 @@ def test_spinning_hang_raises_stall_naming_the_hung_rank_then_exits_124(runs_dir
 
 def test_without_gpu_telemetry_ranks_spinning_for_a_hung_rank_make_a_collective_hang(runs_dir):
     """--gpu none (a CPU job, or no driver): rank 0 spins a core polling its all-reduce while rank 1
-    sleeps; that is a hang in a collective with rank 1 the culprit, not a CPU-bound data-loading stall."""
+    sleeps; that is a hang in a collective with rank 1 the culprit, not a CPU-bound data-loading stall.
+    The job runs with NCCL_P2P_DISABLE=1 already (set by the person, not by a profile): the alarm does
+    not suggest p2p-off, which it would otherwise."""
     r = run_ddptop("--json", "--gpu", "none", "--on-stall", "kill", "torchrun", "--nproc-per-node", "2", EXAMPLE,
-                   "--steps", "100000", "--step-time", "0.05", "--fault", "hang", "--fault-rank", "1", "--fault-step", "15")
+                   "--steps", "100000", "--step-time", "0.05", "--fault", "hang", "--fault-rank", "1", "--fault-step", "15",
+                   env={**os.environ, "NCCL_P2P_DISABLE": "1"})
     assert r.returncode == 124, r.stderr[-2000:]
     stalls = [a for a in alarms(json_events(r.stdout)) if a["type"] == "stall"]
     assert len(stalls) == 1
     a = stalls[0]
     assert a["id"] == "stall-collective" and a["culprits"] == [1], a
     assert "fewer-workers" not in a["suggested_profiles"] and "train_ddp.py" in a["message"]
+    assert "p2p-off" not in a["suggested_profiles"] and "flight-recorder" in a["suggested_profiles"], a
     diagnose_agrees(only_run(runs_dir), a)
 
 

@@ -67,3 +67,32 @@ def test_secret_names_by_segment_and_secret_option_values_masked():
     assert mask_argv(["torchrun", "t.py", "--hf-token", "abc", "--api-key=xyz", "--lr", "0.1", "--token"]) == [
         "torchrun", "t.py", "--hf-token", "***", "--api-key=***", "--lr", "0.1", "--token"]
     assert mask_argv(["t.py", "--password", "--verbose"]) == ["t.py", "--password", "--verbose"]  # a flag, no value
+
+
+def test_profiles_the_job_already_runs_with_are_in_effect():
+    from ddptop.core.run.profiles import in_effect
+
+    known = load_all([])
+    env = {"NCCL_P2P_DISABLE": "1", "CUDA_MODULE_LOADING": "EAGER", "NCCL_IB_DISABLE": "0"}
+    got = in_effect(known, env)
+    assert {"p2p-off", "eager-load"} <= got
+    assert "ib-off" not in got  # its variable has another value
+    assert "gloo" not in got and "nccl-debug" not in got  # a backend; one of several variables missing
+    assert in_effect(known, {}) == set()
+
+
+def test_an_alarm_never_suggests_a_profile_in_effect():
+    from ddptop.core.model.events import AlarmEvent, LogBatch
+    from ddptop.core.run.pipeline import Pipeline
+
+    now = [100.0]
+    p = Pipeline(clock=lambda: now[0], in_effect=lambda: {"nccl-debug"})
+    # a rank's segfault: a crash alarm whose suggestions include nccl-debug, taken out here
+    out = p.process([LogBatch(100.0, rank=1, path="logs/1", texts=(
+        "Fatal Python error: Segmentation fault",))], check=True)
+    crash = [a for a in out if isinstance(a, AlarmEvent)]
+    assert crash and all("nccl-debug" not in a.suggested_profiles and "gloo" in a.suggested_profiles
+                         for a in crash), crash
+    plain = Pipeline(clock=lambda: now[0]).process([LogBatch(100.0, rank=1, path="logs/1", texts=(
+        "Fatal Python error: Segmentation fault",))], check=True)
+    assert any("nccl-debug" in a.suggested_profiles for a in plain if isinstance(a, AlarmEvent)), plain

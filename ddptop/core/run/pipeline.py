@@ -21,10 +21,11 @@ attempt is) and ``run_notify`` (the ``--notify-cmd`` reaction).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import time
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 from ddptop.core.analysis.analyzer import Analyzer
 from ddptop.core.model.events import AlarmEvent, Event, LaunchEvent, NoteEvent
@@ -84,7 +85,8 @@ class Pipeline:
                  sampler: Callable[[dict[int, float | None]], bool] | None = None,
                  resample_every: float = 20.0, stacks_wait: float = 10.0,
                  ras: RasProbe | None = None, ras_always: bool | Callable[[], bool] = False,
-                 thresholds: Thresholds | None = None):
+                 thresholds: Thresholds | None = None,
+                 in_effect: Callable[[], Collection[str]] | None = None):
         """``stall_only``: the sources' own signature alarms are already in their
         streams (the nodes of a multi-node job): only stalls are judged here.
         ``on_stall``: run once per stall alarm batch, with its first stall;
@@ -98,7 +100,9 @@ class Pipeline:
         ``ras_always`` (the user set NCCL_RAS_ADDR; or a function that says
         whether the ranks loaded NCCL): its ``RasEvent`` names who NCCL sees
         behind.  ``thresholds``: the detector's (None: the person's settings;
-        a launched run's are those in its meta.json)."""
+        a launched run's are those in its meta.json).  ``in_effect``: the
+        profiles the job already runs with (its environment has their values):
+        never suggested by an alarm."""
         self.node = node
         self.thresholds = thresholds if thresholds is not None else settings_thresholds()
         self.stall_after = stall_after
@@ -114,6 +118,7 @@ class Pipeline:
         self.stacks_wait = stacks_wait
         self.ras = ras
         self.ras_always = ras_always
+        self.in_effect = in_effect
         self._ras_unknown_said = False
         self._last_check = -1e18
         self.analyzer = self._new_analyzer()
@@ -161,6 +166,10 @@ class Pipeline:
             if sample:
                 self._take_samples()
             alarms += stalls
+        if self.in_effect is not None and any(a.suggested_profiles for a in alarms):
+            have = set(self.in_effect())
+            alarms = [dataclasses.replace(a, suggested_profiles=tuple(p for p in a.suggested_profiles if p not in have))
+                      for a in alarms]
         if not self.crash_seen and (any(a.type == "crash" for a in alarms)
                                     or any(f.signature in CRASH_SIGNATURES for f in an.findings)):
             self.crash_seen = True

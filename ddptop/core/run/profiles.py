@@ -26,6 +26,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import tomllib
 
@@ -223,6 +224,17 @@ def _line_of_top(text: str, key: str) -> int:
 def config_files() -> list[Path]:
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
     return [Path(base) / "ddptop" / "profiles.toml", Path.cwd() / "ddptop.toml"]
+
+
+def in_effect(profiles: dict[str, Profile], env: Mapping[str, str]) -> set[str]:
+    """The profiles that would change nothing in a job run with ``env``: every
+    variable they set already has their value there, and they do nothing
+    else (no variable removed, no argument, backend or timeout).  An alarm
+    does not suggest them: the job already runs with them (its own
+    environment, or a profile under another name)."""
+    return {name for name, p in profiles.items()
+            if p.env and not (p.unset or p.torchrun_args or p.script_args or p.backend or p.pg_timeout is not None)
+            and all(env.get(k) == v for k, v in p.env.items())}
 
 
 def load_all(files: list[Path] | None = None) -> dict[str, Profile]:

@@ -48,6 +48,7 @@ from ddptop.core.run.pipeline import Pipeline, run_notify
 from ddptop.core.run.profiles import (
     MASK,
     ProfileError,
+    in_effect,
     load_all,
     mask_argv,
     mask_env,
@@ -116,7 +117,7 @@ class Watcher(threading.Thread):
             pipe = Pipeline(node=sup.meta.host, stall_after=sup.meta.stall_after,
                             thresholds=Thresholds.from_dict(sup.meta.thresholds),
                             on_alarm=sup.notify, on_stall=sup.on_stall, sampler=sup.samples.request,
-                            ras=sup.ras, ras_always="NCCL_RAS_ADDR" in os.environ)
+                            ras=sup.ras, ras_always="NCCL_RAS_ADDR" in os.environ, in_effect=sup.profiles_in_effect)
         except Exception as e:  # noqa: BLE001 - the detection thread's start: said, and the job runs on unwatched
             sup.emit(NoteEvent(time.time(), "warning", f"detection disabled: {e!r}"))
             return
@@ -201,6 +202,7 @@ class Supervisor:
         self.relaunch_request: list[str] | None = None
         self.stacks_request = False  # SIGUSR2: capture every rank's stack now
         self.env_set: dict = {}
+        self.job_env: dict[str, str] = {}  # the current attempt's whole environment
         self._flight_busy = threading.Lock()
         self.relaunch_reason = ""
         self.generation = 0
@@ -212,6 +214,14 @@ class Supervisor:
         self.samples = StackSampler(run_dir, self._rank_pids, self.events.write_many, node=self.meta.host)
 
         self.ras = RasProbe(self._ras_addr, run_dir, self._rank_pids, self.events.write_many, node=self.meta.host)
+
+    def profiles_in_effect(self) -> set[str]:
+        """The profiles the current attempt already runs with (by its environment): an alarm does not
+        suggest them (a job started with CUDA_MODULE_LOADING=EAGER is not told to try eager-load)."""
+        try:
+            return in_effect(load_all(), self.job_env)
+        except (ProfileError, OSError):  # (a profile file broken since the launch: every suggestion stays)
+            return set()
 
     def _ras_addr(self) -> str | None:
         """NCCL's RAS address for the current attempt (None: RAS turned off)."""
@@ -371,6 +381,7 @@ class Supervisor:
             env.update({k: v for k, v in env_set.items() if v != MASK})  # masked: already in os.environ
             for k in env_unset:
                 env.pop(k, None)
+            self.job_env = env
             rc = self.run_generation(command, env)
             if rc is None:
                 break
