@@ -52,6 +52,24 @@ class PollFailed(Message):
         self.error = error
 
 
+# what an alarm may go ahead of in the inbox: readings whose order against it tells nothing
+_READINGS = (LogBatch, GpuEvent, ProcEvent, ProgressEvent)
+
+
+def queue_events(inbox: list, events: list) -> None:
+    """Put ``events`` at the end of the inbox, but each alarm ahead of the readings (log lines, GPU and
+    process readings, steps) queued before it: an interface that is seconds behind a 1,024-rank job's lines
+    shows the alarm at once, not after them (never ahead of a rank, state, launch or link event)."""
+    for ev in events:
+        if isinstance(ev, AlarmEvent):
+            i = len(inbox)
+            while i and isinstance(inbox[i - 1], _READINGS):
+                i -= 1
+            inbox.insert(i, ev)
+        else:
+            inbox.append(ev)
+
+
 class EventFeed:
     """The poll thread, the inbox and the intake of events (mixed into ``DdptopApp``)."""
 
@@ -75,7 +93,7 @@ class EventFeed:
                 continue
             if events:
                 with self._inbox_lock:
-                    self._inbox.extend(events)
+                    queue_events(self._inbox, events)
                     self._inbox_lines += sum(len(ev) if isinstance(ev, LogBatch) else 1 for ev in events)
                     backlog = self._inbox_lines
                     post = not self._posted
