@@ -128,6 +128,7 @@ class Headless:
         self.links: list[tuple[float, str, str]] = []  # (when, node, state) of every link event
         self.alarms: list[dict] = []
         self.notes = 0
+        self.note_list: list[dict] = []  # every note: its level, node and message
         self.lines = 0
         self.bytes = 0
         self.thread = threading.Thread(target=self._read, daemon=True, name="scale-reader")
@@ -166,6 +167,9 @@ class Headless:
                         self.ups.setdefault(d.get("node", ""), now)
                 elif b'"kind":"note"' in raw[:60]:
                     self.notes += 1
+                    d = json.loads(raw)
+                    self.note_list.append({"level": d.get("level", ""), "node": d.get("node", ""),
+                                           "message": d.get("message", "")})
 
 
 def _load() -> float:
@@ -309,6 +313,7 @@ def run_one(nodes: int, rpn: int, mode: str, view: str, seconds: float, stop_at:
         ups, alarms, lat = reader.ups, reader.alarms, reader.lat
         links = reader.links
         out["notes"] = reader.notes
+        out["note_list"] = reader.note_list
         out["stdout_bytes"] = reader.bytes
     out["view_err"] = (tmp / "view.err").read_text()[-3000:] if (tmp / "view.err").exists() else ""
     out["sim_err"] = (tmp / "sim.err").read_text()[-1500:] if (tmp / "sim.err").exists() else ""

@@ -16,11 +16,18 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
+import pytest  # noqa: E402
+
+from ddptop.core.analysis.note_folds import NoteFolder  # noqa: E402
+from ddptop.core.model.events import NoteEvent  # noqa: E402
 from scale_bench import run_one  # noqa: E402
 
 NODES, PER_NODE = 16, 2
 
 
+# (alone, in the serial pass: 16 simulated nodes, their links and a viewer are a load of their own, and the
+# alarm's timing is what it checks)
+@pytest.mark.serial
 def test_sixteen_nodes_one_alarm_naming_the_rank_and_its_node_and_their_notes_counted():
     o = run_one(NODES, PER_NODE, "issue", "headless", seconds=32.0, stop_at=14.0, burst=20, real_node="node-0",
                 quiet=True)
@@ -33,5 +40,11 @@ def test_sixteen_nodes_one_alarm_naming_the_rank_and_its_node_and_their_notes_co
     assert o["stall_alarms"] == 1, said
     assert o["alarm_culprit"] and o["alarm_node"], o.get("alarm_message")
     # the notes every node makes alike (its stack capture's three, its own stall alarm folded into the one
-    # shown, its job's end) are counted: fewer notes than nodes, where each node's would be 5 or more
-    assert 0 < o["notes"] < NODES, o["notes"]
+    # shown, its job's end) are counted, not listed: no kind of note comes from more than a few nodes (the
+    # first, and the count at the end of each 30 s window), where each would come from all 16
+    kinds: dict = {}
+    for n in o["note_list"]:
+        ev = NoteEvent(0.0, n["level"], n["message"], node=n["node"])
+        kinds.setdefault(NoteFolder.key(ev), set()).add(n["node"])
+    assert kinds and max(len(nodes) for nodes in kinds.values()) <= 3, o["note_list"]
+    assert any(" more notes like “" in n["message"] for n in o["note_list"]), o["note_list"]
