@@ -171,9 +171,11 @@ class Analyzer:
             self.line_no[key] = first + done - 1
             if rank is not None:
                 st.output(rank, t)
-            m = self.matchers.get(key) if self.match_signatures else None
-            if m is None and self.match_signatures:
-                m = self.matchers[key] = SignatureMatcher()
+            m = None
+            if self.match_signatures:
+                m = self.matchers.get(key)
+                if m is None:
+                    m = self.matchers[key] = SignatureMatcher()
             clock = None
             if self.read_stamps:
                 clock = self._clocks.get(key)

@@ -58,6 +58,12 @@ SIZE_CHECK_EVERY = 5.0  # seconds between full reads while file events say nothi
 SCAN_AFTER_ADDED = 5.0  # seconds after a file was created in which new rank logs are looked for every SCAN_EVERY
 
 
+def _due(path: str, tailer: Tailer, changed: set[str] | None) -> bool:
+    """A file a poll reads: every file when what changed is not known, else one that file events named or
+    that has bytes left from the last read."""
+    return changed is None or path in changed or tailer.left()
+
+
 class Session:
     def __init__(self, run_dir: Path, clock: Callable[[], float] = time.time,
                  resume: dict[str, int] | None = None, min_gap: float = 0.01):
@@ -343,15 +349,14 @@ class Session:
         out.extend(beats)
         batch = LogBatch.fast
         per_file = read_share(max_bytes, len(self._logs) + 1)
-        c = (self._torchrun.read_chunk(per_file)
-             if changed is None or self._torchrun_path in changed or self._torchrun.left() else EMPTY)
+        c = self._torchrun.read_chunk(per_file) if _due(self._torchrun_path, self._torchrun, changed) else EMPTY
         if c.texts:
             read_any = True
             out.append(batch(now, None, "torchrun", 0, run_dirs.TORCHRUN_LOG, *c))
         # (left(): what the read's own look at the file's size said; a write since then brings a file event)
         drained = not self._torchrun.left()
         for path, (tailer, attempt, local_rank, stream, rel) in self._logs.items():
-            if changed is not None and path not in changed and not tailer.left():
+            if not _due(path, tailer, changed):
                 continue
             c = tailer.read_chunk(per_file)
             if c.texts:
