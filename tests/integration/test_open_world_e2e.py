@@ -24,6 +24,48 @@ def diagnose(*paths) -> dict:
 
 # --------------------------------------------------------------------------- an open-world root
 
+# torchrun --tee 3 of a real 2-rank gloo job on this machine under load (tests/integration/test_diagnose_e2e.py's
+# JOB, 2026-11-27): rank 1 printed steps 4 and 5, then its loader thread died; its stdout's two steps reached the
+# console after its stderr's traceback (torchrun tails the two files by separate threads)
+TEE_CONSOLE = """\
+[default1]:step 1 loss 1.000
+[default1]:step 2 loss 0.500
+[default1]:step 3 loss 0.333
+[default0]:step 1 loss 1.000
+[default0]:step 2 loss 0.500
+[default0]:step 3 loss 0.333
+[default0]:step 4 loss 0.250
+[default0]:step 5 loss 0.200
+[default1]:Exception in thread loader:
+[default1]:Traceback (most recent call last):
+[default1]:  File "/usr/lib/python3.11/threading.py", line 1045, in _bootstrap_inner
+[default1]:    self.run()
+[default1]:  File "/usr/lib/python3.11/threading.py", line 982, in run
+[default1]:    self._target(*self._args, **self._kwargs)
+[default1]:  File "/tmp/plain0/job.py", line 10, in load
+[default1]:    open("/nonexistent/shard_0007.tar")
+[default1]:FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent/shard_0007.tar'
+[default1]:step 4 loss 0.250
+[default1]:step 5 loss 0.200
+[default0]:[rank0]: Traceback (most recent call last):
+[default0]:[rank0]:   File "/tmp/plain0/job.py", line 15, in <module>
+[default0]:[rank0]:     dist.all_reduce(t)
+[default0]:[rank0]:   File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3252, in all_reduce
+[default0]:[rank0]:     work.wait()
+[default0]:[rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to complete
+W1127 07:24:21.607000 2113 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 2119 closing signal SIGTERM
+E1127 07:24:21.798000 2113 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 2118) of binary: /venv/bin/python3
+"""
+
+
+def test_steps_that_reach_a_tee_console_after_the_error_are_not_a_recovery(tmp_path):
+    (tmp_path / "console.txt").write_text(TEE_CONSOLE)
+    rep = diagnose(tmp_path / "console.txt")
+    rc = rep["root_cause"]
+    assert rc["signature"] == "python-exception" and rc["rank"] == 1, rc
+    assert "FileNotFoundError" in rc["text"]
+
+
 
 def test_a_failure_no_signature_knows_is_the_root_quoted_whole_with_its_rank(tmp_path):
     (tmp_path / "rank0.log").write_text("step 1 loss 0.5\nstep 2 loss 0.4\n")

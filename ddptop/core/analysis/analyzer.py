@@ -46,6 +46,8 @@ from ddptop.core.model.events import (
 from ddptop.core.model.evidence import StackEvidence
 
 MAX_FAILURE_NOTES = 20  # parser-failure notes per analyzer, at most
+# newer steps of a rank, after a finding in a file mixing its stdout and stderr, that say it went on (``_went_on``)
+WENT_ON_STEPS = 3
 # NCCL says its version in its INFO lines (NCCL_DEBUG=INFO), the step hook in a note
 NCCL_VERSION = re.compile(r"\bNCCL version (\d+\.\d+\.\d+)")
 
@@ -282,7 +284,9 @@ class Analyzer:
         """A training step of ``rank``: its findings before it did not stop it.  From a file: a file's lines are
         in the order they were written, but a rank's stdout and stderr reach one console through separate pipes,
         so a step counts only when the file had shown the rank's steps before the finding (its stream was
-        flowing) and two newer steps came after it.  From the hook: the findings read a second or more before
+        flowing) and three newer steps came after it (torchrun's --tee console tails a rank's stdout and
+        stderr files by separate threads: on a loaded machine the two steps a rank printed just before its
+        fatal error reached the console after the error).  From the hook: the findings read a second or more before
         it came (live, a line is read as it is written)."""
         files = self._open.get(rank)
         if not files:
@@ -297,7 +301,7 @@ class Analyzer:
                     newer = self._newer.setdefault(f, set())
                     if before is not None and step is not None and step > before:
                         newer.add(step)
-                    went_on = len(newer) >= 2
+                    went_on = len(newer) >= WENT_ON_STEPS
                 if went_on:
                     f.detail.recovered = True
                 else:
