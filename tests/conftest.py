@@ -240,6 +240,33 @@ def pytest_runtest_call(item):
     return result
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """``DDPTOP_TEST_COST=FILE``: one JSON line per test with its wall time and the CPU it took (this
+    process and every child it waited for: torchrun, the ranks, ddptop), to find what makes the suite
+    long (issue 34); nothing is measured without it."""
+    import os
+
+    out = os.environ.get("DDPTOP_TEST_COST")
+    if not out:
+        return (yield)
+    import json
+    import resource
+    import time
+
+    def cpu() -> float:
+        return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                      resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+    t0, c0 = time.monotonic(), cpu()
+    try:
+        return (yield)
+    finally:
+        with open(out, "a") as f:
+            f.write(json.dumps({"test": item.nodeid, "wall": round(time.monotonic() - t0, 2),
+                                "cpu": round(cpu() - c0, 2)}) + "\n")
+
+
 def pytest_collection_modifyitems(config, items):
     import os
 
