@@ -489,9 +489,9 @@ class Node:
         self.p_lines = {}
         self.dirty = False
         self.last_sent = now
-        # (= wire.dumps({"kind": "cursor", "files": the session's cursor}): check_json)
+        # (= wire.dumps({"kind": "cursor", "files": the session's cursor, "t": when sent}): check_json)
         cursor = ('{"kind":"cursor","files":{"events.jsonl":' + str(self.ev_off) + ',"torchrun.log":0,'
-                  + self._cursor_keys.format(*self.off)[:-1] + "}}")
+                  + self._cursor_keys.format(*self.off)[:-1] + '},"t":' + repr(now) + "}")
         return "".join(p + "\n" for p in parts) + cursor + "\n"
 
     def hello(self) -> str:

@@ -240,6 +240,59 @@ def test_a_node_whose_clock_is_ahead_does_not_delay_the_stall_alarm(tmp_path, ss
     assert not any("clock" in e.message for e in evs if e.kind == "note" and e.node == "node-a")
 
 
+LAGGING_AGENT = """
+import json, sys, time
+rank, hold_from, hold = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+out = []
+def send(d):
+    out.append(json.dumps(d))
+def flush():
+    print("\\n".join(out), flush=True)
+    out.clear()
+send({"kind": "hello", "proto": "ddptop-agent", "version": 1, "minor": 5, "host": "h", "ddptop": "0.1.0",
+      "run": "r", "run_dir": "/r", "meta": None, "t": time.time()})
+send({"t": time.time(), "kind": "rank", "rank": rank, "local_rank": 0, "node": "h", "pid": 1, "attempt": 0,
+      "alive": True})
+held_until = None
+for step in range(1, 61):  # 10 steps a second, each with its cursor as the agent sends them
+    send({"t": time.time(), "kind": "progress", "rank": rank, "step": step, "source": "hook"})
+    send({"kind": "cursor", "files": {}, "t": time.time()})
+    if step == hold_from:
+        held_until = time.time() + hold  # the link holds what it carries (a slow link, a busy reader)
+    if held_until is None or time.time() >= held_until:
+        flush()
+    time.sleep(0.1)
+flush()
+for _ in range(120):  # then the job hangs: the link stays up, heartbeats only
+    send({"kind": "cursor", "files": {}, "t": time.time()})
+    flush()
+    time.sleep(0.5)
+"""
+
+
+def test_a_link_read_late_is_not_a_silent_node(tmp_path, sshd):
+    """Both links hold their lines for 8 s while the nodes step on (this machine too busy to read its links
+    as they come, or a slow network): the ranks are not silent for those 8 s, they are not read yet.  The
+    cross-node detector judges at the time every live link has been read up to (the agent's cursors carry
+    their time), so no stall is raised then (before, the whole job looked silent: a stall without a
+    culprit); when both nodes stop stepping, the alarm comes."""
+    script = tmp_path / "lagging_agent.py"
+    script.write_text(LAGGING_AGENT)
+    agent = f"{sys.executable} {script}"
+    ms = MultiSession([RemoteSession("node-a", ssh=sshd.ssh, remote_cmd=f"{agent} 0 15 8"),
+                       RemoteSession("node-b", ssh=sshd.ssh, remote_cmd=f"{agent} 1 15 8")], stall_after=4.0)
+    try:
+        evs = drain(ms, lambda es: any(e.kind == "alarm" for e in es), timeout=40, what="the stall alarm")
+    finally:
+        ms.close()
+    steps = {(e.rank, e.step): e.t for e in evs if e.kind == "progress"}
+    assert (0, 60) in steps and (1, 60) in steps, sorted(steps)[-3:]  # the held steps came, late
+    alarm = next(e for e in evs if e.kind == "alarm")
+    assert alarm.type == "stall", alarm
+    # not while the steps were held: only once both nodes had stopped stepping
+    assert alarm.t >= max(steps.values()), (alarm.t - max(steps.values()), alarm.message)
+
+
 def test_a_hello_read_late_is_not_taken_for_a_skewed_clock(tmp_path, sshd):
     """The node's clock agrees with ours, but its hello reaches us 2.5 s after
     the agent stamped it (a loaded machine, a slow link): no clock warning, and

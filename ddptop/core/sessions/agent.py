@@ -28,7 +28,7 @@ from ddptop.core.sessions.wire import decode_cursor, encode_cursor
 
 __all__ = ["main", "decode_cursor", "encode_cursor"]
 
-HEARTBEAT = 2.0  # seconds between cursor lines when nothing happens
+HEARTBEAT = wire.HEARTBEAT  # seconds between cursor lines when nothing happens
 # seconds between two reads of a chatty job's journal, at least: an agent that read again as soon as it had
 # sent (a line every few ms from 8 ranks) spent 12% of a core on a node; paced, the lines of those 50 ms go in
 # one batch (the first line after a quiet spell still goes at once: the pace counts from the last read)
@@ -157,7 +157,7 @@ def main(argv: list[str]) -> int:
             now = time.monotonic()
             if events or now - last_sent >= HEARTBEAT:
                 write(wire.batch([ev.to_json() if batches or not isinstance(ev, LogBatch) else ev.json_lines()
-                                  for ev in events], session.cursor()))
+                                  for ev in events], session.cursor(), time.time()))
                 out.flush()
                 last_sent = now
             if session.finished:

@@ -28,9 +28,12 @@ from ddptop.core.model.events import (
 from ddptop.core.model.session_protocol import CommandResult, Control, ExitStatus, Nodes
 from ddptop.core.run import journal
 from ddptop.core.run.pipeline import Pipeline
+from ddptop.core.sessions import wire
 from ddptop.core.sessions.ssh import FIX_ELSEWHERE, RemoteSession
 
 MULTI_STEP = 0.02  # seconds between looks at the nodes' links while a cross-node view waits
+# a link read up to T is known quiet up to T + this (its agent would have sent a heartbeat cursor by then)
+HEARD_SLACK = wire.HEARTBEAT + 0.5
 JUDGE_EVERY = 0.25  # seconds between readings of the detector for the one-alarm rule, with no stall alarm to place
 _NCCL_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+\S*)")
 _NCCL_VIA = re.compile(r"\bvia (NET/[A-Za-z]+|P2P/[A-Za-z]+|SHM|direct pointer)")
@@ -46,7 +49,9 @@ class MultiSession:
         self.sessions = sessions
         self.clock = clock
         self._woken = threading.Event()  # wake()
-        self.pipeline = Pipeline(node=ACROSS, stall_after=stall_after, clock=clock, stall_only=True,
+        self._judged_until = float("-inf")
+        # (the cross-node analysis judges silences at judge_time(): no later than every live link has been read)
+        self.pipeline = Pipeline(node=ACROSS, stall_after=stall_after, clock=self.judge_time, stall_only=True,
                                  on_stall=self._stacks_everywhere)
         self.one_alarm = OneAlarm()  # one hang, one stall alarm: the nodes' own are folded into the cross-node one
         # past a few nodes, the notes every node makes alike (a stack capture's, its own folded alarm) are counted
@@ -60,6 +65,20 @@ class MultiSession:
         self._clashes: set[int] = set()
         self._launches = 0  # the highest launch generation shown
         self._judged: tuple[float, tuple[float, dict[int, str], bool]] | None = None  # (when, _judgement())
+
+    def judge_time(self) -> float:
+        """The time the cross-node stall detector judges at: now, or, when a node's link that is up has been
+        read only up to an earlier time (a slow link, or this machine too busy to read 128 links as they
+        come), that time (and a heartbeat's interval: a node quiet since its last cursor would have sent one
+        by then): the nodes' lines not read yet are not silence.  A link that is down is not waited
+        for (its own state says it); one that stays silent is dropped after ``ssh.SILENCE`` and reconnected.
+        Never goes back."""
+        now = self.clock()
+        heard = [s.heard_until for s in self.sessions
+                 if s.heard_until is not None and s.link == "up" and not s.finished]
+        t = min(now, min(heard) + HEARD_SLACK) if heard else now
+        self._judged_until = max(self._judged_until, t)
+        return self._judged_until
 
     @property
     def meta(self) -> journal.Meta | None:

@@ -122,6 +122,10 @@ class RemoteSession(AgentStream, NodeAttempts):
         self.meta = None
         self._remote_dir = ""  # the run's directory on the node, once the agent has said
         self._cursor: dict[str, int] = {}
+        # the time (our clock) up to which the node's stream has been read (_heard, by the link's thread) and
+        # taken by poll (heard_until): from the agent's cursors, else when each cursor was read
+        self._heard: float | None = None
+        self.heard_until: float | None = None
         self.finished = False
         self.error: str | None = None  # why the attachment failed for good
         self.link = "connecting"
@@ -190,6 +194,7 @@ class RemoteSession(AgentStream, NodeAttempts):
 
     def poll(self) -> list[Event]:
         out: list[Event] = []
+        heard = self._heard  # (read before the queue: every batch it covers was queued before it was set)
         while True:
             if self._early:
                 batch = self._early.pop(0)
@@ -220,6 +225,8 @@ class RemoteSession(AgentStream, NodeAttempts):
                     if isinstance(ev, LaunchEvent) and ev.node_restart:
                         self._final = None  # a new attempt: the last one's end is history
                     out.append(ev)
+        if heard is not None:
+            self.heard_until = heard
         return out
 
     def stop(self) -> CommandResult:

@@ -43,6 +43,7 @@ class RemoteState:
     _gen_top: int
     _remote_dir: str
     _cursor: dict[str, int]
+    _heard: float | None  # (the reader's) the time, on our clock, the node's stream has been read up to
     _exit: ExitStatus | None
     _q: queue.SimpleQueue
     _closed: threading.Event

@@ -152,6 +152,9 @@ class AgentStream(RemoteState):
                     if pending:
                         self._emit(pending)
                         pending = []
+                    # the node's stream is read up to here (after what was queued: poll takes it with that)
+                    t = d.get("t")
+                    self._heard = t + self.skew if isinstance(t, (int, float)) and not isinstance(t, bool) else self.clock()
                 elif kind == "bye":
                     self._exit = ExitStatus.from_dict(d.get("exit"))
                     if self._exit is None and isinstance(d.get("attach_exit_code"), int) and not self.launched:

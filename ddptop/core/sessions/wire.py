@@ -6,8 +6,10 @@ One JSON object a line, UTF-8, over the person's own ssh:
   "minor": MINOR, "host", "ddptop", "pid", "t", "versions", "run",
   "run_dir", "meta", "location"}``;
 * then the run's events, exactly as ``ddptop --json`` prints them, in
-  batches; each batch ends with ``{"kind": "cursor", "files": {path: offset}}``
-  (also sent every few seconds as a heartbeat).  A client keeps a batch only
+  batches; each batch ends with ``{"kind": "cursor", "files": {path: offset},
+  "t": when sent}`` (also sent every few seconds as a heartbeat; ``t`` since
+  minor 5: the node's stream is complete up to then, which a cross-node view
+  judges silences by, so that a link read late is not a silent node).  A client keeps a batch only
   once its cursor has arrived, and reconnects with ``--resume`` set to the
   last cursor: no line is lost and none is repeated, whenever the link drops;
 * ``{"kind": "reply", "cmd", "ok", "refused", "message"}`` answers a
@@ -43,8 +45,9 @@ from ddptop import __version__
 
 PROTO_NAME = "ddptop-agent"
 MAJOR = 1  # a client and an agent of different majors cannot talk
-MINOR = 4  # 1: exit status in bye, typed replies, location in hello; 2: "ras" events; 3: "logs" batches;
-# 4: error codes, and `agent --after T` (the next attempt of a node whose container restarted)
+MINOR = 5  # 1: exit status in bye, typed replies, location in hello; 2: "ras" events; 3: "logs" batches;
+# 4: error codes, and `agent --after T` (the next attempt of a node whose container restarted); 5: "t" in cursors
+HEARTBEAT = 2.0  # seconds between an agent's cursor lines when nothing happens, at most
 BATCHES_SINCE = 3  # the first minor whose agent sends "logs" batches when asked
 PROTOCOL = MAJOR  # (the "version" field: what protocol 1 agents and clients compare)
 CONTROL = frozenset({"hello", "cursor", "bye", "reply", "error"})
@@ -99,9 +102,12 @@ def parse_line(raw: bytes) -> tuple[str | None, dict[str, Any]]:
     return d["kind"], d
 
 
-def batch(lines: list[str], cursor: dict[str, int]) -> str:
-    """Events already serialised, then the cursor that commits them."""
-    return "".join(l + "\n" for l in lines) + dumps({"kind": "cursor", "files": cursor}) + "\n"
+def batch(lines: list[str], cursor: dict[str, int], t: float | None = None) -> str:
+    """Events already serialised, then the cursor that commits them (``t``: when sent, the agent's clock)."""
+    c: dict[str, Any] = {"kind": "cursor", "files": cursor}
+    if t is not None:
+        c["t"] = t
+    return "".join(l + "\n" for l in lines) + dumps(c) + "\n"
 
 
 def reply(cmd: str | None, ok: bool, message: str, refused: bool = False) -> dict[str, Any]:
