@@ -69,8 +69,10 @@ class Session:
                  resume: dict[str, int] | None = None, min_gap: float = 0.01):
         """``resume``: a ``cursor()`` from an earlier session on this run; reading
         starts exactly after what that session had returned.  ``min_gap``:
-        seconds between two wakes of ``wait``, at least (see FileWaker)."""
+        seconds between two wakes of ``wait``, at least; ``look_every``: between
+        two looks for file events, at least (see FileWaker; both set before the first ``wait``)."""
         self.min_gap = min_gap
+        self.look_every = 0.0
         self.run_dir = Path(run_dir)
         self.meta: journal.Meta = journal.load_meta(self.run_dir)
         self.location = LocalRun(self.run_dir)
@@ -280,7 +282,7 @@ class Session:
             log_dir = Path(self.meta.log_dir)
             if self.run_dir not in log_dir.parents and log_dir != self.run_dir and log_dir.is_dir():
                 paths.append(log_dir)
-            self._waker = FileWaker(paths, min_gap=self.min_gap)
+            self._waker = FileWaker(paths, min_gap=self.min_gap, look_every=self.look_every)
             if self._woken:  # woken while the watcher started
                 self._woken = False
                 return

@@ -30,9 +30,12 @@ __all__ = ["main", "decode_cursor", "encode_cursor"]
 
 HEARTBEAT = wire.HEARTBEAT  # seconds between cursor lines when nothing happens
 # seconds between two reads of a chatty job's journal, at least: an agent that read again as soon as it had
-# sent (a line every few ms from 8 ranks) spent 12% of a core on a node; paced, the lines of those 50 ms go in
-# one batch (the first line after a quiet spell still goes at once: the pace counts from the last read)
-AGENT_GAP = 0.05
+# sent (a line every few ms from 8 ranks) spent 12% of a core on a node; paced, the lines of those 150 ms go in
+# one batch (the first line after a quiet spell still goes at once: the pace counts from the last read).
+# `bench.py agent` (8 ranks, 85 lines/s): 2.3% of a core at 50 ms with the watcher looking every 2 ms, 1.6% with
+# it looking every AGENT_LOOK, 0.9% at 150 ms (a line reaches an attached view up to about 0.2 s later)
+AGENT_GAP = 0.15
+AGENT_LOOK = AGENT_GAP / 2  # seconds between the file watcher's looks for events, at least
 INTERVAL = 1.0  # seconds a wait for the run's files to change lasts at most
 
 
@@ -122,6 +125,7 @@ def main(argv: list[str]) -> int:
         run, run_dir = str(loc), str(loc)
     if isinstance(session, Session):
         session.min_gap = AGENT_GAP
+        session.look_every = AGENT_LOOK
     meta = session.meta
     # "t" when sent: the client measures this node's clock against its own with it
     send({**hello, "t": time.time(), "run": run, "run_dir": run_dir, "location": str(loc),

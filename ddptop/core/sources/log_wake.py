@@ -12,6 +12,8 @@ after one to two such steps, so a line waits 3-4 ms, not the 8 ms of 5 ms
 steps, for a few more wake-ups of a sleeping thread), every 25 ms up to a second, then
 every 100 ms (the first line after a quiet spell waits up to that long; an
 idle reader, or one of a job that writes once a second, costs almost nothing).
+A reader that paces itself (the agent) looks less often (``look_every``): at
+2 ms its watcher woke 500 times a second for reads it paced anyway.
 
 Where file events are unavailable (watchfiles cannot start: no inotify,
 the watch limit reached) or silently missing (a network filesystem, some
@@ -39,12 +41,15 @@ ADDED = 1  # watchfiles' Change.added
 
 class FileWaker:
     def __init__(self, paths: Sequence[str | os.PathLike], *, clock: Callable[[], float] = time.monotonic,
-                 force_polling: bool | None = None, min_gap: float = 0.0):
+                 force_polling: bool | None = None, min_gap: float = 0.0, look_every: float = 0.0):
         """``min_gap``: seconds between the ends of two waits, at least (a
         reader of a chatty job then polls at most 1/min_gap times a second,
-        taking more lines each time, instead of once per write)."""
+        taking more lines each time, instead of once per write).  ``look_every``:
+        seconds between the watcher's looks for events, at least (``STEPS``
+        otherwise: a reader that paces itself gains nothing from looks every 2 ms)."""
         self.paths = [os.fspath(p) for p in paths]
         self.min_gap = min_gap
+        self.look_every_ms = int(look_every * 1000)
         self._woke = 0.0
         self._interrupt = threading.Event()  # wake(): end the current (or next) wait now
         self._added = False  # a file was created (take_added)
@@ -116,6 +121,7 @@ class FileWaker:
         while True:
             quiet = self.clock() - self._last_change
             until, step = next((u, st) for u, st in STEPS if quiet < u)
+            step = max(step, self.look_every_ms)
             left = deadline - self.clock()
             if left <= 0:
                 r = "timeout"
