@@ -102,7 +102,7 @@ from ddptop.core.sources.stack_probe import source_line  # noqa: E402
 from ddptop.core.sources.stack_pyspy import normalise, summarise  # noqa: E402
 
 STACKS = ROOT / "tests" / "data" / "stacks"
-HEARTBEAT = 2.0  # as the agent's
+HEARTBEAT = wire.HEARTBEAT  # (the agent's: a cursor alone every 2 s)
 # the agent's pace: seconds between two reads of a node's journal, at least (its session's FileWaker min_gap)
 MIN_GAP = getattr(agent_module, "AGENT_GAP", 0.01)
 ANALYSIS_EVERY = 0.5  # seconds between passes of the nodes' own analysis (the supervisor's: on file events)

@@ -28,7 +28,6 @@ from ddptop.core.sessions.wire import decode_cursor, encode_cursor
 
 __all__ = ["main", "decode_cursor", "encode_cursor"]
 
-HEARTBEAT = wire.HEARTBEAT  # seconds between cursor lines when nothing happens
 # seconds between two reads of a chatty job's journal, at least: an agent that read again as soon as it had
 # sent (a line every few ms from 8 ranks) spent 12% of a core on a node; paced, the lines of those 150 ms go in
 # one batch (the first line after a quiet spell still goes at once: the pace counts from the last read).
@@ -159,7 +158,7 @@ def main(argv: list[str]) -> int:
                                                   f"{type(e).__name__}: {e}"})
                 return 1
             now = time.monotonic()
-            if events or now - last_sent >= HEARTBEAT:
+            if events or now - last_sent >= wire.HEARTBEAT:  # (a cursor alone when nothing happens)
                 write(wire.batch([ev.to_json() if batches or not isinstance(ev, LogBatch) else ev.json_lines()
                                   for ev in events], session.cursor(), time.time()))
                 out.flush()
@@ -170,7 +169,7 @@ def main(argv: list[str]) -> int:
                       "exit": status.to_dict()})
                 return 0
             # a file event or a deadline (at once with bytes left to read; paced by AGENT_GAP when lines flow)
-            session.wait(min(args.interval, HEARTBEAT))
+            session.wait(min(args.interval, wire.HEARTBEAT))
     except (BrokenPipeError, KeyboardInterrupt):
         return 0
     finally:
