@@ -45,24 +45,30 @@ def run_headless(session: JobSession, *, json_mode: bool, out: TextIO | None = N
     """
     out = out or sys.stdout
     stops = 0
+    leaving = False  # end at the next turn of the loop (not inside a write: --json lines stay whole)
 
     def say(line: str) -> None:
         print(f"== ddptop: {line} ==", file=sys.stderr, flush=True)
 
     def on_signal(signum, frame):
-        nonlocal stops
+        nonlocal stops, leaving
         stops += 1
+        if leaving:
+            raise KeyboardInterrupt  # asked again while leaving: at once, wherever the loop is
         if stops > 1:
-            raise KeyboardInterrupt
+            leaving = True
+            return
         c = session.control()
         if not c.stop:
             say(f"{c.refused}. Detaching: the job keeps running" if c.refused
                 else "the job is not running: nothing to stop; ending")
-            raise KeyboardInterrupt
+            leaving = True
+            return
         r = session.stop()
         if not r.ok:
             say(f"{'refused' if r.refused else 'cannot stop the job'}: {r.message}; ending")
-            raise KeyboardInterrupt
+            leaving = True
+            return
         if not json_mode:
             say("stopping the job (signal %d); again to stop waiting" % signum)
 
@@ -72,9 +78,11 @@ def run_headless(session: JobSession, *, json_mode: bool, out: TextIO | None = N
     write = out.write
     try:
         while not session.finished:
+            if leaving:
+                return 130
             batch = session.poll()
             if not batch:
-                session.wait(interval)  # a file event, a line over the link, or a deadline
+                session.wait(interval)  # a file event, a line over the link, or a deadline (a signal: at most this)
                 continue
             if json_mode:
                 write("".join(ev.json_lines() + "\n" for ev in batch if not isinstance(ev, LogBatch) or ev.texts))

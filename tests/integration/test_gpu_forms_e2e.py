@@ -212,7 +212,15 @@ def test_a_peer_that_died_on_another_node_is_said_at_once_in_the_merged_view(tmp
         # rank 0 is still there, spinning: nothing but ddptop's alarm has said anything yet
         assert any(e["kind"] == "rank" and e["rank"] == 0 and e["alive"] for e in seen)
         os.killpg(w.pid, 2)  # SIGINT: stop the job through the attachment
-        finish(w)
+        try:
+            w.wait(timeout=TIMEOUT)
+        finally:
+            if w.poll() is None:
+                os.killpg(w.pid, 9)
+                w.wait()
+        reader.join(timeout=TIMEOUT)
+        assert not reader.is_alive()
+        assert not bad, bad[:3]  # every --json line whole, to the end
 
 
 def test_two_node_hang_with_the_culprit_on_the_second_node_is_one_alarm_naming_that_node(tmp_path, sshd, cuda_cache):
@@ -226,13 +234,22 @@ def test_two_node_hang_with_the_culprit_on_the_second_node_is_one_alarm_naming_t
 
     from conftest import TIMEOUT, wait_for
     from ddptop.core.analysis.nodes import HOLD
-    from test_attach_ssh import finish
 
     seen: list[dict] = []
+    bad: list[bytes] = []
+
+    def read(stdout):
+        for line in stdout:
+            if line.endswith(b"\n"):  # (a last line cut by the stop at the end is no event)
+                try:
+                    seen.append(json.loads(line))
+                except ValueError:
+                    bad.append(line)
+
     with _two_nodes_attached(tmp_path, sshd, "hang") as w:
-        # (a last line cut by the stop at the end is no event)
-        threading.Thread(target=lambda: seen.extend(json.loads(line) for line in w.stdout if line.endswith(b"\n")),
-                         daemon=True).start()
+        # (the only reader of its stdout: a second one, communicate(), would take parts of lines)
+        reader = threading.Thread(target=read, args=(w.stdout,), daemon=True)
+        reader.start()
         wait_for(lambda: stalls(seen) or w.poll() is not None, timeout=TIMEOUT, what="the stall alarm")
         # every node's own detector has had its say well before this: theirs come within a second or so of
         # the merged view's, and a node's own is held back at most HOLD seconds
@@ -252,4 +269,12 @@ def test_two_node_hang_with_the_culprit_on_the_second_node_is_one_alarm_naming_t
         assert not [e for e in evs if e["kind"] == "alarm" and e["type"] == "stall" and e["node"] == "node-a"]
         assert alarm["t"] - first < 1
         os.killpg(w.pid, 2)  # SIGINT: stop the job through the attachment
-        finish(w)
+        try:
+            w.wait(timeout=TIMEOUT)
+        finally:
+            if w.poll() is None:
+                os.killpg(w.pid, 9)
+                w.wait()
+        reader.join(timeout=TIMEOUT)
+        assert not reader.is_alive()
+        assert not bad, bad[:3]  # every --json line whole, to the end

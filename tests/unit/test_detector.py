@@ -222,6 +222,35 @@ def test_stacks_that_say_io_hold_the_alarm_until_the_io_patience_runs_out():
     assert "still in I/O" in alarm.message and alarm.where[0].function == "save_checkpoint"
 
 
+def test_the_last_rank_still_ending_after_a_peer_ended_cleanly_is_no_hang_and_one_that_never_ends_is():
+    """Seen in a loaded CI run of a healthy Trainer job: rank 0 wrote the last checkpoint (stacks: I/O, the
+    other waiting), then its process ended; rank 1 was still tearing down, 70 s after the last step, and
+    samples of a job half gone could not tell.  A peer's clean end (exit 0, or not known yet) starts the
+    survivors' silence: their own end within the threshold is no hang; waiting for it past the threshold
+    (uneven inputs: the other ranks wait in a collective for a rank that finished) is one."""
+    c = Clock()
+    d = StallDetector(c, io_patience=600.0)
+    run_steps(d, c, [0, 1], 50, 0.2)
+    c.t += 6.0
+    d.stacks(StackVerdict(c.t, False, (), "no hang: rank 0 is in I/O", {"0": {"function": "_save"}}, io=(0,)))
+    c.t += 64.0
+    assert d.decide().stall is None  # the save: I/O, within the patience
+    d.rank_ended(0, None, c.t)  # rank 0's process is gone; torchrun tells its exit code later
+    end = c.t
+    c.t += 2.0
+    d.stacks(StackVerdict(c.t, None, (), "cannot tell: no usable stack; rank 0 is dead"))
+    while c.t < end + d.min_silence - 0.5:
+        c.t += 0.5
+        assert d.decide().stall is None, c.t - end  # rank 1 ending: seconds, not a hang
+    d.rank_ended(0, 0, c.t)  # its exit code comes: 0; its end stays when it ended
+    assert d.ranks[0].ended_at == end
+    s = None
+    while s is None and c.t < end + 60:
+        c.t += 0.5
+        s = d.decide().stall
+    assert s is not None and s.silent_for < 3 * d.min_silence, s  # still there, silent: it waits for rank 0
+
+
 def test_a_progress_bar_redrawn_with_the_same_count_is_not_life():
     """tqdm redraws its bar (a new elapsed time, the same count) while the loop is
     stuck: the alarm must neither wait for it nor end and come again."""

@@ -86,6 +86,7 @@ class StallDetector:
         self.started = clock() if start is None else start
         self.ranks: dict[int, RankState] = {}
         self.active: Stall | None = None  # the stall being reported, until progress resumes
+        self.clean_end = -1e18  # when a rank last ended without a failure (exit 0, or its exit unknown)
         self._active_began = 0.0  # when the silence of the stall being reported began
         self.verdict: StackEvidence | None = None  # the latest stack samples' verdict (every node's, combined)
         self._verdicts: dict[str, StackEvidence] = {}  # node -> its latest
@@ -195,9 +196,16 @@ class StallDetector:
 
     def rank_ended(self, rank: int, exit_code: int | None = None, t: float | None = None) -> None:
         st = self.rank(rank)
+        t = self.clock() if t is None else t
+        if not st.alive and st.ended_at is not None:
+            t = min(t, st.ended_at)  # (its exit code, told after its end: the end is when it ended)
         st.alive = False
         st.exit_code = exit_code
-        st.ended_at = self.clock() if t is None else t
+        st.ended_at = t
+        if exit_code in (None, 0):
+            # a rank that ended without a failure: the job is ending, and the others' silence is judged from
+            # here (their own end, a last save, or waiting for it forever: a hang said a threshold later)
+            self.clean_end = max(self.clean_end, t)
 
     def nodes(self) -> dict[int, str]:
         """Each rank's node, as its events said (empty for a job on one node that names none)."""
@@ -254,7 +262,7 @@ class StallDetector:
         return min(late, max(self.suspect_floor, self.k * e))
 
     def _last_sign(self, st: RankState) -> float:
-        last = max(x for x in (st.last_progress, st.last_other, self.started) if x is not None)
+        last = max(x for x in (st.last_progress, st.last_other, self.started, self.clean_end) if x is not None)
         if st.last_progress is None and st.last_output is not None and st.batches is None and st.watched is None:
             # no progress recognised in its output, no hook, no stack watch: its output is its only sign of life
             last = max(last, st.last_output)
