@@ -212,15 +212,7 @@ def test_a_peer_that_died_on_another_node_is_said_at_once_in_the_merged_view(tmp
         # rank 0 is still there, spinning: nothing but ddptop's alarm has said anything yet
         assert any(e["kind"] == "rank" and e["rank"] == 0 and e["alive"] for e in seen)
         os.killpg(w.pid, 2)  # SIGINT: stop the job through the attachment
-        try:
-            w.wait(timeout=TIMEOUT)
-        finally:
-            if w.poll() is None:
-                os.killpg(w.pid, 9)
-                w.wait()
-        reader.join(timeout=TIMEOUT)
-        assert not reader.is_alive()
-        assert not bad, bad[:3]  # every --json line whole, to the end
+        finish(w)
 
 
 def test_two_node_hang_with_the_culprit_on_the_second_node_is_one_alarm_naming_that_node(tmp_path, sshd, cuda_cache):
