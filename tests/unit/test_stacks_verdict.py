@@ -405,3 +405,68 @@ def test_ranks_spinning_at_different_cuda_syncs_are_a_mismatch_whose_minority_is
     # all at one: every rank waits in the same collective (the start-up hang, or a long GPU step)
     v = verdict({0: at(88), 1: at(88)})
     assert v.hung is True and not v.mismatch and v.culprits == () and not v.confirmed
+
+
+def test_a_line_that_syncs_only_a_gpu_tensor_is_no_gpu_wait_in_a_process_without_a_gpu_runtime():
+    """Seen in a loaded test run: rank 0 evaluating alone on the CPU, `acc += float(torch.randn(64, 64).sum())`
+    in both Python-only samples (its native dumps given up under load), with simulated telemetry (no
+    utilisation): the line reads as a GPU sync (a tensor's __float__), so rank 0 was taken as spinning on the
+    GPU and the job as a stall.  A process with no GPU runtime mapped (the sampler reads /proc/PID/maps) waits
+    on no GPU: it is a rank working while rank 1 waits for it."""
+    line = "        acc += float(torch.randn(64, 64).sum())"
+    src = lambda file, n: line if file.endswith("train.py") and n == 88 else None  # noqa: E731
+    evaluating = [PYTHON_SYNC.format(line=88)] * 2
+    waiting = dumps("gloo_barrier", 0)  # (a real rank waiting in dist.barrier)
+    v = verdict({0: evaluating, 1: waiting}, src, gpu_util={0: None, 1: None})
+    # (what a GPU process's line would be: a sync; and rank 1 in a barrier: waits in different places)
+    assert v.where[0].kind == "gpu-wait" and v.hung and v.mismatch, v.summary
+    v = verdict({0: evaluating, 1: waiting}, src, gpu_util={0: None, 1: None}, no_gpu={0, 1})
+    assert v.where[0].kind != "gpu-wait" and v.hung is False and v.workers == (0,), v.summary
+    assert "rank 1 waits for rank 0, which works" in v.summary
+
+
+def test_the_gpu_runtime_is_read_from_the_process_address_space(tmp_path):
+    """gpu_runtime_mapped(pid): a process that has mapped a file named as the CUDA runtime has one; this
+    test's own process (CPU torch at most) has none; a pid that is not there cannot be read."""
+    import subprocess
+    import sys
+
+    from ddptop.core.sources.stack_pyspy import gpu_runtime_mapped
+
+    lib = tmp_path / "libcudart.so.12"
+    lib.write_bytes(b"\0" * 4096)
+    code = ("import mmap, sys; f = open(sys.argv[1], 'rb'); m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ); "
+            "print('mapped', flush=True); sys.stdin.read()")
+    p = subprocess.Popen([sys.executable, "-c", code, str(lib)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stdout.readline().strip() == "mapped"
+        assert gpu_runtime_mapped(p.pid) is True
+    finally:
+        p.stdin.close()
+        p.wait(timeout=30)
+    import os
+
+    assert gpu_runtime_mapped(os.getpid()) is False
+    assert gpu_runtime_mapped(p.pid) is None  # gone
+
+
+def test_diagnose_judges_a_sampling_again_with_the_ranks_that_had_no_gpu_runtime(tmp_path):
+    """The sampler writes which ranks had no GPU runtime beside their dumps; `ddptop diagnose` of the run
+    reads it and says what the live verdict said (a post-mortem never contradicts the live view)."""
+    from ddptop.core.sources.stack_files import GPU_RUNTIME_FILE
+    from ddptop.core.tools.diagnose import stacks_report
+
+    script = tmp_path / "train.py"
+    script.write_text("\n" * 87 + "        acc += float(torch.randn(64, 64).sum())\n")
+    d = tmp_path / "stacks" / "20261127-100000-samples"
+    d.mkdir(parents=True)
+    for i in range(2):
+        (d / f"rank0.{i}.txt").write_text(PYTHON_SYNC.format(line=88).replace("/w/train.py", str(script)))
+        (d / f"rank1.{i}.txt").write_text(dumps("gloo_barrier", 0)[i])
+    assert stacks_report([str(tmp_path)]).evidence.where[0].kind == "gpu-wait"
+    (d / GPU_RUNTIME_FILE).write_text('{"without": [0, 1]}\n')
+    ev = stacks_report([str(tmp_path)]).evidence
+    assert ev.where[0].kind != "gpu-wait" and ev.hung is False and ev.workers == (0,), ev.summary
+    (d / GPU_RUNTIME_FILE).write_text("{damaged\n")  # unreadable: nothing concluded
+    assert stacks_report([str(tmp_path)]).evidence.where[0].kind == "gpu-wait"

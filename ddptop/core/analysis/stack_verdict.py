@@ -340,14 +340,16 @@ def _other_threads(threads: list[Thread], main: Thread) -> tuple[str, ...]:
 
 
 def rank_state(threads: Iterable[Thread], source_line: SourceLine | None = None,
-               gpu_job: bool = False) -> RankStack:
+               gpu_job: bool = False, gpu: bool = True) -> RankStack:
     """What the main thread (named MainThread, else the first) is doing.
 
     ``source_line(file, line)``, when given, returns the source text of a line
     (the caller may read files); it names the call a user frame is blocked in
     (``time.sleep``), which py-spy cannot show for C functions.  ``gpu_job``:
     the job runs on GPUs (another dump shows GPU libraries): a line whose
-    source cannot be read may then be a GPU synchronisation.
+    source cannot be read may then be a GPU synchronisation.  ``gpu``: False
+    when the process has no GPU runtime mapped: no line of it is a GPU
+    synchronisation (``float(t)`` of a CPU tensor).
     """
     threads = list(threads)
     t = _main_thread(threads)
@@ -396,7 +398,7 @@ def rank_state(threads: Iterable[Thread], source_line: SourceLine | None = None,
         return RankStack(g.kind, g.text + where, user, frames[0], call or g.call, t.state, t.name, signature, exact,
                          code, g.key, _native_words(g, inner_native), g.library, native_read, "", others)
     sync = ""
-    if not native_read:
+    if not native_read and gpu:
         # no native frames: the line may be a GPU synchronisation (the wait happens in C, out of py-spy's
         # sight without --native): a sync call on the source line or a framework's syncing frame ("yes"), or a
         # C call from the innermost frame that no source line names, in a job known to run on GPUs ("maybe")
@@ -561,7 +563,7 @@ _NATIVE_KINDS = ("gpu-wait", "gpu-lock", "nccl")
 
 def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None,
             gpu_busy: Iterable[int] = (), gpu_util: Mapping[int, float | None] | None = None,
-            gpu_job: bool = False) -> StackEvidence:
+            gpu_job: bool = False, no_gpu: Iterable[int] = ()) -> StackEvidence:
     """Hang verdict from py-spy dumps (or gdb / pystack ones) of every rank, oldest first.
 
     With >= 2 dumps per rank, taken >= 1 s apart, per rank: *frozen* (same
@@ -587,7 +589,12 @@ def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None
     different places (collectives, sync lines) are a mismatch whose minority
     is the culprit when there is a majority; every rank on the driver's lock
     is a deadlock in the driver with no odd rank out; all moving => no hang.
+
+    ``no_gpu``: ranks whose process has no GPU runtime mapped (read by the
+    sampler from ``/proc/PID/maps``): none of their lines waits on a GPU,
+    whatever the telemetry mapped to them says.
     """
+    no_gpu = set(no_gpu)
     utils: dict[int, float | None] = dict(gpu_util or {})
     for r in gpu_busy:
         utils[r] = max(utils.get(r) or 0.0, HOT_UTIL)
@@ -599,7 +606,8 @@ def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None
     gpu_job = gpu_job or any(u is not None for u in utils.values()) or any(
         gpu_library(f) for ds in parsed.values() for _d, ts in ds for t in ts for f in t.frames if f.native)
     for rank, dumps in sorted(parsed.items()):
-        pairs = [(d, rank_state(ts, source_line, gpu_job)) for d, ts in dumps]
+        gpu_ok = rank not in no_gpu
+        pairs = [(d, rank_state(ts, source_line, gpu_job and gpu_ok, gpu_ok)) for d, ts in dumps]
         pairs = [(d, s) for d, s in pairs if s.kind != "unknown" or s.exact]
         sts = [s for _d, s in pairs]
         if pairs:
@@ -612,7 +620,7 @@ def verdict(samples: dict[int, list[str]], source_line: SourceLine | None = None
             # (the same frames with other local variables, in dumps taken with --locals: a loop's counter moved)
             status[rank] = "moving"
             continue
-        util = utils.get(rank)
+        util = utils.get(rank) if gpu_ok else None
         busy_gpu = util is not None and util >= HOT_UTIL
         native_read = any(s.native_read for s in sts)
         gpu = next((s for s in reversed(sts) if s.kind in _NATIVE_KINDS), None)

@@ -20,13 +20,17 @@ the verdict is ``analysis.stack_verdict.verdict``.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddptop.core.analysis.stack_dumps import format_of, split_processes, with_native
 
-__all__ = ["DumpSet", "load", "MAX_BYTES"]
+__all__ = ["DumpSet", "load", "MAX_BYTES", "GPU_RUNTIME_FILE"]
+
+# beside a sampling's dumps: the ranks whose process had no GPU runtime mapped ({"without": [ranks]})
+GPU_RUNTIME_FILE = "gpu-runtime.json"
 
 MAX_BYTES = 16 << 20  # a dump file larger than this is not read (a log, most likely)
 _RANK_FILE = re.compile(r"(?:^|[^a-z])(?:rank|proc|worker|process)[_-]?(\d+)(?:[._-](\d+))?(?:\.[A-Za-z]\w*)*$",
@@ -42,6 +46,7 @@ class DumpSet:
     sources: list[str] = field(default_factory=list)  # where the dumps came from (files, folders)
     formats: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
+    no_gpu: set[int] = field(default_factory=set)  # keys whose process had no GPU runtime mapped (GPU_RUNTIME_FILE)
 
     def label(self, key: int) -> str:
         return f"pid {key}" if key in self.by_pid else f"rank {key}"
@@ -149,12 +154,25 @@ def _from_dir(ds: DumpSet, d: Path) -> bool:
     files = sorted((f for f in d.iterdir() if f.is_file()), key=lambda f: _sort_key(f.name))
     found = False
     for f in files:
+        if f.name == GPU_RUNTIME_FILE:
+            ds.no_gpu |= _without_gpu(f)
+            continue
         text = _read(f)
         if text is None:
             continue
         rank, _index = _rank_of_name(f.name)
         found = _from_file(ds, f, text, rank) or found
     return found
+
+
+def _without_gpu(f: Path) -> set[int]:
+    """The ranks a ``GPU_RUNTIME_FILE`` names (none when it cannot be read: then nothing is concluded)."""
+    try:
+        d = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return set()
+    ranks = d.get("without") if isinstance(d, dict) else None
+    return {r for r in ranks if type(r) is int} if isinstance(ranks, list) else set()
 
 
 def _sort_key(name: str) -> tuple:
@@ -196,6 +214,8 @@ def load(paths: list[str]) -> DumpSet | None:
             if key in out.samples:
                 new = max(out.samples) + 1
                 out.notes.append(f"{one.label(key)} of {p} is also in an earlier path: numbered {new} here")
+            if key in one.no_gpu:
+                out.no_gpu.add(new)
             for t in texts:
                 out.add(new, t, "", pid=key in one.by_pid)
         out.sources += [s for s in one.sources if s not in out.sources]

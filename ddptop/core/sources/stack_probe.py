@@ -13,6 +13,7 @@ Also ``source_line``, how the verdict reads a rank's source line.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -25,10 +26,12 @@ from ddptop.core.model.evidence import HOT_UTIL, ranks_text
 from ddptop.core.model.run_dirs import make_private_dir
 from ddptop.core.model.settings import settings
 from ddptop.core.sources.probe_base import Emit, Job, Loop, unique_path
+from ddptop.core.sources.stack_files import GPU_RUNTIME_FILE
 from ddptop.core.sources.stack_pyspy import (
     PTRACE_FIX,
     PTRACE_REFUSED,
     dump_stacks,
+    gpu_runtime_mapped,
     missing_words,
     py_spy,
     python_dump,
@@ -157,6 +160,8 @@ class StackSampler(Job):
 
 
         t0 = self.clock()
+        # (the ranks with no GPU runtime mapped: none of their lines waits on a GPU, without native frames too)
+        no_gpu = {r for r, pid in pids.items() if gpu_runtime_mapped(pid) is False}
         dumps: dict[int, list[str]] = {r: [] for r in pids}
         errors: list[str] = []
         native: set[int] = set()
@@ -187,8 +192,8 @@ class StackSampler(Job):
             self.emit([StacksEvent(t0, ranks=tuple(sorted(pids)), error=error or "no stack could be read",
                                    node=self.node)])
             return
-        ev = replace(verdict(got, source_line, gpu_util=self._gpu_util), t=t0, node=self.node)
-        d = self._save(got)
+        ev = replace(verdict(got, source_line, gpu_util=self._gpu_util, no_gpu=no_gpu), t=t0, node=self.node)
+        d = self._save(got, no_gpu & set(got))
         fields = ev.to_event_fields()
         fields["error"] = error
         self.emit([StacksEvent(t0, ranks=tuple(sorted(got)), samples=min(len(x) for x in got.values()),
@@ -238,12 +243,14 @@ class StackSampler(Job):
                                  node=self.node)])
         return "; ".join(p for p in parts if not mark.fullmatch(p))
 
-    def _save(self, dumps: dict[int, list[str]]) -> Path:
+    def _save(self, dumps: dict[int, list[str]], no_gpu: set[int]) -> Path:
 
         d = make_private_dir(unique_path(self.dest / "stacks", _stamp() + "-samples"))
         for rank, texts in dumps.items():
             for i, text in enumerate(texts):
                 (d / f"rank{rank}.{i}.txt").write_text(text)
+        if no_gpu:  # (read back by `ddptop diagnose`, which judges these dumps again)
+            (d / GPU_RUNTIME_FILE).write_text(json.dumps({"without": sorted(no_gpu)}) + "\n")
         return d
 
 

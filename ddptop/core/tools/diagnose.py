@@ -333,7 +333,7 @@ def stacks_report(paths: list[str], gpu_job: bool = False) -> StacksReport | Non
     ds = dump_files.load(paths)
     if ds is None:
         return None
-    return StacksReport(verdict(ds.samples, source_line, gpu_job=gpu_job), ds)
+    return StacksReport(verdict(ds.samples, source_line, gpu_job=gpu_job, no_gpu=ds.no_gpu), ds)
 
 
 def _iso(t: float | None) -> str | None:
