@@ -547,6 +547,23 @@ _EXACT = {
     cls: {f.name: e for f in dataclasses.fields(cls) if (e := _exact(str(f.type))) is not None}
     for cls in _KINDS.values()
 }
+_UNSET: Any = object()
+_MANY = 10  # fields from which filling the dict is the quicker (a progress event's 7 construct faster)
+# each kind's fields in their order, with their defaults (_UNSET: none, or made by a factory), and the fields
+# that have a factory: from_dict builds an event's __dict__ from these instead of calling the dataclass's
+# __init__ (a frozen dataclass sets its fields one by one through object.__setattr__: a GPU reading of 27
+# fields took 20 times as long to construct as to fill its dict, and thousands of readings a second come
+# off the wire at 128 nodes)
+_TEMPLATE = {
+    cls: {f.name: (f.default if f.default is not dataclasses.MISSING else _UNSET) for f in dataclasses.fields(cls)}
+    for cls in _KINDS.values()
+}
+_FACTORIES = {
+    cls: tuple((f.name, f.default_factory) for f in dataclasses.fields(cls)
+               if f.default_factory is not dataclasses.MISSING)
+    for cls in _KINDS.values()
+}
+assert not any(hasattr(cls, "__post_init__") for cls in _KINDS.values())  # (from_dict does not call it)
 # the fields whose values are evidence objects or rank-keyed maps (to_dict turns them into JSON)
 _TYPED = {
     cls: tuple(f.name for f in dataclasses.fields(cls)
@@ -596,7 +613,19 @@ def from_dict(d: Any) -> Event:
             raise BadEvent("logs event, field 'partial': an index out of range")
         if kw.get("transient") and not n:
             raise BadEvent("logs event: transient without a line")
-    return cls(**kw)
+    template = _TEMPLATE[cls]
+    if len(template) < _MANY:
+        return cls(**kw)
+    vals = dict(template)
+    vals.update(kw)
+    for name, make in _FACTORIES[cls]:
+        if vals[name] is _UNSET:
+            vals[name] = make()
+    if vals["t"] is _UNSET:  # (the only field without a default; checked above)
+        raise BadEvent(f"{kind} event without a time 't'")
+    ev = _new(cls)
+    _setattr(ev, "__dict__", vals)  # (= cls(**kw): the fields in their order, the defaults where not given)
+    return ev
 
 
 def from_json(line: str) -> Event:
