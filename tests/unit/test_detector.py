@@ -277,6 +277,36 @@ def test_a_progress_bar_redrawn_with_the_same_count_is_not_life():
     assert a.check(c.t) == [] and a.stall.active is None
 
 
+def test_a_hooked_ranks_evaluation_bar_is_life_while_it_moves_and_none_once_it_stops():
+    """Hooked ranks (their steps from the hook) in a long evaluation that draws no batch through a DataLoader:
+    only their bars, 20 lines a second each, say they live.  The analyzer reads a hooked rank's lines for
+    progress only when its last sign of life is a second old (a 1,024-rank viewer spent a quarter of its work
+    parsing every line): a moving bar still keeps the job quiet for minutes; a bar redrawn with the same count
+    is a stall."""
+    from ddptop.core.analysis.analyzer import Analyzer
+    from ddptop.core.model.events import ProgressEvent
+    from helpers import log_line
+
+    c = Clock()
+    a = Analyzer(c)
+    for step in range(1, 61):
+        c.t += 0.5
+        a.feed([ProgressEvent(c.t, rank=r, step=step, source="hook") for r in (0, 1)])
+        assert a.check(c.t) == []
+    for i in range(1, 20 * 120):  # two minutes of evaluation; a bar line every 50 ms on each rank
+        c.t += 0.05
+        a.feed([log_line(c.t, rank=r, text=f"Evaluating: {i * 100 // 2400}%|#  | {i}/2400 [00:{i // 20 % 60:02d}<01:00]")
+                for r in (0, 1)])
+        assert [x for x in a.check(c.t) if x.type == "stall"] == [], c.t
+    alarms = []
+    for j in range(20 * 60):  # stuck at 2399: the bars redraw their clocks, the count stays
+        c.t += 0.05
+        a.feed([log_line(c.t, rank=r, text=f"Evaluating: 99%|#  | 2399/2400 [02:{j // 20 % 60:02d}<00:01]")
+                for r in (0, 1)])
+        alarms += [x for x in a.check(c.t) if x.type == "stall"]
+    assert len(alarms) == 1, [x.message for x in alarms]
+
+
 def test_a_job_being_stopped_raises_no_new_stall():
     """After a stall, --on-stall kill (or the person) stops the job; a rank interrupted by the
     SIGTERM may draw one more batch and wait again: that is no second stall. A relaunch runs again."""

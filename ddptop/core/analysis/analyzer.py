@@ -46,6 +46,9 @@ from ddptop.core.model.events import (
 from ddptop.core.model.evidence import StackEvidence
 
 MAX_FAILURE_NOTES = 20  # parser-failure notes per analyzer, at most
+# seconds a hooked rank's sign of life (a step, a batch, other progress) stands for the progress its lines would
+# show: its lines are not parsed for progress within them (the stall thresholds are 10 s and more)
+HOOKED_PARSE_GAP = 1.0
 # newer steps of a rank, after a finding in a file mixing its stdout and stderr, that say it went on (``_went_on``)
 WENT_ON_STEPS = 3
 # NCCL says its version in its INFO lines (NCCL_DEBUG=INFO), the step hook in a note
@@ -183,13 +186,15 @@ class Analyzer:
                 clock = self._clocks.get(key)
                 if clock is None:
                     clock = self._clocks[key] = Clock(self.default_year)
+            parse = self._parse_progress_of(rank, t)
             for i in range(done):
                 text = texts[i]
                 stamp = clock.read(text) if clock is not None else None
                 self._line = (ev, i, first + i)
-                p = parse_progress(text, progress_failed)
-                if p is not None:
-                    self._progress(rank, p, t)
+                if parse:
+                    p = parse_progress(text, progress_failed)
+                    if p is not None:
+                        self._progress(rank, p, t)
                 if self.nccl_version is None and "NCCL version" in text:
                     v = NCCL_VERSION.search(text)
                     if v:
@@ -227,6 +232,19 @@ class Analyzer:
             p = parse_progress(texts[-1], progress_failed)
             if p is not None:
                 self._progress(rank, p, t)
+
+    def _parse_progress_of(self, rank: int | None, t: float) -> bool:
+        """Whether the lines of ``rank`` read at ``t`` are worth parsing for progress.  A hooked rank's steps
+        come from its hook; its lines' progress only says it is alive (an evaluation's bar: ``other_progress``),
+        which a sign of life less than ``HOOKED_PARSE_GAP`` old already says.  (Parsing every line was a quarter
+        of a 1,024-rank viewer's own work.)"""
+        if rank is None or rank not in self.hooked:
+            return True
+        st = self.stall.ranks.get(rank)
+        if st is None:
+            return True
+        last = max(st.last_progress or 0.0, st.last_other or 0.0)
+        return not (last <= t < last + HOOKED_PARSE_GAP)
 
     def _parser_failed(self, parser: str, e: Exception) -> None:
         """A parser raised on the current line: note it, once per parser, type of
