@@ -470,3 +470,21 @@ def test_diagnose_judges_a_sampling_again_with_the_ranks_that_had_no_gpu_runtime
     assert ev.where[0].kind != "gpu-wait" and ev.hung is False and ev.workers == (0,), ev.summary
     (d / GPU_RUNTIME_FILE).write_text("{damaged\n")  # unreadable: nothing concluded
     assert stacks_report([str(tmp_path)]).evidence.where[0].kind == "gpu-wait"
+
+
+def test_a_lock_order_deadlock_with_the_gil_in_a_destructor_is_named_with_both_halves():
+    """Recorded in this repository's CI (tests/data/stacks/recorded/gloo-teardown-gil-deadlock): rank 1's main
+    thread frees the DDP Reducer holding the GIL and blocks on a lock in ProcessGroupGloo's destructor; the gloo
+    worker waits to take the GIL.  The verdict names the lock, that the GIL is held and the thread that waits
+    for it, not just "idle in <module>"."""
+    d = DATA / "recorded" / "gloo-teardown-gil-deadlock"
+    samples = [(d / f"rank1.{i}.txt").read_text() for i in range(2)]
+    st = rank_state(parse_dump(samples[1]))
+    assert "blocked on a lock in `c10d::ProcessGroupGloo::~ProcessGroupGloo` (libtorch_cpu.so)" in st.text, st.text
+    assert "while holding the GIL" in st.text and "a lock-order deadlock with the GIL" in st.text
+    assert st.others and "thread 315 waits to take the GIL" in st.others[0]
+    v = verdict({1: samples})
+    assert v.hung is True and v.culprits == (1,) and "lock-order deadlock with the GIL" in v.summary
+    # a main thread on a lock with no thread waiting for the GIL is only blocked (no deadlock claimed)
+    alone = "\n".join(ln for ln in samples[1].splitlines() if "gil_scoped_acquire" not in ln)
+    assert "deadlock" not in rank_state(parse_dump(alone)).text

@@ -464,6 +464,9 @@ def rank_state(threads: Iterable[Thread], source_line: SourceLine | None = None,
             if t.state == "idle" or (t.state == "" and primitive(inner_native) in ("wait", "lock")):
                 kind = "sleep/wait in user code"
                 how = f" (`{shown}`)" if shown else " (idle: sleeping or blocked in a C call)"
+                deadlock = _gil_deadlock(threads, t, inner_native)
+                if deadlock:
+                    how, others = f" ({deadlock})", _other_threads(threads, t)
             else:
                 kind = "user code"
                 how = f" (`{shown}`)" if shown else " (running)"
@@ -475,7 +478,24 @@ def rank_state(threads: Iterable[Thread], source_line: SourceLine | None = None,
             text = f"in `{f.function}` ({_short(f.file)})" + (f" called from {ufn}{loc}" if user else "")
     return RankStack(kind, text, user, frames[0], call, t.state, t.name, signature, exact, code,
                      native_read=native_read,
-                     sync=sync if kind in ("user code", "sleep/wait in user code", "framework") else "")
+                     sync=sync if kind in ("user code", "sleep/wait in user code", "framework") else "",
+                     others=others)
+
+
+def _gil_deadlock(threads: list[Thread], main: Thread, inner_native: list[Frame]) -> str:
+    """The words for a main thread blocked on a lock in C (below its innermost Python frame) while another
+    thread waits to take the GIL: the two halves of a lock-order deadlock with the GIL (the main thread
+    holds the GIL and wants the lock; the other holds the lock, or is what the lock waits for, and wants the
+    GIL: a C++ destructor freed from Python without releasing the GIL, pytorch/pytorch#56297); "" otherwise."""
+    if primitive(inner_native) != "lock":
+        return ""
+    takers = [o for o in _other_threads(threads, main) if "waits to take the GIL" in o]
+    if not takers:
+        return ""
+    # the call that took the lock: the first named frame outside the C library's own (libc, libpthread)
+    holder = next((f for f in inner_native if f.named and not re.match(r"lib(?:c|pthread)[.-]", f.base)), None)
+    where = f" in `{holder.function.split('(')[0]}` ({holder.base})" if holder is not None else ""
+    return (f"blocked on a lock{where} while holding the GIL; {takers[0]}: a lock-order deadlock with the GIL")
 
 
 
