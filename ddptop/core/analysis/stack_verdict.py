@@ -464,9 +464,11 @@ def rank_state(threads: Iterable[Thread], source_line: SourceLine | None = None,
             if t.state == "idle" or (t.state == "" and primitive(inner_native) in ("wait", "lock")):
                 kind = "sleep/wait in user code"
                 how = f" (`{shown}`)" if shown else " (idle: sleeping or blocked in a C call)"
-                deadlock = _gil_deadlock(threads, t, inner_native)
-                if deadlock:
-                    how, others = f" ({deadlock})", _other_threads(threads, t)
+                if primitive(inner_native) == "lock":
+                    around = _other_threads(threads, t)
+                    deadlock = _gil_deadlock(around, inner_native)
+                    if deadlock:
+                        how, others = f" ({deadlock})", around
             else:
                 kind = "user code"
                 how = f" (`{shown}`)" if shown else " (running)"
@@ -482,14 +484,13 @@ def rank_state(threads: Iterable[Thread], source_line: SourceLine | None = None,
                      others=others)
 
 
-def _gil_deadlock(threads: list[Thread], main: Thread, inner_native: list[Frame]) -> str:
-    """The words for a main thread blocked on a lock in C (below its innermost Python frame) while another
-    thread waits to take the GIL: the two halves of a lock-order deadlock with the GIL (the main thread
-    holds the GIL and wants the lock; the other holds the lock, or is what the lock waits for, and wants the
-    GIL: a C++ destructor freed from Python without releasing the GIL, pytorch/pytorch#56297); "" otherwise."""
-    if primitive(inner_native) != "lock":
-        return ""
-    takers = [o for o in _other_threads(threads, main) if "waits to take the GIL" in o]
+def _gil_deadlock(others: tuple[str, ...], inner_native: list[Frame]) -> str:
+    """The words for a main thread blocked on a lock in C (``inner_native``: its frames below its innermost
+    Python frame) while another thread waits to take the GIL (``others``, as ``_other_threads`` says them):
+    the two halves of a lock-order deadlock with the GIL (the main thread holds the GIL and wants the lock;
+    the other holds the lock, or is what the lock waits for, and wants the GIL: a C++ destructor run from
+    Python without releasing the GIL, pytorch/pytorch#56297); "" otherwise."""
+    takers = [o for o in others if "waits to take the GIL" in o]
     if not takers:
         return ""
     # the call that took the lock: the first named frame outside the C library's own (libc, libpthread)
