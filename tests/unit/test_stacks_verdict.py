@@ -431,7 +431,7 @@ def test_the_gpu_runtime_is_read_from_the_process_address_space(tmp_path):
     import subprocess
     import sys
 
-    from ddptop.core.sources.stack_pyspy import gpu_runtime_mapped
+    from ddptop.core.sources.proc_tree import gpu_runtime_mapped
 
     lib = tmp_path / "libcudart.so.12"
     lib.write_bytes(b"\0" * 4096)

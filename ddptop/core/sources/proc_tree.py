@@ -15,6 +15,7 @@ missed, and is then seen at the next look, which is all a poller needs.
 from __future__ import annotations
 
 import os
+import re
 
 import psutil
 
@@ -134,3 +135,23 @@ def pid_namespace(proc: str = "/proc") -> bool | None:
     if link.startswith("pid:[") and link.endswith("]") and link[5:-1].isdigit():
         return int(link[5:-1]) != INIT_PID_NS_INODE
     return None
+
+
+# what a process that can wait on a GPU has in its address space: the CUDA driver or runtime, ROCm's HIP or HSA
+# runtime, NCCL or RCCL, or the GPU device files the drivers map (/dev/nvidia*, /dev/kfd).  (A CUDA build of
+# torch maps its runtime at import, GPU or not: then nothing is concluded.)
+_GPU_MAPPED = re.compile(rb"/dev/nvidia|/dev/kfd|/libcuda\.so|/libcudart[.-]|/libamdhip64|/libhsa-runtime64|"
+                         rb"/libnccl|/librccl")
+
+
+def gpu_runtime_mapped(pid: int) -> bool | None:
+    """Whether the process has a GPU runtime in its address space (its
+    ``/proc/PID/maps``); None when that cannot be read (another OS, another
+    user's process, gone).  A process without one cannot be waiting on a GPU,
+    whatever its Python line looks like (``float(t)`` syncs only a GPU tensor)."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return _GPU_MAPPED.search(data) is not None

@@ -26,12 +26,12 @@ from ddptop.core.model.evidence import HOT_UTIL, ranks_text
 from ddptop.core.model.run_dirs import make_private_dir
 from ddptop.core.model.settings import settings
 from ddptop.core.sources.probe_base import Emit, Job, Loop, unique_path
+from ddptop.core.sources.proc_tree import gpu_runtime_mapped
 from ddptop.core.sources.stack_files import GPU_RUNTIME_FILE
 from ddptop.core.sources.stack_pyspy import (
     PTRACE_FIX,
     PTRACE_REFUSED,
     dump_stacks,
-    gpu_runtime_mapped,
     missing_words,
     py_spy,
     python_dump,
