@@ -12,6 +12,7 @@ imports would be written twice.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shlex
 import sys
@@ -88,6 +89,12 @@ def _err(msg: str) -> int:
 
 
 READERS_WAIT = 5.0  # seconds a launching ddptop waits, at the end, for attached agents to send the run's end
+
+
+def _import_ui() -> None:
+    """The UI's modules (Textual's): imported while a hosted session's process starts, when there is a screen."""
+    if sys.stdout.isatty():
+        import ddptop.ui.app  # noqa: F401
 
 
 def _watch(session, args) -> int:
@@ -308,7 +315,15 @@ def cmd_attach(rest: list[str], args) -> int:
                                              sample_interval=args.sample_interval),
                         slurm_job=a.slurm, slurm_hosts=tuple(slurm_hosts), via=a.via, k8s=k8s_req)
     try:
-        opened = open_target(req)
+        if args.headless or args.json:
+            opened = open_target(req)
+        else:  # the UI: the job read in a process of its own, so that its event loop never waits for the reading
+            from ddptop.core.sessions.hosted import HostedError, HostedSession
+
+            try:
+                opened = HostedSession.start(functools.partial(open_target, req), meanwhile=_import_ui)
+            except HostedError as e:
+                return _err(str(e))
     except OpenError as e:
         return _err(str(e))
     for note in opened.notes:

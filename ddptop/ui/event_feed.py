@@ -110,7 +110,7 @@ class EventFeed:
     def on_poll_failed(self, msg: PollFailed) -> None:
         if msg.error != self._poll_error:
             self._poll_error = msg.error
-            self._add_line(Line(-1, "note", f"reading the journal failed: {msg.error}", "bold"))
+            self._add_line(Line(-1, "note", f"reading the job failed: {msg.error}", "bold"))
             self.logs.flush()
 
     def on_events_ready(self, _msg: EventsReady) -> None:

@@ -241,12 +241,14 @@ def run_one(nodes: int, rpn: int, mode: str, view: str, seconds: float, stop_at:
             reader = Headless(viewer)
         else:
             viewer = subprocess.Popen([sys.executable, str(HERE / "scale_view.py"), "--slurm", JOB, "--remote", remote,
-                                       "--until", repr(end_at + 5), "--out", str(tmp / "view.json")], cwd=ROOT,
+                                       "--until", repr(end_at + 5), "--out", str(tmp / "view.json"),
+                                       *(["--in-process"] if view == "tui-in-process" else [])], cwd=ROOT,
                                       env=env, stdout=subprocess.DEVNULL, stderr=view_err, start_new_session=True,
                                       preexec_fn=_nofile(viewer_nofile))
         started.append(psutil.Process(viewer.pid))
         vp, sp = Proc(viewer.pid), Proc(sim.pid)
         agent: Proc | None = None
+        reading: Proc | None = None  # the TUI's reading process (ddptop.core.sessions.hosted): part of the viewer
         relays: dict[int, psutil.Process] = {}
         relay_seen: dict[int, float] = {}
         loads: list[tuple[float, float]] = []
@@ -260,7 +262,15 @@ def run_one(nodes: int, rpn: int, mode: str, view: str, seconds: float, stop_at:
                 shown.append((time.time(), reader.lines))
             try:
                 for c in vp.p.children(recursive=True):
-                    if c.pid not in relays:
+                    if reading is None and c.pid not in relays:
+                        try:
+                            if "ddptop.core.sessions.hosted" in c.cmdline():
+                                reading = Proc(c.pid)
+                                started.append(c)
+                                continue
+                        except psutil.Error:
+                            pass
+                    if c.pid not in relays and (reading is None or c.pid != reading.p.pid):
                         relays[c.pid] = c
                         started.append(c)
                         try:
@@ -272,6 +282,8 @@ def run_one(nodes: int, rpn: int, mode: str, view: str, seconds: float, stop_at:
                 pass
             if agent is not None:
                 agent.sample()
+            if reading is not None:
+                reading.sample()
             for pid, c in relays.items():  # (their CPU, read while they live: the python start before the sleep)
                 if agent is None or pid != agent.p.pid:
                     try:
@@ -298,7 +310,7 @@ def run_one(nodes: int, rpn: int, mode: str, view: str, seconds: float, stop_at:
     view_err.close()
     status = json.loads(status_f.read_text()) if status_f.exists() else status
     out["sim_end"] = status.get("end", {})
-    if view == "tui":
+    if view.startswith("tui"):
         try:
             seen = json.loads((tmp / "view.json").read_text())
         except (OSError, ValueError):
@@ -358,6 +370,8 @@ def run_one(nodes: int, rpn: int, mode: str, view: str, seconds: float, stop_at:
     out["viewer_all"] = vp.window(t_view, hard_end)
     out["viewer_hwm"] = vp.hwm
     out["viewer_burst"] = vp.window(*burst_w) if burst_w[1] else None
+    out["reading_steady"] = win(reading, *steady)
+    out["reading_hwm"] = reading.hwm if reading else 0
     out["sim_cpu_burst"] = (sp.window(*burst_w) or {}).get("cpu") if burst_w[1] else None
     out["load_burst"] = loads_in(*burst_w) if burst_w[1] else None
     aw = win(agent, *steady)
@@ -371,7 +385,7 @@ def run_one(nodes: int, rpn: int, mode: str, view: str, seconds: float, stop_at:
     out["lat_p50"], out["lat_p95"] = _q(lats, 0.5) * 1000, _q(lats, 0.95) * 1000
     bl = [x for t, x in lat if burst_w[0] <= t <= burst_w[1]]
     out["lat_burst_max"] = max(bl) * 1000 if bl else None
-    if view == "tui":
+    if view.startswith("tui"):
         lg = [x for t, x in out["lags"] if in_steady(t)]
         out["lag_p50"], out["lag_p95"] = _q(lg, 0.5), _q(lg, 0.95)
         out["lag_max"] = max(lg) if lg else None
@@ -461,7 +475,7 @@ def report(o: dict) -> None:
     said = [ln for ln in o.get("view_err", "").splitlines() if ln.startswith("ddptop:") and "attaching to" not in ln]
     for ln in said[:3]:
         line(f"viewer said: {ln[:200]}")
-    if o["view"] == "tui":
+    if o["view"].startswith("tui"):
         if o.get("view_error"):
             line(f"TUI failed: {o['view_error']}")
         line(f"first frame {o['first_frame']:.1f} s after start" if o.get("first_frame") else "first frame: none")
@@ -490,6 +504,13 @@ def report(o: dict) -> None:
     line(f"viewer CPU {_pct(vw.get('cpu'))} of a core steady ({_pct(vw.get('sys'))} in the kernel, "
          f"{vw.get('ctx', 0):,.0f} context switches/s), {_pct(va.get('cpu'))} over the run"
          + (f", {_pct((o['viewer_burst'] or {}).get('cpu'))} in the burst" if o.get("viewer_burst") else ""))
+    rw = o.get("reading_steady")
+    if rw:
+        line(f"its reading process (links, analysis): CPU {_pct(rw.get('cpu'))} of a core steady, RSS "
+             f"{rw.get('rss', 0) / MB:.0f} MB (peak {o['reading_hwm'] / MB:.0f} MB), threads {rw.get('threads', '?')}, "
+             f"file descriptors {rw.get('fds', '?')}; the viewer in all: RSS "
+             f"{(vw.get('rss', 0) + rw.get('rss', 0)) / MB:.0f} MB, CPU {_pct(vw.get('cpu', 0) + rw.get('cpu', 0))}",
+             "<= 1 GB")
     line(f"viewer threads {va.get('threads', '?')}, file descriptors {va.get('fds', '?')} (peak)")
     line(f"viewer bytes read {vw.get('read', 0) / 1024:.0f} KiB/s steady"
          + (f"; simulator sent {o['sim_end'].get('sent_bytes', 0) / MB:.1f} MiB in "
@@ -543,13 +564,16 @@ def table(rows: list[dict]) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for o in rows:
         vw, va = o["viewer_steady"] or {}, o["viewer_all"] or {}
-        lag = (f"{o['lag_p50']:.0f} / {o['lag_p95']:.0f}" if o["view"] == "tui"
+        lag = (f"{o['lag_p50']:.0f} / {o['lag_p95']:.0f}" if o["view"].startswith("tui")
                else f"{o['lat_p50']:.0f} / {o['lat_p95']:.0f}")
         alarm = f"{o['alarm_latency']:.1f} s" if "alarm_latency" in o else "none"
         named = ("yes" if o.get("alarm_culprit") and o.get("alarm_node") else "NO") if "alarm_latency" in o else "-"
         agent = f"{o['agent_steady']['cpu']:.2f}%" if o["agent_steady"] else "?"
+        rw = o.get("reading_steady") or {}
+        rss = f"{vw.get('rss', 0) / MB:.0f}" + (f" + {rw.get('rss', 0) / MB:.0f}" if rw else "")
+        cpu = _pct(vw.get("cpu")) + (f" + {_pct(rw.get('cpu'))}" if rw else "")
         print(f"| {o['ranks']:,} ({o['nodes']}) {o['mode']} | {o['view']} | {o['load_steady']} | {lag} | "
-              f"{vw.get('rss', 0) / MB:.0f} ({o['viewer_hwm'] / MB:.0f}) | {_pct(vw.get('cpu'))} | "
+              f"{rss} ({o['viewer_hwm'] / MB:.0f}) | {cpu} | "
               f"{va.get('threads', '?')} | {va.get('fds', '?')} | {vw.get('read', 0) / 1024:.0f} | {agent} | {alarm} | "
               f"{named} | {o['stall_alarms']} | {_pct(o['sim_cpu_steady'])} |")
 
@@ -563,7 +587,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seconds", type=float, default=60.0, help="how long the job runs (the viewer is measured)")
     p.add_argument("--stop-at", type=float, default=40.5, help="seconds in when the odd rank stops")
     p.add_argument("--mode", choices=("issue", "flat20", "both"), default="issue")
-    p.add_argument("--view", choices=("headless", "tui", "both"), default="both")
+    p.add_argument("--view", choices=("headless", "tui", "tui-in-process", "both"), default="both",
+                   help="tui: as `ddptop attach` shows it (the job read in a process of its own); tui-in-process: "
+                        "read in the TUI's own process, as before issue 35's hosting")
     p.add_argument("--burst", type=int, default=200, help="lines every rank prints at once, 20 s in (issue mode)")
     p.add_argument("--real-node", default="node-0", help="the node served by the real ddptop agent")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (journals, stderr)")

@@ -2,7 +2,8 @@
 headless driver (160x45, as ``bench.py ui64``), in this process, so that the
 bench measures it from outside (RSS, CPU, threads, fds) and it measures its own
 event-loop lag (a 50 ms timer's lateness) and sees the events the view is fed
-(the session's ``poll``, wrapped: when each node's link came up, the stall
+(the session's ``poll``, wrapped; the session read in a process of its own, as
+``ddptop attach`` does for the UI, or with ``--in-process`` here: when each node's link came up, the stall
 alarms and when they came).  Writes what it saw to ``--out`` (JSON) when the
 job has ended or ``--until`` (a unix time) has passed.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 import time
@@ -31,17 +33,22 @@ def main() -> int:
     p.add_argument("--until", type=float, required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--size", default="160x45")
+    p.add_argument("--in-process", action="store_true", help="read the job in this process (before issue 35's hosting)")
     a = p.parse_args()
     t_start = time.time()
 
     from ddptop.cli import _slurm_hosts
     from ddptop.core.model.events import AlarmEvent, LinkEvent, LogBatch
     from ddptop.core.sessions.factory import AttachRequest, open_target
+    from ddptop.core.sessions.hosted import HostedSession
     from ddptop.ui.app import make_app
 
     hosts = _slurm_hosts(a.slurm)
-    session = open_target(AttachRequest(slurm_job=a.slurm, slurm_hosts=tuple(hosts), via="srun",
-                                        remote_cmd=a.remote)).session
+    req = AttachRequest(slurm_job=a.slurm, slurm_hosts=tuple(hosts), via="srun", remote_cmd=a.remote)
+    if a.in_process:
+        session = open_target(req).session
+    else:  # as `ddptop attach` opens it for the UI: read in a process of its own
+        session = HostedSession.start(functools.partial(open_target, req)).session
     seen: dict = {"ups": {}, "links": [], "alarms": [], "notes": 0, "lines": 0, "lat": [], "first_frame": None}
     poll = session.poll
 
