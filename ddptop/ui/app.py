@@ -41,7 +41,7 @@ from ddptop.core.model import run_dirs
 from ddptop.core.model.session_protocol import JobSession, LocalRun, Nodes, RemoteRun
 from ddptop.ui.alarm_box import AlarmBox, is_recent
 from ddptop.ui.commands import Commands, FilterInput, PickInput
-from ddptop.ui.event_feed import TABLE_EVERY, EventFeed
+from ddptop.ui.event_feed import INGEST_SLICE, TABLE_EVERY, EventFeed
 from ddptop.ui.gpu_pane import GpuPane
 from ddptop.ui.header import HeaderBar, HeaderState
 from ddptop.ui.log_panes import LogPanes
@@ -129,11 +129,13 @@ class DdptopApp(EventFeed, Commands, App[str]):
         self._inbox_lines = 0  # lines (and other events) in the inbox
         self._inbox_lock = threading.Lock()
         self._posted = False
+        self._slice = INGEST_SLICE  # lines taken from the inbox at a time: what INGEST_BUDGET allows (event_feed)
         self.logs = LogPanes(self)
         self._stopping = False
         self._flush_timer: Timer | None = None
         self._last_flush = 0.0
         self._last_table = 0.0
+        self._table_every = TABLE_EVERY  # seconds between table refreshes (longer where one takes long)
         self._table_rows = 0
         self._poll_error: str | None = None
         self._alarm_list: list | None = None
@@ -224,7 +226,7 @@ class DdptopApp(EventFeed, Commands, App[str]):
         if not (self._replay and not self.model.finished) and self.logs.tick():
             self._schedule_flush()
         self._refresh_header()
-        if time.monotonic() - self._last_table >= TABLE_EVERY:
+        if time.monotonic() - self._last_table >= self._table_every:
             self._refresh_table()
 
     def _refresh_alarms(self) -> None:
@@ -291,10 +293,13 @@ class DdptopApp(EventFeed, Commands, App[str]):
             table = self.query_one("#ranks", RankTable)
         except (NoMatches, ScreenStackError):  # (not mounted yet, no screen yet, or gone while quitting)
             return
-        self._last_table = time.monotonic()
+        t0 = self._last_table = time.monotonic()
         self._table_rows = len(self.model.ranks)
         table.show(self.model, self.current_theme, self._ui_error)
         self._refresh_gpus()
+        # at 1,024 ranks the table and the GPU grid take tens of ms: refreshed less often, never more than a
+        # tenth of the screen's time
+        self._table_every = max(TABLE_EVERY, 10 * (time.monotonic() - t0))
 
     @on(TabbedContent.TabActivated)
     def _tab_activated(self, event: TabbedContent.TabActivated) -> None:

@@ -37,8 +37,11 @@ TABLE_EVERY = 0.5  # seconds between rank-table updates
 WAIT = 1.0  # seconds the poller waits for a file to change (or a line to arrive) at most
 BACKLOG_LINES = 200_000  # the poller waits while this many lines (and other events) wait for the UI
 # shown elsewhere than the log: the rank table, the GPU pane, the header
-INGEST_SLICE = 20_000  # lines taken from the inbox at a time (a screen refresh may come between slices)
+INGEST_SLICE = 20_000  # lines taken from the inbox at a time at most (a screen refresh may come between slices)
+INGEST_BUDGET = 0.05  # seconds one slice should take: the slice is sized by what the last ones cost a line
+INGEST_SLICE_MIN = 500
 _NOT_IN_LOG = (LogBatch, RankEvent, LaunchEvent, GpuEvent, ProcEvent, ProgressEvent, GpuStatusEvent)
+_NO_LINE = (RankEvent, GpuEvent, ProcEvent, ProgressEvent, GpuStatusEvent)  # events that add no line to a pane
 _STYLE = {"alarm": "bold", "error": "bold", "warning": "bold", "info": "dim"}
 
 
@@ -74,6 +77,7 @@ class EventFeed:
     """The poll thread, the inbox and the intake of events (mixed into ``DdptopApp``)."""
 
     _poll_error: str | None
+    _table_every: float
     _relaunching: str | None  # profiles asked for, until the new launch shows
 
     # -- polling (thread) -----------------------------------------------------
@@ -114,14 +118,16 @@ class EventFeed:
             self.logs.flush()
 
     def on_events_ready(self, _msg: EventsReady) -> None:
-        """Take what the inbox holds, INGEST_SLICE lines at most at a time (the rest stays first in it, for
-        the next message): a replay of 1,024 ranks' logs paints its first frame after its first slice, and
-        the screen answers keys between slices, rather than after all of it."""
+        """Take what the inbox holds, a slice at a time (the rest stays first in it, for the next message): a
+        replay of 1,024 ranks' logs paints its first frame after its first slice, and the screen answers keys
+        between slices, rather than after all of it.  A slice is what INGEST_BUDGET allows at the cost a line
+        had in the last slices (a live 1,024-rank view that fell behind takes 50 ms at a time, not seconds),
+        INGEST_SLICE lines at most."""
         with self._inbox_lock:
             events, taken = [], 0
             for ev in self._inbox:
                 k = len(ev) if isinstance(ev, LogBatch) else 1
-                if events and taken + k > INGEST_SLICE:
+                if events and taken + k > self._slice:
                     break
                 events.append(ev)
                 taken += k
@@ -132,7 +138,11 @@ class EventFeed:
         if more:
             self.call_after_refresh(self.post_message, EventsReady())
         if events:
+            t0 = time.perf_counter()
             self.ingest(events)
+            if taken >= INGEST_SLICE_MIN:  # (a few lines say little about the cost of many)
+                per_line = (time.perf_counter() - t0) / taken
+                self._slice = max(INGEST_SLICE_MIN, min(INGEST_SLICE, int(INGEST_BUDGET / max(per_line, 1e-7))))
 
     # -- events -> model, buffers, widgets ------------------------------------
 
@@ -145,15 +155,19 @@ class EventFeed:
         new_ranks = False
         # a finished run's replay folds every line; a live job's flood is capped (logview.FOLD_RATE)
         self.logs.buffers["merged"].fold_capped = not (self._replay or self._job_ended())
+        merged: list = []  # the merged pane's lines of the batches since the last other line, folded at once
         for ev in events:
             try:
                 if isinstance(ev, LogBatch):
                     if ev.rank is not None and self.logs.ensure_rank(ev.rank):
                         new_ranks = True
-                    self.logs.add_batch(ev.rank, ev.stream, ev.done, ev.node, ev.path, ev.offsets)
+                    self.logs.add_batch_later(merged, ev.rank, ev.stream, ev.done, ev.node, ev.path, ev.offsets)
                     if ev.live is not None:
+                        self.logs.add_later(merged)
                         self.logs.set_live(ev.rank, ev.stream, ev.live)
                     continue
+                if not isinstance(ev, _NO_LINE):
+                    self.logs.add_later(merged)  # (what this event adds to the merged pane comes after them)
                 if isinstance(ev, RankEvent):
                     if self.logs.ensure_rank(ev.rank):
                         new_ranks = True
@@ -170,6 +184,10 @@ class EventFeed:
                         self._add_line(Line(-1, "note", said.line(), style))
             except Exception as e:  # noqa: BLE001 - one bad event must not take the monitor down; said in the log
                 self._add_line(Line(-1, "note", f"could not show an event: {e}", "dim"))
+        try:
+            self.logs.add_later(merged)
+        except Exception as e:  # noqa: BLE001 - as for one event above: said in the log, the monitor goes on
+            self._add_line(Line(-1, "note", f"could not show an event: {e}", "dim"))
         if any(isinstance(ev, LogBatch) and ev.rank is None for ev in events):
             self.logs.ensure("torchrun")
         self._check_multi_node()
@@ -245,6 +263,6 @@ class EventFeed:
         self._last_flush = time.monotonic()
         self.logs.flush()
         now = time.monotonic()
-        if now - self._last_table >= TABLE_EVERY or len(self.model.ranks) != self._table_rows:
+        if now - self._last_table >= self._table_every or len(self.model.ranks) != self._table_rows:
             self._refresh_table()
             self._refresh_header()

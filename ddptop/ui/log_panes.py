@@ -215,6 +215,14 @@ class LogPanes:
         pane can keep, not for each line of the batch.  ``path`` and
         ``offsets``: where each line is in the journal (read back from there
         once its pane no longer holds it)."""
+        merged: list[tuple[list[Line], int]] = []
+        self.add_batch_later(merged, rank, stream, texts, node, path, offsets)
+        self.add_later(merged)
+
+    def add_batch_later(self, merged: list, rank: int | None, stream: str, texts, node: str = "", path: str = "",
+                        offsets=()) -> None:
+        """``add_batch``, its lines for the merged pane put in ``merged`` (for ``add_later``: a live view of
+        many ranks folds the lines of all its batches of a moment at once)."""
         n = len(texts)
         if not n:
             return
@@ -225,8 +233,14 @@ class LogPanes:
             for ln, off in zip(lines, offsets[n - len(lines):n]):
                 ln.src = (path, off)
             own.sources[path] = offsets[n - 1] + len(texts[n - 1].encode("utf-8", "replace")) + 1
-        self.buffers["merged"].add_many(lines, n)
+        merged.append((lines, n))
         own.add_many(lines, n)
+
+    def add_later(self, merged: list) -> None:
+        """The merged pane's lines that ``add_batch_later`` put aside, in order; ``merged`` is emptied."""
+        if merged:
+            self.buffers["merged"].add_batches(merged)
+            merged.clear()
 
     def set_live(self, rank: int | None, stream: str, text: str) -> None:
         """A progress bar's latest redraw (shown under the log, not kept)."""

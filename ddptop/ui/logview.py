@@ -142,32 +142,56 @@ class PaneBuffer:
     def add_many(self, lines: list[Line], total: int) -> None:
         """The last lines of a batch of ``total`` lines of one rank's stream
         (only the last BUFFER_LINES of a batch can be kept anyway)."""
+        self.add_batches([(lines, total)])
+
+    def add_batches(self, batches: list[tuple[list[Line], int]]) -> None:
+        """``add_many`` of several batches, in order: a merged pane folds the rank lines among them at once
+        (their keys made together: ``Folder.add_lines``)."""
+        folder = self.folder
+        if folder is None:
+            for lines, total in batches:
+                self._add_unfolded(lines, total)
+            return
+        now = time.monotonic()
+        kept: list[Line] = []  # rank lines to fold, in order, until a line that is not a rank's
+        for lines, total in batches:
+            if not lines:
+                continue
+            rank = lines[0].rank  # (one batch: one rank's, or torchrun's, lines)
+            if rank is None or rank < 0:
+                if kept:
+                    self._fold(kept, now)
+                    kept = []
+                if folder.open:  # torchrun's lines: the folds before them first, in order
+                    self._keep_folds(folder.close_all())
+                self._add_unfolded(lines, total)
+                continue
+            # a flood: at most FOLD_RATE lines a second are folded (each costs a few microseconds of
+            # the screen's thread); the rest, the oldest of each batch, are counted as not shown
+            self._fold_room = min(FOLD_RATE, self._fold_room + (now - self._fold_t) * FOLD_RATE)
+            self._fold_t = now
+            take = len(lines) if not self.fold_capped else min(len(lines), int(self._fold_room))
+            self._fold_room -= take
+            self.skipped += total - take
+            if take < len(lines):  # the folds open now may lack ranks whose lines were left out
+                for f in folder.open:
+                    f.partial = True
+            if take:
+                kept.extend(lines[len(lines) - take:])
+            self.total += total
+            self.live_changed = True
+            self.live.pop((rank, lines[-1].stream), None)
+        if kept:
+            self._fold(kept, now)
+
+    def _fold(self, lines: list[Line], now: float) -> None:
+        assert self.folder is not None
+        self.folder.add_lines([ln.rank for ln in lines], [ln.stream for ln in lines],
+                              [ln.text for ln in lines], [ln.node for ln in lines], [ln.seq for ln in lines], now)
+
+    def _add_unfolded(self, lines: list[Line], total: int) -> None:
         if not lines:
             return
-        if self.folder is not None:
-            rank = lines[0].rank  # (one batch: one rank's, or torchrun's, lines)
-            if rank is not None and rank >= 0:
-                now = time.monotonic()
-                # a flood: at most FOLD_RATE lines a second are folded (each costs a few microseconds of
-                # the screen's thread); the rest, the oldest of each batch, are counted as not shown
-                self._fold_room = min(FOLD_RATE, self._fold_room + (now - self._fold_t) * FOLD_RATE)
-                self._fold_t = now
-                take = len(lines) if not self.fold_capped else min(len(lines), int(self._fold_room))
-                self._fold_room -= take
-                self.skipped += total - take
-                if take < len(lines):  # the folds open now may lack ranks whose lines were left out
-                    for f in self.folder.open:
-                        f.partial = True
-                kept = lines[len(lines) - take:]
-                if kept:
-                    self.folder.add_many(rank, kept[0].stream, [ln.text for ln in kept], now, kept[0].node,
-                                         [ln.seq for ln in kept])
-                self.total += total
-                self.live_changed = True
-                self.live.pop((lines[-1].rank, lines[-1].stream), None)
-                return
-            if self.folder.open:  # torchrun's lines: the folds before them first, in order
-                self._keep_folds(self.folder.close_all())
         self.lines.extend(lines)
         self.total += total
         if not self.dirty:

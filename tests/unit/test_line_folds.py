@@ -167,3 +167,29 @@ def test_folding_a_batch_is_folding_its_lines_one_by_one():
         many.add_many(r, "stdout", texts, now=0.0)
     assert [(f.key, f.n, sorted(f.ranks), f.text) for f in one.open] == \
         [(f.key, f.n, sorted(f.ranks), f.text) for f in many.open]
+
+
+@given(st.lists(st.tuples(st.integers(0, 7), st.sampled_from(["stdout", "stderr", None]),
+                          st.sampled_from(["step {} loss 0.{}", "epoch {} eval {}", "x\ty {}  {}", "nan {} 0x{}f"]),
+                          st.integers(0, 3), st.integers(1, 3)), max_size=40))
+def test_many_batches_added_at_once_fold_and_order_as_one_by_one(batches):
+    """A live view adds the merged pane's batches of a moment at once (their keys made together); what it
+    shows is what adding them one line at a time shows: the same folds, ranges and order, a torchrun line
+    (rank None) still closing the folds before it."""
+    made = []
+    for i, (rank, stream, fmt, a, n) in enumerate(batches):
+        r = None if stream is None else rank
+        made.append([Line(r, stream or "stdout", fmt.format(a + j, i)) for j in range(n)])
+    one, many = PaneBuffer("merged", merged=True), PaneBuffer("merged", merged=True)
+    for pane in (one, many):
+        pane.set_folding(True)
+        pane.fold_capped = False
+    for lines in made:
+        for line in lines:
+            one.add(line, now=0.0)
+    many.add_batches([(lines, len(lines)) for lines in made])
+    shown = [([ln.label for ln in p.open_lines(100)], [ln.text for ln in p.open_lines(100)]) for p in (one, many)]
+    assert shown[0] == shown[1]
+    one.tick(now=1e9)
+    many.tick(now=1e9)
+    assert merged_text(one) == merged_text(many) and one.total == many.total

@@ -151,6 +151,31 @@ class Folder:
             self.open.append(fold)
             by_key[(key, n)] = fold
 
+    def add_lines(self, ranks: Sequence[int], streams: Sequence[str], texts: Sequence[str], nodes: Sequence[str],
+                  seqs: Sequence[int], now: float) -> None:
+        """``add`` for lines of many ranks, in order (a live view's lines of one moment: at 1,024 ranks each
+        rank's batch holds a line or two, and their keys are made at once here, not batch by batch)."""
+        count, by_key = self._count, self._by_key
+        if len(count) > COUNT_MAX:
+            count.clear()
+        prefixes: dict[str, bytes] = {}
+        for i, masked in enumerate(alike_keys(texts)):  # (b"\0" + the masked text: the stream goes before it)
+            stream = streams[i]
+            prefix = prefixes.get(stream)
+            if prefix is None:
+                prefix = prefixes[stream] = stream.encode()
+            key = prefix + masked
+            rank = ranks[i]
+            n = count[(rank, key)] = count.get((rank, key), 0) + 1
+            fold = by_key.get((key, n))
+            if fold is not None:
+                fold.ranks.add(rank)
+                fold.joined = now
+                continue
+            fold = Fold(key, n, rank, stream, texts[i], nodes[i], now, now, {rank}, seq=seqs[i])
+            self.open.append(fold)
+            by_key[(key, n)] = fold
+
     def due(self, now: float) -> list[Fold]:
         """Close and return the folds whose time is up, in the order they
         opened: the oldest ones that nobody joined for ``hold`` seconds (a fold
