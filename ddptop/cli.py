@@ -241,6 +241,7 @@ def cmd_attach(rest: list[str], args) -> int:
         OpenError,
         WatchOptions,
         open_target,
+        reaches_nodes,
     )
 
     ap = argparse.ArgumentParser(prog="ddptop attach", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -315,9 +316,9 @@ def cmd_attach(rest: list[str], args) -> int:
                                              sample_interval=args.sample_interval),
                         slurm_job=a.slurm, slurm_hosts=tuple(slurm_hosts), via=a.via, k8s=k8s_req)
     try:
-        if args.headless or args.json:
+        if args.headless or args.json or not reaches_nodes(req):
             opened = open_target(req)
-        else:  # the UI: the job read in a process of its own, so that its event loop never waits for the reading
+        else:  # the UI of nodes: their links and analysis in a process of their own (a GIL and a core of their own)
             from ddptop.core.sessions.hosted import HostedError, HostedSession
 
             try:

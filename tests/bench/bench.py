@@ -1001,13 +1001,92 @@ def bench_scale() -> None:
         sys.exit(0)
 
 
+def bench_ui_intake(ranks: int = 1024, seconds: int = 5) -> None:
+    """The TUI's own work for one second of a 1,024-rank job at the scale benchmark's load (5 lines a rank,
+    a step, a process and a GPU reading), in Textual's headless driver: ``app.ingest`` of the second's events
+    (the log panes, the merged pane's folding, the job's state) and one refresh of the rank table and the
+    GPU grid, each timed alone (what the screen's thread spends before it can paint; issue 35)."""
+    import asyncio
+
+    from ddptop.core.model.events import GpuEvent, LogBatch, ProcEvent, ProgressEvent, RankEvent
+    from ddptop.core.model.session_protocol import Control, ExitStatus, Nodes, RemoteRun
+    from ddptop.ui.app import make_app
+
+    class Quiet:
+        location = Nodes(tuple(RemoteRun(f"node-{n}", "run") for n in range(ranks // 8)))
+        meta = final_state = error = None
+        finished, is_live = False, True
+
+        def poll(self):
+            return []
+
+        def wait(self, t):
+            time.sleep(t)
+
+        def wake(self):
+            pass
+
+        def control(self):
+            return Control(False, False, False)
+
+        def exit_status(self):
+            return ExitStatus.unknown("running")
+
+        def cursor(self):
+            return {}
+
+        def close(self):
+            pass
+
+    def second(k: int) -> list:
+        t = time.time()
+        evs: list = []
+        if k == 0:
+            evs += [RankEvent(t=t, rank=r, local_rank=r % 8, node=f"node-{r // 8}", pid=1000 + r, attempt=0, alive=True)
+                    for r in range(ranks)]
+        for r in range(ranks):
+            node = f"node-{r // 8}"
+            for j in range(5):
+                evs.append(LogBatch.fast(t + j * 0.2, r, "stdout", 0, f"logs/x/attempt_0/{r % 8}/stdout.log",
+                                         [1000 * k + 100 * j], [f"step {5 * k + j} loss 0.{j}{r % 7} tokens/s {1000 + r}"],
+                                         node=node))
+            evs.append(ProgressEvent(t=t, rank=r, step=k, source="hook"))
+            evs.append(ProcEvent(t=t, rank=r, pid=1000 + r, cpu=99.0, rss=1 << 30, status="running", threads=12, node=node))
+            evs.append(GpuEvent(t=t, index=r % 8, name="NVIDIA H100", util=99.0, mem_used=1 << 30, mem_total=80 << 30,
+                                ranks=(r,), node=node))
+        return evs
+
+    intake, table = [], []
+
+    async def go() -> None:
+        app = make_app(Quiet())
+        async with app.run_test(size=(160, 45)) as pilot:
+            await pilot.pause(0.3)
+            app.ingest(second(0))
+            await pilot.pause(0.3)
+            for k in range(1, seconds + 1):
+                evs = second(k)
+                t0 = time.perf_counter()
+                app.ingest(evs)
+                intake.append((time.perf_counter() - t0) * 1000)
+                t0 = time.perf_counter()
+                app._refresh_table()
+                table.append((time.perf_counter() - t0) * 1000)
+                await pilot.pause(0.2)
+
+    asyncio.run(go())
+    print(f"TUI intake of one second of {ranks:,} ranks ({ranks * 5:,} lines, {ranks * 3:,} readings and steps): "
+          f"median {statistics.median(intake):.0f} ms of {len(intake)}; the rank table and GPU grid refreshed: "
+          f"median {statistics.median(table):.0f} ms [load {os.getloadavg()[0]:.2f}]")
+
+
 BENCHES = {"help": bench_help, "ingest": bench_ingest, "frame": bench_first_frame, "supervise": bench_supervise,
            "telemetry": bench_telemetry, "hook": bench_hook, "alarm": bench_alarm_latency, "native-pause": bench_native_pause, "nvml-tick": bench_nvml_tick, "watch": bench_stack_watch, "attach": bench_attach, "relaunch": bench_relaunch,
            "busy-node": bench_busy_node, "signatures": bench_signatures, "ras": bench_ras,
            "replay": bench_replay, "latency": bench_latency, "frame-tmux": bench_frame_tmux, "idle": bench_idle, "ui64": bench_ui64,
            "frame-tmux-1024": lambda: bench_frame_tmux(3, ranks=1024, lines=200, nodes=128),
            "ui1024": lambda: bench_ui64(ranks=1024, rate=20, seconds=40, odd=777),
-           "analysis": bench_analysis, "scale": bench_scale, "agent": bench_agent}
+           "analysis": bench_analysis, "scale": bench_scale, "agent": bench_agent, "ui-intake": bench_ui_intake}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(BENCHES)

@@ -8,6 +8,8 @@ session implementations never import this module (only the protocol).
 
 from __future__ import annotations
 
+import functools
+
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -166,6 +168,20 @@ class K8sRequest:
 def open_target(req: AttachRequest) -> Opened:
     """A local run, a local job by pid, or the runs on one or more remote nodes."""
 
+    return _plan(req)()
+
+
+def reaches_nodes(req: AttachRequest) -> bool:
+    """Whether ``open_target(req)`` watches through links to other nodes (ssh, srun, kubectl), decided as it
+    decides, without opening anything (the UI reads such a job in a process of its own).  Raises
+    ``OpenError`` where ``open_target`` would, for what it can tell without opening."""
+
+    return _plan(req).func in (_remote, _pods)
+
+
+def _plan(req: AttachRequest) -> functools.partial[Opened]:
+    """What ``open_target`` calls for ``req``."""
+
     if req.pid is not None and (req.targets or req.run or req.hosts):
         if len(req.targets) != 1 or req.run or req.hosts:
             raise OpenError("--pid takes one HOST at most (the job's node), and no RUN, --run, --hosts-file "
@@ -173,22 +189,25 @@ def open_target(req: AttachRequest) -> Opened:
         try:
             journal.resolve_run(req.targets[0])
         except run_dirs.JournalError:
-            return _remote([f"{req.targets[0]}:pid:{req.pid}"], req)
+            return functools.partial(_remote, [f"{req.targets[0]}:pid:{req.pid}"], req)
         raise OpenError(f"--pid cannot be combined with a RUN ({req.targets[0]} is a ddptop run here)")
     if req.pid is not None:
-        return open_local(pid=req.pid, options=req.options)
+        return functools.partial(open_local, pid=req.pid, options=req.options)
     if req.k8s is not None:
-        return _pods(req)
+        return functools.partial(_pods, req)
     if not req.targets and not req.hosts and not req.slurm_hosts:
-        return open_local(req.run or "", options=req.options)
+        return functools.partial(open_local, req.run or "", options=req.options)
     if len(req.targets) == 1 and not req.hosts and not req.slurm_hosts:
         ref = req.targets[0]
+        if os.sep in ref or ref in ("latest", "last") or parse_pid_ref(ref) is not None:
+            return functools.partial(open_local, ref, options=req.options)  # (this machine's, or an error)
         try:
-            return open_local(ref, options=req.options)
-        except OpenError:
-            if os.sep in ref or ref in ("latest", "last") or parse_pid_ref(ref) is not None:
-                raise
-    return _remote([*req.targets, *req.hosts], req)
+            journal.resolve_run(ref)
+        except run_dirs.JournalError:
+            pass  # not a run here: a host
+        else:
+            return functools.partial(open_local, ref, options=req.options)
+    return functools.partial(_remote, [*req.targets, *req.hosts], req)
 
 
 FDS_PER_NODE = 4  # a node's link: its launcher's stdin, stdout and stderr pipes, and one more while it starts
