@@ -137,19 +137,8 @@ class Folder:
     def add_many(self, rank: int, stream: str, texts: Sequence[str], now: float, node: str = "",
                  seqs: Sequence[int] = ()) -> None:
         """``add`` for lines of one rank's stream, in order (their keys made at once: ``alike_keys``)."""
-        count, by_key = self._count, self._by_key
-        if len(count) > COUNT_MAX:
-            count.clear()
-        for i, key in enumerate(alike_keys(texts, stream)):
-            n = count[(rank, key)] = count.get((rank, key), 0) + 1
-            fold = by_key.get((key, n))
-            if fold is not None:
-                fold.ranks.add(rank)
-                fold.joined = now
-                continue
-            fold = Fold(key, n, rank, stream, texts[i], node, now, now, {rank}, seq=seqs[i] if seqs else 0)
-            self.open.append(fold)
-            by_key[(key, n)] = fold
+        n = len(texts)
+        self.add_lines([rank] * n, [stream] * n, texts, [node] * n, seqs or [0] * n, now)
 
     def add_lines(self, ranks: Sequence[int], streams: Sequence[str], texts: Sequence[str], nodes: Sequence[str],
                   seqs: Sequence[int], now: float) -> None:

@@ -119,6 +119,11 @@ class HostedSession:
             answer = _read(proc.stdout)
         except (OSError, pickle.PickleError, EOFError) as e:
             answer = ("failed", f"{type(e).__name__}: {e}")
+        except BaseException:  # (meanwhile failed, or an interrupt): the child goes with it
+            proc.kill()
+            proc.wait()
+            err.close()
+            raise
         if answer is None or answer[0] != "opened":
             try:
                 proc.stdin.close()
