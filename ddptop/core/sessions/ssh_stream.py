@@ -7,8 +7,6 @@ the lines update (the pinned run, the cursor, the final state).
 
 from __future__ import annotations
 
-import os
-import select
 import shlex
 import subprocess
 import time
@@ -31,7 +29,7 @@ from ddptop.core.model.run_meta import Meta
 from ddptop.core.model.session_protocol import (
     ExitStatus,
 )
-from ddptop.core.sessions import wire
+from ddptop.core.sessions import link_reader, wire
 from ddptop.core.sessions.ssh_state import RemoteState
 from ddptop.core.sessions.transports import NOT_FOUND
 
@@ -76,131 +74,152 @@ def _logs_off_the_wire(d: dict, node: str, skew: float) -> LogBatch | None:
                          tuple(partial), transient, node)
 
 
+class _Reading:
+    """One connection's reading: the partial line, the events not yet committed by a cursor, the hello."""
+    __slots__ = ("buf", "pending", "got_hello", "before_hello", "n", "last")
+
+    def __init__(self) -> None:
+        self.buf = b""
+        self.pending: list[Event] = []
+        self.got_hello = False
+        self.before_hello: list[str] = []
+        self.n = 0  # lines read
+        self.last = time.monotonic()  # when the last data came
+
+
 class AgentStream(RemoteState):
     """One connection's lines in, events out (mixed into ``RemoteSession``)."""
 
     def _pump(self, proc: subprocess.Popen) -> tuple[str, str]:
-        """Read one connection to its end: ('bye'|'fatal'|'hello'|'lost', message)."""
+        """Read one connection to its end: ('bye'|'fatal'|'hello'|'lost'|'closed', message).  The
+        process's one link reader reads the pipe (``link_reader``); this thread waits."""
         assert proc.stdout is not None  # (started with stdout=PIPE)
-        fd = proc.stdout.fileno()
-        buf = b""
-        pending: list[Event] = []
-        got_hello = False
-        before_hello: list[str] = []
-        n = 0
-        last = time.monotonic()
-        while True:
-            if self._closed.is_set():
-                return "closed", "detached"
-            r, _, _ = select.select([fd], [], [], 0.5)
-            if not r:
-                limit = self.silence if got_hello else HELLO_TIMEOUT
-                if time.monotonic() - last > limit:
-                    return ("hello" if got_hello else "lost"), f"no data from {self.host} for {limit:.0f} s"
-                continue
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            last = time.monotonic()
-            buf += chunk
-            if b"\n" not in buf:
-                if len(buf) > MAX_LINE:
-                    return "fatal", f"{self.host}: agent line {n + 1} is over {MAX_LINE} bytes: not the ddptop agent protocol"
-                continue
-            *lines, buf = buf.split(b"\n")
-            for raw in lines:
-                n += 1
-                if not got_hello:
-                    kind, d = self._parse(raw)
-                    if kind != "hello":
-                        before_hello.append(raw[:200].decode("utf-8", "replace"))
-                        continue
-                    problem = self._check_hello(d)
-                    if problem:
-                        return "fatal", problem
-                    got_hello = True
-                    self.connects += 1
-                    if d.get("run"):  # (a hello without a run comes before an error: the last run's meta stays)
-                        self.meta = _meta(d.get("meta"))
-                    if isinstance(d.get("versions"), dict):
-                        self.versions = {str(k): str(v) for k, v in d["versions"].items()}
-                    self._measure_skew(d.get("t"))
-                    if isinstance(d.get("run"), str) and d["run"]:
-                        self.run = d["run"]  # pin the run: a reconnect must not jump to a newer one
-                        self._remote_dir = str(d.get("run_dir") or d["run"])
-                        self._lagging = 0
-                        if self._after is not None:
-                            self._next_attempt(d)
-                        elif not self._pinned and self.transport.follows_restarts:
-                            self._node_before = self.transport.listed_node()
-                        self._pinned = True
-                    if d.get("run"):  # (else an error follows)
-                        self._set_link("up", f"{d.get('host', self.host)}, ddptop {d.get('ddptop')}, run {d['run']}")
-                    minor = d.get("minor")
-                    if isinstance(minor, int) and minor >= wire.BATCHES_SINCE and d.get("run"):
-                        self._send({"cmd": "accept", "kinds": ["logs"]})
-                    continue
-                kind, d = wire.parse_line(raw)
-                if kind is None:
-                    pending.append(NoteEvent(self.clock(), "warning", f"{self.host}: agent line {n} unreadable, "
-                                             f"skipped: {raw[:120].decode('utf-8', 'replace')!r}", node=self.node))
-                    continue
-                if kind == "cursor":
-                    files = d.get("files")
-                    if isinstance(files, dict) and all(isinstance(v, int) for v in files.values()):
-                        self._cursor = {str(k): v for k, v in files.items()}
-                    if pending:
-                        self._emit(pending)
-                        pending = []
-                    # the node's stream is read up to here (after what was queued: poll takes it with that)
-                    t = d.get("t")
-                    self._heard = t + self.skew if isinstance(t, (int, float)) and not isinstance(t, bool) else self.clock()
-                elif kind == "bye":
-                    self._exit = ExitStatus.from_dict(d.get("exit"))
-                    if self._exit is None and isinstance(d.get("attach_exit_code"), int) and not self.launched:
-                        self._exit = ExitStatus.unknown("ddptop did not start this job: its exit code cannot be "
-                                                        "known", crash_seen=d["attach_exit_code"] == 1)
-                    self._set_link("closed", "the job has ended")  # before the batch: its final state comes last
-                    if pending:
-                        self._emit(pending)
-                    return "bye", ""
-                elif kind == "error":
-                    why = str(d.get("message", "the agent reported an error"))
-                    if d.get("code") == "not-yet":
-                        return "not-yet", why
-                    return ("gone" if d.get("code") == "no-run" and self._pinned else "fatal"), why
-                elif kind == "reply" and d.get("cmd") == "accept":
-                    continue  # (logs batches from now on: nothing to tell the person)
-                elif kind == "reply":
-                    level = "info" if d.get("ok") else "warning"
-                    what = "refused: " if d.get("refused") else ""
-                    self._emit([NoteEvent(self.clock(), level, f"{self.host}: {d.get('cmd')}: {what}{d.get('message')}",
-                                          node=self.node)])
-                elif kind in CONTROL:
-                    continue
-                else:
-                    try:
-                        ev = event_off_the_wire(d, self.node, self.skew)
-                        if isinstance(ev, StateEvent) and ev.state in FINAL_STATES:
-                            self._run_final = ev
-                        elif isinstance(ev, LaunchEvent) and self._gen_base:
-                            ev = replace(ev, generation=ev.generation + self._gen_base)
-                        if isinstance(ev, LaunchEvent):
-                            self._gen_top = max(self._gen_top, ev.generation)
-                        pending.append(LogBatch.of_line(ev) if isinstance(ev, LogEvent) else ev)
-                    except UnknownKind:
-                        continue  # a newer agent's kind: ignored
-                    except BadEvent as e:
-                        pending.append(NoteEvent(self.clock(), "warning",
-                                                 f"{self.host}: agent line {n}: bad {kind!r} event ({e})",
-                                                 node=self.node))
+        st = _Reading()
+        outcome = link_reader.reader().follow(proc.stdout.fileno(), lambda chunk: self._feed(st, chunk),
+                                              lambda now: self._quiet(st, now), self._closed)
+        if outcome is not None:
+            return outcome
         # the connection ended without a bye; a trailing partial line and an
         # uncommitted batch are dropped: the next connection resumes before them
         rc = proc.wait()
         err = proc.stderr.read().decode("utf-8", "replace").strip() if proc.stderr else ""
-        if got_hello:
+        if st.got_hello:
             return "hello", _last_line(err) or f"link lost ({self.transport.kind} exit {rc})"
-        return self._classify_failure(rc, err, before_hello)
+        return self._classify_failure(rc, err, st.before_hello)
+
+    def _quiet(self, st: _Reading, now: float) -> tuple[str, str] | None:
+        """The link has been silent too long (the agent sends a line every 2 s): its outcome."""
+        limit = self.silence if st.got_hello else HELLO_TIMEOUT
+        if now - st.last > limit:
+            return ("hello" if st.got_hello else "lost"), f"no data from {self.host} for {limit:.0f} s"
+        return None
+
+    def _feed(self, st: _Reading, chunk: bytes) -> tuple[str, str] | None:
+        """What arrived on the link: its whole lines decoded; the connection's outcome when it ends here."""
+        st.last = time.monotonic()
+        buf = st.buf + chunk
+        if b"\n" not in chunk:
+            st.buf = buf
+            if len(buf) > MAX_LINE:
+                return "fatal", f"{self.host}: agent line {st.n + 1} is over {MAX_LINE} bytes: not the ddptop agent protocol"
+            return None
+        *lines, st.buf = buf.split(b"\n")
+        for raw in lines:
+            st.n += 1
+            out = self._line(st, raw) if st.got_hello else self._before_hello(st, raw)
+            if out is not None:
+                return out
+        return None
+
+    def _before_hello(self, st: _Reading, raw: bytes) -> tuple[str, str] | None:
+        kind, d = self._parse(raw)
+        if kind != "hello":
+            st.before_hello.append(raw[:200].decode("utf-8", "replace"))
+            return None
+        problem = self._check_hello(d)
+        if problem:
+            return "fatal", problem
+        st.got_hello = True
+        self.connects += 1
+        if d.get("run"):  # (a hello without a run comes before an error: the last run's meta stays)
+            self.meta = _meta(d.get("meta"))
+        if isinstance(d.get("versions"), dict):
+            self.versions = {str(k): str(v) for k, v in d["versions"].items()}
+        self._measure_skew(d.get("t"))
+        if isinstance(d.get("run"), str) and d["run"]:
+            self.run = d["run"]  # pin the run: a reconnect must not jump to a newer one
+            self._remote_dir = str(d.get("run_dir") or d["run"])
+            self._lagging = 0
+            if self._after is not None:
+                self._next_attempt(d)
+            elif not self._pinned and self.transport.follows_restarts:
+                self._node_before = self.transport.listed_node()
+            self._pinned = True
+        if d.get("run"):  # (else an error follows)
+            self._set_link("up", f"{d.get('host', self.host)}, ddptop {d.get('ddptop')}, run {d['run']}")
+        minor = d.get("minor")
+        if isinstance(minor, int) and minor >= wire.BATCHES_SINCE and d.get("run"):
+            self._send({"cmd": "accept", "kinds": ["logs"]})
+        return None
+
+    def _line(self, st: _Reading, raw: bytes) -> tuple[str, str] | None:
+        """One line after the hello: events kept until their batch's cursor commits them."""
+        pending = st.pending
+        kind, d = wire.parse_line(raw)
+        if kind is None:
+            pending.append(NoteEvent(self.clock(), "warning", f"{self.host}: agent line {st.n} unreadable, "
+                                     f"skipped: {raw[:120].decode('utf-8', 'replace')!r}", node=self.node))
+            return None
+        if kind == "cursor":
+            files = d.get("files")
+            if isinstance(files, dict) and all(isinstance(v, int) for v in files.values()):
+                self._cursor = {str(k): v for k, v in files.items()}
+            if pending:
+                self._emit(pending)
+                st.pending = []
+            # the node's stream is read up to here (after what was queued: poll takes it with that)
+            t = d.get("t")
+            self._heard = t + self.skew if isinstance(t, (int, float)) and not isinstance(t, bool) else self.clock()
+        elif kind == "bye":
+            self._exit = ExitStatus.from_dict(d.get("exit"))
+            if self._exit is None and isinstance(d.get("attach_exit_code"), int) and not self.launched:
+                self._exit = ExitStatus.unknown("ddptop did not start this job: its exit code cannot be "
+                                                "known", crash_seen=d["attach_exit_code"] == 1)
+            self._set_link("closed", "the job has ended")  # before the batch: its final state comes last
+            if pending:
+                self._emit(pending)
+                st.pending = []
+            return "bye", ""
+        elif kind == "error":
+            why = str(d.get("message", "the agent reported an error"))
+            if d.get("code") == "not-yet":
+                return "not-yet", why
+            return ("gone" if d.get("code") == "no-run" and self._pinned else "fatal"), why
+        elif kind == "reply" and d.get("cmd") == "accept":
+            return None  # (logs batches from now on: nothing to tell the person)
+        elif kind == "reply":
+            level = "info" if d.get("ok") else "warning"
+            what = "refused: " if d.get("refused") else ""
+            self._emit([NoteEvent(self.clock(), level, f"{self.host}: {d.get('cmd')}: {what}{d.get('message')}",
+                                  node=self.node)])
+        elif kind in CONTROL:
+            return None
+        else:
+            try:
+                ev = event_off_the_wire(d, self.node, self.skew)
+                if isinstance(ev, StateEvent) and ev.state in FINAL_STATES:
+                    self._run_final = ev
+                elif isinstance(ev, LaunchEvent) and self._gen_base:
+                    ev = replace(ev, generation=ev.generation + self._gen_base)
+                if isinstance(ev, LaunchEvent):
+                    self._gen_top = max(self._gen_top, ev.generation)
+                pending.append(LogBatch.of_line(ev) if isinstance(ev, LogEvent) else ev)
+            except UnknownKind:
+                return None  # a newer agent's kind: ignored
+            except BadEvent as e:
+                pending.append(NoteEvent(self.clock(), "warning", f"{self.host}: agent line {st.n}: bad {kind!r} event ({e})",
+                                         node=self.node))
+        return None
 
     def _measure_skew(self, t) -> None:
         """The node's clock against ours, from its hello's time ``t``.  The hello
