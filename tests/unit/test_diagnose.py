@@ -17,3 +17,21 @@ def test_a_line_ddptop_failed_to_read_is_said_in_the_post_mortem(tmp_path, monke
     out = capsys.readouterr().out
     assert "Root cause: cuda-oom (rank 1)" in out
     assert "Note: signature matcher failed on line 2 of rank 1's stdout: KeyError: 'boom'" in out
+
+
+def test_steps_that_reached_a_tee_console_after_the_error_are_not_a_rank_going_on(capsys):
+    """A real --tee console this repo's CI recorded (tests/data/logs/recorded/tee-console-steps-after-the-error):
+    rank 1's five steps, printed before its loader thread died, reached the console after its traceback.
+    The cause is still rank 1's exception, not rank 0's timeout that torchrun saw first."""
+    import json
+
+    from conftest import ROOT
+    from ddptop.core.tools import diagnose as dg
+
+    console = ROOT / "tests" / "data" / "logs" / "recorded" / "tee-console-steps-after-the-error" / "console.txt"
+    assert dg.main([str(console)], json_mode=True) == 1
+    rep = json.loads(capsys.readouterr().out)
+    rc = rep["root_cause"]
+    assert rc["signature"] == "python-exception" and rc["rank"] == 1 and "FileNotFoundError" in rc["text"], rc
+    assert rep["culprits"] == [1]
+    assert any(f["signature"] == "gloo-timeout" and f["rank"] == 0 for f in rep["findings"])

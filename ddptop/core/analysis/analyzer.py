@@ -82,6 +82,7 @@ class Analyzer:
         self._open: dict[int, dict[str, list[Finding]]] = {}
         self._file_step: dict[tuple, int] = {}  # (rank, file) -> the last training step that file showed
         self._step_before: dict[Finding, int | None] = {}
+        self._peers_before: dict[Finding, int | None] = {}  # the furthest step the other ranks had shown then
         self._newer: dict[Finding, set[int]] = {}
         self._alarmed: set[tuple] = set()
         self.line_no: dict[str, int] = {}
@@ -216,6 +217,8 @@ class Analyzer:
                     if f.rank is not None and f.level < CONSEQUENCE:
                         self._open.setdefault(f.rank, {}).setdefault(key, []).append(f)
                         self._step_before[f] = self._file_step.get((f.rank, key))
+                        self._peers_before[f] = max((s for (r, _k), s in self._file_step.items() if r != f.rank),
+                                                    default=None)
                     new = [f]
                     if f.signature in ACROSS_RANKS:
                         # (what several ranks' lines say together, as it stands now)
@@ -304,7 +307,10 @@ class Analyzer:
         so a step counts only when the file had shown the rank's steps before the finding (its stream was
         flowing) and three newer steps came after it (torchrun's --tee console tails a rank's stdout and
         stderr files by separate threads: on a loaded machine the two steps a rank printed just before its
-        fatal error reached the console after the error).  From the hook: the findings read a second or more before
+        fatal error reached the console after the error), and they are steps beyond the furthest any other rank
+        had shown when the finding was read (in a job whose steps take milliseconds, all five steps a rank
+        printed before its loader thread died reached the console after the error, while the other rank's same
+        five steps had come before it: no step after a failure that the job had not already made).  From the hook: the findings read a second or more before
         it came (live, a line is read as it is written)."""
         files = self._open.get(rank)
         if not files:
@@ -316,8 +322,9 @@ class Analyzer:
                     went_on = self.read_at.get(f, t) < t - 1.0
                 else:
                     before = self._step_before.get(f)
+                    peers = self._peers_before.get(f)
                     newer = self._newer.setdefault(f, set())
-                    if before is not None and step is not None and step > before:
+                    if before is not None and step is not None and step > before and (peers is None or step > peers):
                         newer.add(step)
                     went_on = len(newer) >= WENT_ON_STEPS
                 if went_on:
