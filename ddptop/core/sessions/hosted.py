@@ -48,7 +48,6 @@ SEND_EVERY = 0.02  # seconds: the child gathers what its polls return for this l
 WAIT = 1.0  # seconds the child waits for its session when a poll found nothing (its wait ends sooner on news)
 BACKLOG_LINES = 200_000  # this side stops reading the child while this many lines wait for poll() (backpressure)
 CLOSE_WAIT = 15.0  # seconds the child has to close its session (its links) before it is killed
-_SNAPSHOT = ("location", "meta", "finished", "final_state", "error", "is_live", "control", "exit_status")
 
 
 class HostedError(RuntimeError):
@@ -354,6 +353,14 @@ def serve(inp: IO[bytes], out: IO[bytes]) -> int:
         session.wake()
 
     threading.Thread(target=calls, name="calls", daemon=True).start()
+
+    def send(events: list[Event]) -> None:
+        """The events, with what changed of how the session is seen (nothing at all when neither did)."""
+        changed = {k: v for k, v in _snapshot(session).items() if sent.get(k) != v}
+        if events or changed:
+            _write(out, lock, ("events", events, changed))
+            sent.update(changed)
+
     pending: list[Event] = []
     last_send = 0.0
     try:
@@ -363,18 +370,11 @@ def serve(inp: IO[bytes], out: IO[bytes]) -> int:
             pending.extend(events)
             now = time.monotonic()
             if pending and (now - last_send >= SEND_EVERY or session.finished):
-                now_view = _snapshot(session)
-                changed = {k: v for k, v in now_view.items() if sent.get(k) != v}
-                _write(out, lock, ("events", pending, changed))
-                sent.update(changed)
+                send(pending)
                 pending, last_send = [], now
             elif not events:
                 if finished:
-                    now_view = _snapshot(session)  # (a call may have changed it: said even without events)
-                    changed = {k: v for k, v in now_view.items() if sent.get(k) != v}
-                    if changed:
-                        _write(out, lock, ("events", [], changed))
-                        sent.update(changed)
+                    send([])  # (a call may have changed how it is seen: said even without events)
                     done.wait(WAIT)
                 else:
                     session.wait(SEND_EVERY - (now - last_send) if pending else WAIT)
