@@ -14,6 +14,11 @@ if str(SUPPORT) not in sys.path:
 
 from helpers import wait_for  # noqa: E402  (some tests import it from here)
 
+# pytest keeps the test modules it rewrote for their asserts (tests/**/__pycache__, ignored by git) even where
+# PYTHONDONTWRITEBYTECODE is set: the README's second pass (-m serial) and every run after the first collect in
+# half the CPU (3.1 CPU-s a collection, not 6.6: every worker collects every test module)
+sys.dont_write_bytecode = False
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
 TIMEOUT = 180  # seconds, for any one ddptop/torchrun subprocess
@@ -242,8 +247,8 @@ def pytest_runtest_call(item):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """``DDPTOP_TEST_COST=FILE``: one JSON line per test with its wall time and the CPU it took (every process
-    it started: torchrun, the ranks, ddptop, sshd; counted by a cgroup of the worker's own where cgroup v1's
+    """``DDPTOP_TEST_COST=FILE``: one JSON line per test with its wall time, when it started, its xdist
+    worker and the CPU it took (every process it started: torchrun, the ranks, ddptop, sshd; counted by a cgroup of the worker's own where cgroup v1's
     cpuacct is writable, else this process and the children it waited for), to find what makes the suite
     long (issue 34); nothing is measured without it."""
     import os
@@ -264,13 +269,15 @@ def pytest_runtest_protocol(item, nextitem):
             return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
                                                           resource.getrusage(resource.RUSAGE_CHILDREN)))
 
-    t0, c0 = time.monotonic(), cpu()
+    t0, c0, start = time.monotonic(), cpu(), time.time()
     try:
         return (yield)
     finally:
         with open(out, "a") as f:
             f.write(json.dumps({"test": item.nodeid, "wall": round(time.monotonic() - t0, 2),
-                                "cpu": round(cpu() - c0, 2)}) + "\n")
+                                "cpu": round(cpu() - c0, 2), "start": round(start, 2),
+                                "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                                "counted_by": "cgroup" if group is not None else "rusage"}) + "\n")
 
 
 _cpuacct: list = []
@@ -285,8 +292,11 @@ def _cpuacct_group():
     if not _cpuacct:
         root = Path("/sys/fs/cgroup/cpuacct")
         # (a name of its own: in a worker's PID namespace every worker is pid 2)
-        group = root / f"ddptop_test_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}_{os.urandom(4).hex()}"
-        for old in root.glob("ddptop_test_*"):  # the groups of earlier runs, empty now
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        group = root / f"ddptop_test_{worker}_{os.urandom(4).hex()}"
+        # the groups earlier runs' workers of this name left, empty now (not another worker's: it may have made
+        # its own and not yet joined it)
+        for old in root.glob(f"ddptop_test_{worker}_*"):
             try:
                 old.rmdir()
             except OSError:
@@ -355,6 +365,11 @@ def pytest_configure(config):
 
     if not _in_xdist_worker(config):
         _compile_once()
+    if getattr(config.option, "maxschedchunk", "absent") is None:
+        # -n N hands the tests out one at a time (xdist's load scheduling sends each worker a first chunk
+        # of a quarter of its share: consecutive tests, so one worker got the framework, GPU-form and
+        # GPU-wait files, over 550 s of them, while the others had finished at 380 s)
+        config.option.maxschedchunk = 1
     tx = getattr(config.option, "tx", None) or []
     if _in_xdist_worker(config) or not tx or any(spec != "popen" for spec in tx):
         return  # not pytest -n N (or a hand-made --tx: left as it is)

@@ -97,6 +97,7 @@
  * Build: cc -O1 -shared -fPIC -pthread -fvisibility=hidden -o libcudart.so.12 cudart_stub.c
  */
 
+#define _GNU_SOURCE /* SCHED_IDLE */
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
@@ -230,6 +231,14 @@ static enum wait_how how_to_wait(int device, unsigned event_flags)
 static void *worker(void *arg)
 {
     cudaStream_t s = arg;
+#ifdef SCHED_IDLE
+    /* A GPU's kernels take no host CPU: the device thread runs only on a core no host thread
+     * wants (SCHED_IDLE), and stays runnable, as busy as its kernels keep it, while it waits for
+     * one (sched_yield alone still took a core from other processes' work).  Lowering a thread's
+     * own policy needs no privilege; where it is refused the device runs as before. */
+    struct sched_param idle = {0};
+    pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
+#endif
     pthread_mutex_lock(&s->mu);
     for (;;) {
         while (!s->head && !s->destroyed)
@@ -598,8 +607,8 @@ EXPORT const char *cudaGetErrorString(cudaError_t error)
  * cudaLaunchHostFunc that keep the device busy, as a kernel keeps a GPU busy.  The
  * device is the stream's worker thread, and busy means runnable: it loops on
  * sched_yield(), so it wants a core (ddptop --gpu sim reads a rank's runnable time as
- * its GPU's utilisation) but lets any other thread that wants one have it.  They run
- * in C, without the GIL.
+ * its GPU's utilisation) but, an idle-class thread (see worker), gets one only where no
+ * other thread wants it.  They run in C, without the GIL.
  */
 
 /* A kernel that runs for (uintptr_t)userData nanoseconds (passed by value). */

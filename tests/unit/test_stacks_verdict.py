@@ -426,8 +426,9 @@ def test_a_line_that_syncs_only_a_gpu_tensor_is_no_gpu_wait_in_a_process_without
 
 
 def test_the_gpu_runtime_is_read_from_the_process_address_space(tmp_path):
-    """gpu_runtime_mapped(pid): a process that has mapped a file named as the CUDA runtime has one; this
-    test's own process (CPU torch at most) has none; a pid that is not there cannot be read."""
+    """gpu_runtime_mapped(pid): a process that has mapped a file named as the CUDA runtime has one; a plain
+    Python process has none (not this test's own: the CUDA stand-in's tests load the stand-in into their
+    worker); a pid that is not there cannot be read."""
     import subprocess
     import sys
 
@@ -439,15 +440,17 @@ def test_the_gpu_runtime_is_read_from_the_process_address_space(tmp_path):
             "print('mapped', flush=True); sys.stdin.read()")
     p = subprocess.Popen([sys.executable, "-c", code, str(lib)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          text=True)
+    plain = subprocess.Popen([sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "mapped"
         assert gpu_runtime_mapped(p.pid) is True
+        assert plain.stdout.readline().strip() == "up"
+        assert gpu_runtime_mapped(plain.pid) is False
     finally:
-        p.stdin.close()
-        p.wait(timeout=30)
-    import os
-
-    assert gpu_runtime_mapped(os.getpid()) is False
+        for q in (p, plain):
+            q.stdin.close()
+            q.wait(timeout=30)
     assert gpu_runtime_mapped(p.pid) is None  # gone
 
 

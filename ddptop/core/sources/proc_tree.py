@@ -22,17 +22,26 @@ import psutil
 _SUPPORTED: bool | None = None  # learnt on first use
 
 
+def _supported() -> bool:
+    """Whether this kernel keeps ``children`` files, learnt once from this process's own main thread (which
+    is there: a pid that is gone says nothing either way)."""
+    global _SUPPORTED
+    if _SUPPORTED is None:
+        me = os.getpid()
+        _SUPPORTED = os.path.exists(f"/proc/{me}/task/{me}/children")
+    return _SUPPORTED
+
+
 def child_pids(pid: int) -> list[int] | None:
     """Direct children of ``pid`` (every thread's), [] when it is gone, or None
     when this kernel cannot say (use psutil)."""
-    global _SUPPORTED
-    if _SUPPORTED is False:
+    if not _supported():
         return None
     base = f"/proc/{pid}/task"
     try:
         tids = os.listdir(base)
     except FileNotFoundError:
-        return [] if _SUPPORTED else None
+        return []
     except OSError:
         return None
     out: list[int] = []
@@ -41,13 +50,9 @@ def child_pids(pid: int) -> list[int] | None:
             with open(f"{base}/{tid}/children", "rb") as f:
                 data = f.read()
         except FileNotFoundError:
-            if os.path.isdir(f"{base}/{tid}"):  # the thread is there but the file is not: no support
-                _SUPPORTED = False
-                return None
             continue  # the thread ended meanwhile
         except OSError:
             return None
-        _SUPPORTED = True
         out.extend(int(x) for x in data.split())
     return out
 
