@@ -248,9 +248,10 @@ def pytest_runtest_call(item):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """``DDPTOP_TEST_COST=FILE``: one JSON line per test with its wall time, when it started, its xdist
-    worker and the CPU it took (every process it started: torchrun, the ranks, ddptop, sshd; counted by a cgroup of the worker's own where cgroup v1's
-    cpuacct is writable, else this process and the children it waited for), to find what makes the suite
-    long (issue 34); nothing is measured without it."""
+    worker and the CPU it took (every process it started: torchrun, the ranks, ddptop, sshd; counted by a
+    cgroup of the worker's own where cgroup v1's cpuacct is writable, else this process and the children it
+    waited for: ``counted_by`` says which), to find what makes the suite long (issue 34); nothing is measured
+    without it."""
     import os
 
     out = os.environ.get("DDPTOP_TEST_COST")
