@@ -310,8 +310,8 @@ class Analyzer:
         fatal error reached the console after the error), and they are steps beyond the furthest any other rank
         had shown when the finding was read (in a job whose steps take milliseconds, all five steps a rank
         printed before its loader thread died reached the console after the error, while the other rank's same
-        five steps had come before it: no step after a failure that the job had not already made).  From the hook: the findings read a second or more before
-        it came (live, a line is read as it is written)."""
+        five steps had come before it: no step after a failure that the job had not already made).  From the
+        hook: the findings read a second or more before it came (live, a line is read as it is written)."""
         files = self._open.get(rank)
         if not files:
             return
