@@ -108,6 +108,8 @@ def rank_pids(run_dir: Path):
 def diagnose_agrees(run_dir: Path, live: dict, ended_by: str = "ddptop-on-stall") -> dict:
     """``ddptop diagnose --json`` of a run ddptop saw hang: its root cause is that hang, replayed from the
     journal, with the live alarm's culprits and, for each, the same line; who ended the run is said."""
+    # the supervisor said in the journal how far it had read the logs (the replay times their lines by it)
+    assert '"kind":"marks"' in (run_dir / "events.jsonl").read_text(errors="replace")
     r = run_ddptop("diagnose", "--json", str(run_dir))
     rep = json.loads(r.stdout)
     rc = rep["root_cause"]

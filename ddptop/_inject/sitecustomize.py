@@ -13,6 +13,36 @@ import os
 import sys
 
 
+def _ddptop_merged_dump(blobs):
+    """One flight-recorder dump (torch's pickle) of several: their entries, each once, and their groups'
+    config and status (the first dump's where both name a group)."""
+    if len(blobs) == 1:
+        return blobs[0]
+    import pickle
+
+    dumps = [d for d in (pickle.loads(b) for b in blobs) if isinstance(d, dict)]  # torch's own, in its process
+    if not dumps:
+        raise ValueError("no flight-recorder dump")
+    out = dict(dumps[0])
+    entries, seen = [], set()
+    for d in dumps:
+        for e in d.get("entries") or []:
+            pg = e.get("process_group")
+            key = (e.get("pg_id"), tuple(map(str, pg)) if isinstance(pg, (list, tuple)) else str(pg),
+                   e.get("collective_seq_id"), e.get("p2p_seq_id"), e.get("profiling_name"))
+            if key not in seen:
+                seen.add(key)
+                entries.append(e)
+    out["entries"] = entries
+    for k in ("pg_config", "pg_status"):
+        merged = {}
+        for d in dumps:
+            for name, v in (d.get(k) or {}).items():
+                merged.setdefault(name, v)
+        out[k] = merged
+    return pickle.dumps(out)
+
+
 def _ddptop_install():
     beat_dir = os.environ.get("DDPTOP_BEAT_DIR")
     rank = os.environ.get("RANK")
@@ -217,8 +247,12 @@ def _ddptop_install():
                 try:
                     import torch._C._distributed_c10d as c
 
-                    dump = getattr(c, "_dump_fr_trace", None) or getattr(c, "_dump_nccl_trace")
-                    data = dump()
+                    # NCCL's collectives are in NCCL's own recorder, the others' (gloo; on NCCL jobs the helper
+                    # group of TORCH_DISTRIBUTED_DEBUG=DETAIL) in the generic one: both, as one dump (on an H100
+                    # the generic one alone held only DETAIL's gloo all_gathers, none of the job's collectives)
+                    blobs = [fn() for fn in (getattr(c, n, None) for n in ("_dump_nccl_trace", "_dump_fr_trace"))
+                             if fn is not None]
+                    data = _ddptop_merged_dump(blobs)
                     tmp = os.path.join(fr_dir, f".rank_{rank}.tmp")
                     with open(tmp, "wb") as f:
                         f.write(data)

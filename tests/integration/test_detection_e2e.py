@@ -43,8 +43,10 @@ def test_without_gpu_telemetry_ranks_spinning_for_a_hung_rank_make_a_collective_
     """--gpu none (a CPU job, or no driver): rank 0 spins a core polling its all-reduce while rank 1
     sleeps; that is a hang in a collective with rank 1 the culprit, not a CPU-bound data-loading stall.
     The job runs with NCCL_P2P_DISABLE=1 already (set by the person, not by a profile): the alarm does
-    not suggest p2p-off, which it would otherwise."""
-    r = run_ddptop("--json", "--gpu", "none", "--on-stall", "kill", "torchrun", "--nproc-per-node", "2", EXAMPLE,
+    not suggest p2p-off, which it would otherwise.  And without ddptop's hook (--no-inject), as for a
+    job whose steps ddptop learns from its log lines alone: the post-mortem replays those lines at the
+    times the live analysis read them (the journal's marks), and tells the same hang."""
+    r = run_ddptop("--json", "--gpu", "none", "--no-inject", "--on-stall", "kill", "torchrun", "--nproc-per-node", "2", EXAMPLE,
                    "--steps", "100000", "--step-time", "0.05", "--fault", "hang", "--fault-rank", "1", "--fault-step", "15",
                    env={**os.environ, "NCCL_P2P_DISABLE": "1"})
     assert r.returncode == 124, r.stderr[-2000:]
@@ -54,6 +56,7 @@ def test_without_gpu_telemetry_ranks_spinning_for_a_hung_rank_make_a_collective_
     assert a["id"] == "stall-collective" and a["culprits"] == [1], a
     assert "fewer-workers" not in a["suggested_profiles"] and "train_ddp.py" in a["message"]
     assert "p2p-off" not in a["suggested_profiles"] and "flight-recorder" in a["suggested_profiles"], a
+    assert not [e for e in json_events(r.stdout) if e["kind"] == "progress"]  # (no hook: steps from the logs)
     diagnose_agrees(only_run(runs_dir), a)
 
 

@@ -84,3 +84,34 @@ def live_run(tmp_path):
 
 def rank_log(run, rank):
     return next(run.glob(f"logs/*/attempt_0/{rank}/stdout.log"))
+
+
+# -- a run whose steps ddptop knew from its log lines alone, hung on a busy GPU (tests/unit/test_run_story.py) --
+
+def log_stepped_run(tmp_path, *, marks=True):
+    """One rank printing ``step N`` every 0.25 s with no hook, its GPU at 100%, then a wait on the GPU: the
+    stall the live analysis raised 10.5 s after the last step (the least silence, 10 s by default), stopped by a person 30 s later.  With ``marks``
+    the journal says how far the supervisor had read the log, every 0.5 s (``LogMarks``), as it writes it."""
+    lines = [f"step {i} loss 0.5\n" for i in range(1, 41)]
+    starts = [sum(len(x) for x in lines[:i]) for i in range(len(lines))]
+    read_at = [T0 + 1 + i * 0.25 for i in range(len(lines))]
+    last = read_at[-1]
+    ev = [{"kind": "state", "t": T0, "state": "running", "message": "torchrun pid 10"},
+          {"kind": "rank", "t": T0 + 0.1, "rank": 0, "local_rank": 0, "pid": 100, "attempt": 0, "alive": True}]
+    ev += [{"kind": "gpu", "t": T0 + s, "index": 0, "util": 100.0, "ranks": [0], "mapping": "nvml"} for s in range(46)]
+    if marks:
+        path = "logs/x_abc/attempt_0/0/stdout.log"
+        for k in range(0, len(lines), 2):  # (a mark each 0.5 s: the two reads since the last one)
+            reads = [[starts[i], read_at[i]] for i in range(k, min(k + 2, len(lines)))]
+            ev.append({"kind": "marks", "t": reads[-1][1] + 0.01, "upto": {path: reads}})
+    w = dict(where(0, "gpu-wait", 36, "<module>"), call="loss.item", gpu="cudaStreamSynchronize")
+    ev.append({"kind": "stacks", "t": last + 9.0, "span": 0.6, "ranks": [0], "samples": 2, "hung": True,
+               "culprits": [], "waiting": [0], "summary": "hung, no single culprit", "where": {"0": w},
+               "groups": [], "dir": "", "native": True})
+    alarm_t = last + 10.5
+    ev.append({"kind": "alarm", "t": alarm_t, "type": "stall", "id": "stall-hot", "ranks": [0], "culprits": [],
+               "message": "Hot stall: GPUs busy but no step progress ...", "where": {}})
+    ev.append({"kind": "state", "t": alarm_t + 30, "state": "stopped", "exit_code": 143, "ended_by": "ddptop-stop",
+               "message": "stopped on request (SIGTERM to ddptop's supervisor)"})
+    ev.sort(key=lambda e: e["t"])
+    return write_run(tmp_path, events=ev, logs={0: "".join(lines)}, nproc=1), last, alarm_t

@@ -35,7 +35,7 @@ def test_a_collective_mismatch_is_named():
 
 def test_ranks_in_step_and_missing_dumps():
     rep = flight.analyse({0: dump(entry(3, state="completed")), 1: dump(entry(3, state="completed"))})
-    assert rep.culprits == [] and "every rank is at the same collective: 0 (default_pg) at #3" in rep.summary()
+    assert rep.culprits == [] and "every rank is at the same collective: process group 0 (default_pg) at #3" in rep.summary()
     rep = flight.analyse({0: dump(entry(3))}, expected=[0, 1])
     assert rep.culprits == [1] and rep.findings[0].startswith("no dump from rank 1")
     assert flight.analyse({0: dump(entry(1, p2p=True))}).findings == ["no collective recorded yet on any rank"]

@@ -8,7 +8,7 @@ real runs the same way (conftest.diagnose_agrees).
 
 from __future__ import annotations
 
-from made_runs import hung_run
+from made_runs import hung_run, log_stepped_run
 
 from ddptop.core.tools.run_story import story
 
@@ -28,3 +28,31 @@ def test_where_the_replay_and_the_recorded_alarm_differ_both_are_said(tmp_path):
     s = story(run)
     assert s.stalls[0].culprits == (1,) and s.recorded[0].culprits == (0,)
     assert len(s.differences) == 1 and "culprits [1]" in s.differences[0] and "culprits [0]" in s.differences[0]
+
+
+def test_steps_known_from_the_logs_alone_are_replayed_at_the_times_they_were_read(tmp_path):
+    """A job with no hook (or a loop with no optimizer): the live analysis knew its steps from its log lines.
+    A finished run's logs are read all at once; the journal's marks give each line its time, and the replay
+    raises the hang the run raised, seconds after the last step."""
+    run, last, alarm_t = log_stepped_run(tmp_path)
+    s = story(run)
+    assert [a.id for a in s.stalls] == ["stall-hot"] and s.differences == (), (s.stalls, s.differences)
+    assert last < s.stalls[0].t <= alarm_t + 1.0
+
+
+def test_a_journal_without_marks_says_why_its_replay_differs(tmp_path):
+    """(A journal of an earlier release: its log lines cannot be timed, so steps that came only from them are
+    unknown to the replay; the difference is said with its reason, never hidden.)"""
+    run, _last, _alarm_t = log_stepped_run(tmp_path, marks=False)
+    s = story(run)
+    assert s.stalls == () and len(s.differences) == 1, s.differences
+    assert "the replay raised no stall" in s.differences[0] and "log lines" in s.differences[0], s.differences
+
+
+def test_a_run_directory_moved_elsewhere_still_reads_its_logs(tmp_path):
+    run, _last, _alarm_t = log_stepped_run(tmp_path / "there")
+    moved = tmp_path / "here" / "run"
+    moved.parent.mkdir()
+    run.rename(moved)
+    s = story(moved)
+    assert [a.id for a in s.stalls] == ["stall-hot"] and s.differences == ()

@@ -205,7 +205,7 @@ CATALOG: list[Signature] = [
        "A GPU kernel read or wrote outside its memory (a bad index, a custom or Triton kernel, a library bug). "
        "CUDA reports errors late, so the stack trace may name the wrong op: cuda-sync (CUDA_LAUNCH_BLOCKING=1) "
        "finds the real one. If it happens on one GPU or node only, suspect the hardware.", ("cuda-sync", "single-gpu")),
-    _s("cuda-device-assert", r"device-side assert triggered",
+    _s("cuda-device-assert", r"device-side assert triggered|\.cu:\d+: [^\n]*?\bAssertion `[^\n]*` failed",
        "A GPU kernel's assertion failed, almost always an index out of range: a label >= the number of classes, "
        "a negative index, a token id past the embedding table. The 'Assertion ... failed' line names the kernel; "
        "cuda-sync (CUDA_LAUNCH_BLOCKING=1) names the op.", ("cuda-sync",)),

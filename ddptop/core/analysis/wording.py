@@ -214,8 +214,35 @@ def gpu_lost_words(index: int, ranks: list[int]) -> str:
     return f"GPU {index} fell off the bus (NVML: GPU is lost){on}"
 
 
+# What the common Xids mean and whose they are, after NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors):
+# an Xid is the driver's report of a GPU event, and many are the application's own doing (a kernel that faulted),
+# not a broken GPU; a person must not take one for the other at 2 a.m.
+_APP = "as a rule the application's own fault (a kernel that faulted: a device-side assert, an illegal address), not the GPU's"
+_HW = "a hardware fault: take this GPU out of service (`nvidia-smi -q`; a reset or a reboot may be needed)"
+XIDS: dict[int, tuple[str, str]] = {
+    13: ("graphics engine exception", _APP),
+    31: ("GPU memory page fault", _APP),
+    43: ("GPU stopped processing", _APP),
+    45: ("preemptive cleanup after earlier errors", "a consequence: its processes were ended (look at the errors before it)"),
+    48: ("double-bit ECC error", _HW),
+    63: ("ECC page retirement or row remapping recorded", "memory repaired itself; a reset applies it"),
+    64: ("ECC page retirement or row remapping failed", _HW),
+    74: ("NVLink error", "a link between GPUs failed: " + _HW),
+    79: ("GPU has fallen off the bus", _HW),
+    92: ("high single-bit ECC error rate", _HW),
+    94: ("contained ECC error", "the memory error was contained to the application that met it: restart it"),
+    95: ("uncontained ECC error", _HW),
+    119: ("GSP RPC timeout", "the GPU's firmware stopped answering: reset the GPU"),
+    120: ("GSP error", "the GPU's firmware failed: reset the GPU"),
+}
+
+
 def xid_words(xid: int, index: int) -> str:
-    return f"Xid {xid} critical error on GPU {index}"
+    known = XIDS.get(xid)
+    if known is None:
+        return f"Xid {xid} critical error on GPU {index} (look it up in NVIDIA's Xid catalogue)"
+    what, whose = known
+    return f"Xid {xid} critical error on GPU {index}: {what}, {whose}"
 
 
 def peer_dead_words(ras_text: str) -> str:

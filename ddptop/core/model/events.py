@@ -216,6 +216,26 @@ class LogBatch(Event):
 
 
 @dataclass(frozen=True)
+class LogMarks(Event):
+    """When the supervisor's live analysis read each log file of its run:
+    ``upto[path]`` lists ``[offset, t]`` pairs, ascending: by ``t`` it had read
+    every line that starts at or before ``offset`` (the path relative to the
+    run directory, as ``LogBatch.path``; ``t`` the time of that read).  Written
+    into the journal while lines come, one event per ``MARK_EVERY`` seconds
+    at most, with up to ``MARKS_PER_FILE`` reads of a file each, so that a
+    replay of the run (``diagnose``) gives every line the time the live
+    analysis had it: a finished run's logs are read all at once.  Journal-only:
+    a session passes them on only when asked (``Session(marks=True)``)."""
+
+    kind: ClassVar[str] = "marks"
+    upto: dict = field(default_factory=dict)
+
+
+MARK_EVERY = 0.5  # seconds between two LogMarks, at least
+MARKS_PER_FILE = 8  # reads of one file one LogMarks keeps, at most (more: the last is moved on)
+
+
+@dataclass(frozen=True)
 class NoteEvent(Event):
     """Something ddptop itself wants to tell the person (not an alarm)."""
 
@@ -434,7 +454,7 @@ class LinkEvent(Event):
 
 _KINDS: dict[str, type[Event]] = {
     cls.kind: cls
-    for cls in (StateEvent, RankEvent, LogEvent, LogBatch, NoteEvent, LaunchEvent, ProgressEvent, GpuStatusEvent, GpuEvent,
+    for cls in (StateEvent, RankEvent, LogEvent, LogBatch, LogMarks, NoteEvent, LaunchEvent, ProgressEvent, GpuStatusEvent, GpuEvent,
                 ProcEvent, AlarmEvent, LinkEvent, StacksEvent, RasEvent)
 }
 

@@ -18,7 +18,7 @@ import os
 import re
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -143,9 +143,21 @@ def load_meta(run_dir: Path) -> Meta:
     if not isinstance(d, dict):
         raise JournalError(f"{run_dir / META} is missing or unreadable")
     try:
-        return Meta.from_dict(d)
+        meta = Meta.from_dict(d)
     except TypeError as e:
         raise JournalError(f"{run_dir / META} is damaged ({e})") from None
+    return _moved(run_dir, meta)
+
+
+def _moved(run_dir: Path, meta: Meta) -> Meta:
+    """A run directory copied or moved elsewhere (off a cluster node, into a bug report) keeps its ranks'
+    logs inside it, under the name the launch gave them, while the journal names where they were: read
+    them from where they are now."""
+    recorded = Path(meta.log_dir)
+    if recorded.is_dir() or not recorded.name:
+        return meta
+    here = run_dir / recorded.name
+    return replace(meta, log_dir=str(here)) if here.is_dir() else meta
 
 
 _ATTEMPT_RE = re.compile(r"attempt_(\d+)$")

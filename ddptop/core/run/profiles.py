@@ -226,15 +226,26 @@ def config_files() -> list[Path]:
     return [Path(base) / "ddptop" / "profiles.toml", Path.cwd() / "ddptop.toml"]
 
 
-def in_effect(profiles: dict[str, Profile], env: Mapping[str, str]) -> set[str]:
+def in_effect(profiles: dict[str, Profile], env: Mapping[str, str], run_dir: str | Path | None = None) -> set[str]:
     """The profiles that would change nothing in a job run with ``env``: every
     variable they set already has their value there, and they do nothing
     else (no variable removed, no argument, backend or timeout).  An alarm
     does not suggest them: the job already runs with them (its own
-    environment, or a profile under another name)."""
+    environment, or a profile under another name).  A value naming
+    ``{run_dir}`` is compared as the launch made it for ``run_dir`` (the run's
+    own directory; without one, any directory)."""
+    def same(k: str, v: str) -> bool:
+        have = env.get(k)
+        if have is None or "{run_dir}" not in v:
+            return have == v
+        if run_dir is not None:
+            return have == v.replace("{run_dir}", str(run_dir))
+        head, _, tail = v.partition("{run_dir}")
+        return have.startswith(head) and have.endswith(tail)
+
     return {name for name, p in profiles.items()
             if p.env and not (p.unset or p.torchrun_args or p.script_args or p.backend or p.pg_timeout is not None)
-            and all(env.get(k) == v for k, v in p.env.items())}
+            and all(same(k, v) for k, v in p.env.items())}
 
 
 def load_all(files: list[Path] | None = None) -> dict[str, Profile]:

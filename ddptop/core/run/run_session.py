@@ -30,6 +30,7 @@ from ddptop.core.model.events import (
     BadEvent,
     Event,
     LogBatch,
+    LogMarks,
     NoteEvent,
     ProgressEvent,
     RankEvent,
@@ -66,12 +67,14 @@ def _due(path: str, tailer: Tailer, changed: set[str] | None) -> bool:
 
 class Session:
     def __init__(self, run_dir: Path, clock: Callable[[], float] = time.time,
-                 resume: dict[str, int] | None = None, min_gap: float = 0.01):
+                 resume: dict[str, int] | None = None, min_gap: float = 0.01, marks: bool = False):
         """``resume``: a ``cursor()`` from an earlier session on this run; reading
         starts exactly after what that session had returned.  ``min_gap``:
         seconds between two wakes of ``wait``, at least; ``look_every``: between
-        two looks for file events, at least (see FileWaker; both set before the first ``wait``)."""
+        two looks for file events, at least (see FileWaker; both set before the first ``wait``).  ``marks``:
+        pass on the journal's ``LogMarks`` (a replay times the lines by them; a viewer has no use for them)."""
         self.min_gap = min_gap
+        self.marks = marks
         self.look_every = 0.0
         self.run_dir = Path(run_dir)
         self.meta: journal.Meta = journal.load_meta(self.run_dir)
@@ -258,6 +261,8 @@ class Session:
             except BadEvent as e:
                 out.append(NoteEvent(now, "warning", f"{self.run_dir / run_dirs.EVENTS} line {self._events_line}: "
                                                      f"damaged, skipped ({e})"))
+                continue
+            if isinstance(ev, LogMarks) and not self.marks:
                 continue
             if isinstance(ev, RankEvent):
                 self._ranks.record(ev.attempt, ev.local_rank, ev.rank)

@@ -34,8 +34,12 @@ from ddptop.core.model.events import (
     STOPPED,
     STOPPING,
     SUCCEEDED,
+    MARK_EVERY,
+    MARKS_PER_FILE,
     Event,
     LaunchEvent,
+    LogBatch,
+    LogMarks,
     NoteEvent,
     RankEvent,
     StateEvent,
@@ -91,6 +95,33 @@ ANALYSIS_GAP = 0.05  # seconds between two analysis passes, at least (a chatty j
 FINAL_READ = 4.0  # seconds the analysis may take, once torchrun has ended, to read the rest of the logs
 
 
+class _Marks:
+    """When the watcher read each log file, for the journal (``LogMarks``): the reads since the last mark,
+    written at most every MARK_EVERY seconds, MARKS_PER_FILE reads a file at most (past that, the last read
+    is moved on: its lines are timed later, by less than MARK_EVERY)."""
+
+    def __init__(self) -> None:
+        self._reads: dict[str, list[list]] = {}
+        self._last = 0.0
+
+    def note(self, events: list[Event]) -> None:
+        for ev in events:
+            if isinstance(ev, LogBatch) and ev.offsets:
+                reads = self._reads.setdefault(ev.path, [])
+                read = [ev.offsets[-1], round(ev.t, 3)]
+                if len(reads) < MARKS_PER_FILE:
+                    reads.append(read)
+                else:
+                    reads[-1] = read
+
+    def take(self, now: float, final: bool = False) -> LogMarks | None:
+        if not self._reads or (now - self._last < MARK_EVERY and not final):
+            return None
+        self._last = now
+        reads, self._reads = self._reads, {}
+        return LogMarks(now, reads)
+
+
 class Watcher(threading.Thread):
     """Reads the job's own journal, runs the live-analysis pipeline on it and
     writes its alarms into the journal (whoever is watching, or nobody)."""
@@ -121,6 +152,7 @@ class Watcher(threading.Thread):
         except Exception as e:  # noqa: BLE001 - the detection thread's start: said, and the job runs on unwatched
             sup.emit(NoteEvent(time.time(), "warning", f"detection disabled: {e!r}"))
             return
+        marks = _Marks()
         while True:
             last = self.done.is_set()  # torchrun has ended: one more pass reads its last lines
             if last and not self._final_deadline:
@@ -130,14 +162,20 @@ class Watcher(threading.Thread):
                 sup.stacks.request("asked for")
                 pipe.ask_ras()
             try:
-                alarms = pipe.process(session.poll())
+                events = session.poll()
+                marks.note(events)
+                alarms = pipe.process(events)
             except Exception as e:  # noqa: BLE001 - the detection thread's tick: said, and the next one comes
                 sup.emit(NoteEvent(time.time(), "warning", f"detection tick failed: {e!r}"))
                 alarms = []
+            done = last and (not session.backlog or time.monotonic() > self._final_deadline)
+            mark = marks.take(time.time(), final=done)
+            if mark is not None:
+                sup.events.write(mark)  # (before the alarms the lines it marks led to)
             if alarms:
                 sup.events.write_many(alarms)
                 pipe.react(alarms)
-            if last and (not session.backlog or time.monotonic() > self._final_deadline):
+            if done:
                 break  # (the last pass reads every file to its end, within FINAL_READ seconds)
             if not self.done.is_set():
                 session.wait(self.interval)  # a line, a step or a deadline (stall checks) wakes it
@@ -219,7 +257,7 @@ class Supervisor:
         """The profiles the current attempt already runs with (by its environment): an alarm does not
         suggest them (a job started with CUDA_MODULE_LOADING=EAGER is not told to try eager-load)."""
         try:
-            return in_effect(load_all(), self.job_env)
+            return in_effect(load_all(), self.job_env, self.run_dir)
         except (ProfileError, OSError):  # (a profile file broken since the launch: every suggestion stays)
             return set()
 

@@ -92,10 +92,15 @@ class FlightReport:
 
 
 def _pg_key(e: dict) -> str:
+    """A process group as a person knows it: its name and description (torch 2.11 writes ("0", "") for the
+    default group: then its name alone).  One with no name (on an H100, the gloo helper group of
+    TORCH_DISTRIBUTED_DEBUG=DETAIL, whose pg_id 0 is the default group's too) is said as unnamed."""
     pg = e.get("process_group")
     if isinstance(pg, (list, tuple)) and pg:
         name = str(pg[0])
         desc = str(pg[1]) if len(pg) > 1 and pg[1] else ""
+        if not name:
+            return f"(unnamed{', ' + desc if desc else ''}, id {e.get('pg_id', '?')})"
         return f"{name} ({desc})" if desc and desc != name else name
     return str(e.get("pg_id", "?"))
 
@@ -169,7 +174,7 @@ def analyse(dumps: dict[int, dict], expected: list[int] | None = None) -> Flight
             rep.culprits += [r for r in odd if r not in rep.culprits]
         else:
             x = next(iter(per.values()))
-            agree.append(f"{pg} at #{top} ({x.op}, {x.state})")
+            agree.append(f"process group {pg} at #{top} ({x.op}, {x.state})")
     if agree and not rep.culprits:
         rep.findings.append("every rank is at the same collective: " + ", ".join(agree)
                             + "; not a collective mismatch (compare the ranks' stacks)")

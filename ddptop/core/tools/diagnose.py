@@ -123,13 +123,10 @@ def analyze_paths(paths: list[str]) -> Analyzer:
     given: list[Path] = []  # plain files, read after the rest (their names say ranks together)
     for p in map(Path, paths):
         if (p / run_dirs.META).is_file():
-
-            s = Session.open(p)
-            while not s.finished:
-                batch = s.poll()
-                if not batch and not s.is_live and not s.backlog:
-                    break
-                an.feed(batch)
+            # a run's lines at the times its live analysis read them (its journal's marks), so that a finding
+            # is dated when it happened, not when it is read now
+            for ev in run_story.timed_events(p)[0]:
+                an.feed([ev])
             continue
         if p.is_dir():
             files = rank_files(p)

@@ -16,6 +16,7 @@ Only reads; the journal is the source of truth.
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,15 +24,18 @@ from ddptop.core.model.events import (
     FINAL_STATES,
     AlarmEvent,
     Event,
+    LogBatch,
+    LogMarks,
     StacksEvent,
     StateEvent,
 )
 from ddptop.core.model.run_meta import Thresholds
 from ddptop.core.run import journal
 from ddptop.core.run.pipeline import Pipeline
+from ddptop.core.run.profiles import ProfileError, in_effect, load_all
 from ddptop.core.run.run_session import Session
 
-__all__ = ["EndedBy", "RunStory", "story"]
+__all__ = ["EndedBy", "RunStory", "story", "timed_events"]
 
 TICK = 0.5  # seconds of the run's clock between two stall checks of the replay, where no event came
 MAX_GAP_TICKS = 2400  # a longer silence is crossed in this many ticks (20 minutes of checks), then jumped
@@ -82,7 +86,13 @@ class RunStory:
         return self.stalls[0] if self.stalls else (self.recorded[0] if self.recorded else None)
 
 
-def _compare(replayed: list[AlarmEvent], recorded: list[AlarmEvent]) -> list[str]:
+UNTIMED = ("its journal does not say when the log lines were read (an earlier ddptop wrote it), so the "
+           "replay cannot place steps known only from the logs")
+
+
+def _compare(replayed: list[AlarmEvent], recorded: list[AlarmEvent], untimed: bool = False) -> list[str]:
+    """Where the replay and the recorded stall alarms differ (``untimed``: the journal has no ``LogMarks``,
+    and that is said as the likely reason)."""
     out = []
     if recorded and not replayed:
         a = recorded[0]
@@ -95,7 +105,7 @@ def _compare(replayed: list[AlarmEvent], recorded: list[AlarmEvent]) -> list[str
         if set(a.culprits) != set(b.culprits) or a.id != b.id:
             out.append(f"the replay raised [{a.id}] culprits {list(a.culprits)}; the run raised [{b.id}] culprits "
                        f"{list(b.culprits)} live")
-    return out
+    return [f"{d} ({UNTIMED})" for d in out] if untimed else out
 
 
 _OLD_ENDS = (  # the supervisor's words before StateEvent.ended_by, for journals of earlier releases
@@ -120,6 +130,95 @@ def _arrived(ev: Event) -> float:
     return ev.t + ev.span if isinstance(ev, StacksEvent) else ev.t
 
 
+def _read_all(run_dir: Path) -> list[Event]:
+    """Everything the run wrote: its journal's events (with its ``LogMarks``) and its logs."""
+    out: list[Event] = []
+    s = Session(run_dir, marks=True)
+    try:
+        while True:
+            batch = s.poll()
+            if not batch:
+                if s.backlog:
+                    continue  # (a poll's share of bytes used up: more to read now)
+                break  # read to the end (of a live run: to what it has written so far)
+            out.extend(batch)
+    finally:
+        s.close()
+    return out
+
+
+def _timed(events: list[Event]) -> tuple[list[Event], bool]:
+    """The run's events in the order the live analysis had them.  A finished run's logs are read all at
+    once: each line is given the time the supervisor read it live, from the journal's ``LogMarks`` (a line
+    past the last mark: when the run ended, else when it was read now); a journal without marks (an
+    earlier release) keeps the time of this read.  Also: whether the journal had marks."""
+    marks: dict[str, list[tuple[int, float]]] = {}
+    end: float | None = None
+    for ev in events:
+        if isinstance(ev, LogMarks):
+            for path, reads in ev.upto.items():
+                if isinstance(path, str) and isinstance(reads, list):
+                    marks.setdefault(path, []).extend((r[0], float(r[1])) for r in reads if _read_pair(r))
+        elif isinstance(ev, StateEvent) and ev.state in FINAL_STATES:
+            end = ev.t
+    by_path = {path: _offsets_and_times(m) for path, m in marks.items()}
+    out: list[Event] = []
+    for ev in events:
+        if isinstance(ev, LogMarks):
+            continue
+        m = by_path.get(ev.path) if isinstance(ev, LogBatch) else None
+        if m is None or not isinstance(ev, LogBatch):
+            out.append(ev)
+            continue
+        out.extend(_split(ev, *m, end if end is not None else ev.t))
+    return sorted(out, key=_arrived), bool(marks)
+
+
+def _read_pair(r) -> bool:
+    """A mark's ``[offset, t]`` (anything else, in a damaged or foreign journal, is passed over)."""
+    return (isinstance(r, list) and len(r) == 2 and type(r[0]) is int and isinstance(r[1], (int, float))
+            and not isinstance(r[1], bool))
+
+
+def _offsets_and_times(marks: list[tuple[int, float]]) -> tuple[list[int], list[float]]:
+    """A file's marks as offsets, sorted, and for each the earliest time a line up to it had been read."""
+    marks = sorted(marks)
+    times = [t for _u, t in marks]
+    for i in range(len(times) - 2, -1, -1):
+        times[i] = min(times[i], times[i + 1])
+    return [u for u, _t in marks], times
+
+
+def _split(b: LogBatch, uptos: list[int], times: list[float], after: float) -> list[LogBatch]:
+    """A batch cut where its lines' read times change (``uptos[i]``: a line at or before this offset had
+    been read by ``times[i]``; a line past the last: ``after``)."""
+    at = [times[i] if (i := bisect_left(uptos, off)) < len(times) else after for off in b.offsets]
+    cut = set(b.partial)
+    out, start = [], 0
+    for i in range(1, len(at) + 1):
+        if i == len(at) or at[i] != at[start]:
+            last = i == len(at)
+            out.append(LogBatch.fast(at[start], b.rank, b.stream, b.attempt, b.path, b.offsets[start:i],
+                                     b.texts[start:i], tuple(j - start for j in range(start, i) if j in cut),
+                                     b.transient and last, b.node))
+            start = i
+    return out
+
+
+def _applied(run_dir: Path, meta) -> set[str]:
+    """The profiles the run was launched with, named or in effect by what ddptop set (not suggested again)."""
+    try:
+        return set(meta.profiles or ()) | in_effect(load_all(), meta.env_set, run_dir)
+    except (ProfileError, OSError):  # (a profile file broken since: the named ones)
+        return set(meta.profiles or ())
+
+
+def timed_events(run_dir: Path | str) -> tuple[list[Event], bool]:
+    """Everything a run wrote, its log lines at the times its live analysis read them (see ``_timed``), in
+    that order; and whether its journal said those times (``LogMarks``: False for an earlier release's)."""
+    return _timed(_read_all(Path(run_dir)))
+
+
 def story(run_dir: Path | str) -> RunStory:
     """Replay a run's journal (see the module)."""
 
@@ -128,7 +227,8 @@ def story(run_dir: Path | str) -> RunStory:
     now = [0.0]
     pipe = Pipeline(node=meta.host, stall_after=meta.stall_after, clock=lambda: now[0],
                     thresholds=Thresholds.from_dict(meta.thresholds),
-                    sampler=lambda _utils: True)  # (the samples the run took arrive from its journal, in time)
+                    sampler=lambda _utils: True,  # (the samples the run took arrive from its journal, in time)
+                    in_effect=lambda: _applied(run_dir, meta))
     replayed: list[AlarmEvent] = []
     recorded: list[AlarmEvent] = []
     others: list[AlarmEvent] = []
@@ -148,31 +248,22 @@ def story(run_dir: Path | str) -> RunStory:
             replayed.extend(a for a in pipe.process([], now[0], check=True) if isinstance(a, AlarmEvent))
         now[0] = max(now[0], to)
 
-    s = Session.open(run_dir)
-    try:
-        while True:
-            batch = s.poll()
-            if not batch:
-                if s.backlog:
-                    continue  # (a poll's share of bytes used up: more to read now)
-                break  # read to the end (of a live run: to what it has written so far)
-            for ev in sorted(batch, key=_arrived):
-                at = _arrived(ev)
-                advance(at)
-                started = True
-                if isinstance(ev, AlarmEvent):
-                    (recorded if ev.type == "stall" else others).append(ev)
-                    continue
-                if isinstance(ev, StacksEvent):
-                    stacks.append(ev)
-                if isinstance(ev, StateEvent) and ev.state in FINAL_STATES:
-                    final = ev
-                feed: list[Event] = [ev]
-                replayed.extend(a for a in pipe.process(feed, at, check=True) if isinstance(a, AlarmEvent)
-                                and a.type == "stall")
-    finally:
-        s.close()
+    events, timed = timed_events(run_dir)
+    logs = any(isinstance(ev, LogBatch) and ev.rank is not None for ev in events)
+    for ev in events:
+        at = _arrived(ev)
+        advance(at)
+        started = True
+        if isinstance(ev, AlarmEvent):
+            (recorded if ev.type == "stall" else others).append(ev)
+            continue
+        if isinstance(ev, StacksEvent):
+            stacks.append(ev)
+        if isinstance(ev, StateEvent) and ev.state in FINAL_STATES:
+            final = ev
+        replayed.extend(a for a in pipe.process([ev], at, check=True) if isinstance(a, AlarmEvent)
+                        and a.type == "stall")
     lost = final is None and journal.run_state(run_dir).state == "lost"
     replayed = [a for a in replayed if a.type == "stall"]
     return RunStory(tuple(replayed), tuple(recorded), tuple(others), tuple(stacks), _ended(final, lost),
-                    tuple(_compare(replayed, recorded)))
+                    tuple(_compare(replayed, recorded, untimed=logs and not timed)))
