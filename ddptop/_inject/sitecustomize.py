@@ -250,8 +250,16 @@ def _ddptop_install():
                     # NCCL's collectives are in NCCL's own recorder, the others' (gloo; on NCCL jobs the helper
                     # group of TORCH_DISTRIBUTED_DEBUG=DETAIL) in the generic one: both, as one dump (on an H100
                     # the generic one alone held only DETAIL's gloo all_gathers, none of the job's collectives)
-                    blobs = [fn() for fn in (getattr(c, n, None) for n in ("_dump_nccl_trace", "_dump_fr_trace"))
-                             if fn is not None]
+                    blobs, failed = [], []
+                    for name in ("_dump_nccl_trace", "_dump_fr_trace"):
+                        fn = getattr(c, name, None)
+                        try:
+                            if fn is not None:
+                                blobs.append(fn())
+                        except Exception as e:  # noqa: BLE001 - one recorder missing (a build without NCCL): the other
+                            failed.append(f"{name}: {e!r}")
+                    if not blobs:
+                        raise RuntimeError("; ".join(failed) or "no flight recorder in this torch")
                     data = _ddptop_merged_dump(blobs)
                     tmp = os.path.join(fr_dir, f".rank_{rank}.tmp")
                     with open(tmp, "wb") as f:

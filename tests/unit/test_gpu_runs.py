@@ -144,3 +144,10 @@ def test_the_flight_recorder_dump_holds_ncclS_collectives_and_the_others(tmp_pat
     assert "process group 0 at #9 (nccl:all_reduce, scheduled)" in text, text
     assert "process group (unnamed, id 0) at #36 (gloo:all_gather" in text, text
     assert merged_dump()([nccl]) == nccl
+
+
+def test_the_dump_a_rank_made_at_the_alarm_on_an_h200_holds_the_jobs_nccl_collective():
+    """(Made by the rank's own thread, after the fix, on the H200: the merge above, run for real.)"""
+    dumps, problems = flight.load_dir(DATA / "h200" / "collective-timeout" / "flight-merged-at-alarm")
+    assert not problems and sorted(dumps) == [0]
+    assert "process group 0 at #9 (nccl:all_reduce, scheduled)" in flight.analyse(dumps).summary()
