@@ -19,8 +19,16 @@ def alarms(events):
     return [e for e in events if e["kind"] == "alarm"]
 
 
-def test_spinning_hang_raises_stall_naming_the_hung_rank_then_exits_124(runs_dir):
-    r = run_ddptop("--json", "--gpu", "sim", "--on-stall", "kill", "torchrun", "--nproc-per-node", "2", EXAMPLE,
+def test_spinning_hang_raises_stall_naming_the_hung_rank_captures_every_stack_and_notifies_then_exits_124(
+        runs_dir, tmp_path):
+    """One hung job answers all of it: the alarm, every rank's stack captured before the stop, the notify
+    command given the alarm, the exit code, and the post-mortem."""
+    import shutil
+    import sys
+    got = tmp_path / "alarm.json"
+    notify = f"{sys.executable} -c \"import sys; open({str(got)!r}, 'w').write(sys.stdin.read())\""
+    r = run_ddptop("--json", "--gpu", "sim", "--on-stall", "kill", "--notify-cmd", notify, "torchrun",
+                   "--nproc-per-node", "2", EXAMPLE,
                    "--steps", "100000", "--step-time", "0.05", "--fault", "hang", "--fault-rank", "1", "--fault-step", "20")
     assert r.returncode == 124, r.stderr[-2000:]
     events = json_events(r.stdout)
@@ -35,8 +43,28 @@ def test_spinning_hang_raises_stall_naming_the_hung_rank_then_exits_124(runs_dir
     steps = {r_: max(int(e["text"].split()[1]) for e in events if e["kind"] == "log" and e["rank"] == r_ and e["text"].startswith("step "))
              for r_ in (0, 1)}
     assert steps == {0: 19, 1: 19}
+    # the notify command got the alarm on its stdin
+    alarm = json.loads(got.read_text())
+    assert alarm["kind"] == "alarm" and alarm["type"] == "stall" and alarm["culprits"] == [1]
     # the post-mortem of this run starts from the hang ddptop saw, and names the same rank and line
     diagnose_agrees(only_run(runs_dir), a)
+    notes = [e["message"] for e in events if e["kind"] == "note"]
+    if shutil.which("py-spy") is None:
+        assert any("py-spy is not installed" in n for n in notes), notes
+        return
+    captured = [n for n in notes if n.startswith("stacks captured")]
+    if not captured:  # ptrace may be denied in some sandboxes: then the note says so
+        assert any("ptrace" in n or "stack capture" in n for n in notes), notes
+        return
+    assert "2 different stacks" in captured[0], captured  # the hung rank's stack is not the spinning one's
+    # read before the job was stopped: no rank had gone away under py-spy
+    assert notes.index(captured[0]) < next(i for i, n in enumerate(notes) if "stopping the job" in n), notes
+    assert not [n for n in notes if n.startswith("stack capture")], notes
+    (stack1,) = only_run(runs_dir).glob("stacks/*/rank1.txt")
+    (stack0,) = only_run(runs_dir).glob("stacks/*/rank0.txt")
+    hang_line = 1 + next(i for i, l in enumerate(open(EXAMPLE)) if "time.sleep(3600)" in l)
+    assert f"train_ddp.py:{hang_line})" in stack1.read_text()  # rank 1 sits in the injected hang
+    assert f"train_ddp.py:{hang_line})" not in stack0.read_text()  # rank 0 is elsewhere (the spin)
 
 
 def test_without_gpu_telemetry_ranks_spinning_for_a_hung_rank_make_a_collective_hang(runs_dir):
@@ -136,35 +164,6 @@ def test_healthy_run_with_slow_first_step_and_eval_pause_raises_no_alarm(runs_di
     # torchrun exits 0 only when every rank did
     assert {e["rank"]: e["exit_code"] for e in events if e["kind"] == "rank" and not e["alive"]
             and e["exit_code"] is not None} == {0: 0, 1: 0}
-
-
-def test_stall_captures_every_rank_stack_and_runs_the_notify_command(runs_dir, tmp_path):
-    import shutil
-    import sys
-    got = tmp_path / "alarm.json"
-    notify = f"{sys.executable} -c \"import sys; open({str(got)!r}, 'w').write(sys.stdin.read())\""
-    r = run_ddptop("--json", "--gpu", "sim", "--on-stall", "kill", "--notify-cmd", notify, "torchrun", "--nproc-per-node", "2", EXAMPLE,
-                   "--steps", "100000", "--step-time", "0.05", "--fault", "hang", "--fault-rank", "1", "--fault-step", "10")
-    assert r.returncode == 124
-    alarm = json.loads(got.read_text())
-    assert alarm["kind"] == "alarm" and alarm["type"] == "stall" and alarm["culprits"] == [1]
-    notes = [e["message"] for e in json_events(r.stdout) if e["kind"] == "note"]
-    if shutil.which("py-spy") is None:
-        assert any("py-spy is not installed" in n for n in notes), notes
-        return
-    captured = [n for n in notes if n.startswith("stacks captured")]
-    if not captured:  # ptrace may be denied in some sandboxes: then the note says so
-        assert any("ptrace" in n or "stack capture" in n for n in notes), notes
-        return
-    assert "2 different stacks" in captured[0], captured  # the hung rank's stack is not the spinning one's
-    # read before the job was stopped: no rank had gone away under py-spy
-    assert notes.index(captured[0]) < next(i for i, n in enumerate(notes) if "stopping the job" in n), notes
-    assert not [n for n in notes if n.startswith("stack capture")], notes
-    (stack1,) = only_run(runs_dir).glob("stacks/*/rank1.txt")
-    (stack0,) = only_run(runs_dir).glob("stacks/*/rank0.txt")
-    hang_line = 1 + next(i for i, l in enumerate(open(EXAMPLE)) if "time.sleep(3600)" in l)
-    assert f"train_ddp.py:{hang_line})" in stack1.read_text()  # rank 1 sits in the injected hang
-    assert f"train_ddp.py:{hang_line})" not in stack0.read_text()  # rank 0 is elsewhere (the spin)
 
 
 def test_a_parameter_without_gradient_is_named_with_the_ddp_fix(runs_dir):

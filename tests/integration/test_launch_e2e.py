@@ -16,8 +16,10 @@ def step_lines(events, rank):
     return [e["text"] for e in events if e["kind"] == "log" and e["rank"] == rank and e["text"].startswith("step ")]
 
 
-def test_every_rank_line_reaches_journal_and_json_with_its_rank(runs_dir):
-    r = run_ddptop("--json", "torchrun", "--nproc-per-node", "2", EXAMPLE, "--steps", str(STEPS), "--step-time", "0")
+def test_every_rank_line_reaches_journal_and_json_with_its_rank_and_the_hook_counts_its_steps(runs_dir):
+    """One healthy job: every line of every rank in the JSON and the journal, and the step hook injected into
+    the ranks (no change to the script) counting their optimizer steps and DataLoader batches."""
+    r = run_ddptop("--json", "torchrun", "--nproc-per-node", "2", EXAMPLE, "--steps", str(STEPS), "--step-time", "0.05")
     assert r.returncode == 0, r.stderr[-2000:]
     events = json_events(r.stdout)
     assert all("t" in e and "kind" in e for e in events)
@@ -25,6 +27,13 @@ def test_every_rank_line_reaches_journal_and_json_with_its_rank(runs_dir):
         steps = step_lines(events, rank)
         assert [int(s.split()[1]) for s in steps] == list(range(1, STEPS + 1))
         assert any(e["kind"] == "log" and e["rank"] == rank and e["text"].startswith(f"rank {rank}/2 up") for e in events)
+        # the hook: optimizer steps, in order, to the last
+        hooked = [e["step"] for e in events if e["kind"] == "progress" and e["rank"] == rank and e["source"] == "hook"]
+        assert hooked and hooked[-1] == STEPS and hooked == sorted(hooked), hooked[-3:]
+        # and every batch drawn from the example's DataLoader, with the model's phase
+        batches = [e for e in events if e["kind"] == "progress" and e["rank"] == rank and e["source"] == "batch"]
+        assert batches and [e["step"] for e in batches] == sorted(e["step"] for e in batches)
+        assert batches[-1]["step"] >= STEPS - 5 and {e["phase"] for e in batches} == {"train"}, batches[-3:]
     final = events[-1]
     assert final["kind"] == "state" and final["state"] == "succeeded" and final["exit_code"] == 0
     # the journal holds the same lines, written by the ranks themselves
@@ -32,6 +41,7 @@ def test_every_rank_line_reaches_journal_and_json_with_its_rank(runs_dir):
     assert oct(run.stat().st_mode & 0o777) == "0o700"
     meta = json.loads((run / "meta.json").read_text())
     assert meta["user_command"][0] == "torchrun" and "--redirects" in meta["command"]
+    assert "_inject" in meta["env_set"]["PYTHONPATH"]
     logs = sorted((run / "logs").glob("*/attempt_0/*/stdout.log"))
     assert len(logs) == 2
     for log in logs:
