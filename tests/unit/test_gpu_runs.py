@@ -151,3 +151,33 @@ def test_the_dump_a_rank_made_at_the_alarm_on_an_h200_holds_the_jobs_nccl_collec
     dumps, problems = flight.load_dir(DATA / "h200" / "collective-timeout" / "flight-merged-at-alarm")
     assert not problems and sorted(dumps) == [0]
     assert "process group 0 at #9 (nccl:all_reduce, scheduled)" in flight.analyse(dumps).summary()
+
+
+def watchdog_line() -> str:
+    (log,) = (DATA / "h200" / "collective-timeout" / "run" / "logs").glob("*/attempt_0/0/stderr.log")
+    return next(x for x in log.read_text().splitlines() if "Watchdog caught collective operation timeout" in x)
+
+
+@pytest.mark.parametrize("ends", [False, True])
+def test_a_rank_still_running_after_ncclS_watchdog_timed_it_out_is_said_once(ends):
+    """On the H100 the rank was alive a minute after its watchdog's timeout (its abort waited behind the kernel
+    that never ended): said once, LINGER seconds after the watchdog's line; nothing said of a rank that ended."""
+    from ddptop.core.analysis.analyzer import LINGER, Analyzer
+    from ddptop.core.model.events import LogBatch, RankEvent
+
+    t0 = 1_800_000_000.0
+    an = Analyzer(clock=lambda: t0)
+    an.feed([RankEvent(t0, rank=0, local_rank=0, pid=10, alive=True)])
+    an.feed([LogBatch.fast(t0 + 1, 0, "stderr", 0, "logs/x/attempt_0/0/stderr.log", [0], [watchdog_line()])])
+    assert "nccl-watchdog-timeout" in [f.signature for f in an.findings]
+    if ends:
+        an.feed([RankEvent(t0 + 5, rank=0, local_rank=0, pid=10, alive=False, exit_code=-6)])
+    said = []
+    for dt in (LINGER - 1, LINGER + 1.5, LINGER + 30):
+        an.decide(t0 + 1 + dt)
+        said += [n.message for n in an.feed([]) if n.kind == "note"]
+    if ends:
+        assert said == []
+    else:
+        assert len(said) == 1 and said[0].startswith("Rank 0 is still running 16 s after NCCL's watchdog"), said
+        assert "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC" in said[0]

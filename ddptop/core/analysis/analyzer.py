@@ -27,7 +27,7 @@ from ddptop.core.analysis.progress import OTHER, TrainingBars, parse_progress
 from ddptop.core.analysis.signature_catalog import CAUSE, CONSEQUENCE, TIMEOUT
 from ddptop.core.analysis.signatures import Finding, SignatureMatcher
 from ddptop.core.analysis.timestamps import Clock
-from ddptop.core.analysis.wording import peer_dead_words, signature_words
+from ddptop.core.analysis.wording import lingering_words, peer_dead_words, signature_words
 from ddptop.core.model.events import (
     FINAL_STATES,
     STOPPING,
@@ -53,6 +53,9 @@ HOOKED_PARSE_GAP = 1.0
 WENT_ON_STEPS = 3
 # NCCL says its version in its INFO lines (NCCL_DEBUG=INFO), the step hook in a note
 NCCL_VERSION = re.compile(r"\bNCCL version (\d+\.\d+\.\d+)")
+
+
+LINGER = 15.0  # seconds a rank may take to end after NCCL's watchdog timed out its collective before it is said
 
 
 class Analyzer:
@@ -377,6 +380,7 @@ class Analyzer:
         decision, as alarms.  Nothing while the job ends or is being stopped."""
         if self.finished or self.stopping or not self.detect_stalls:
             return False, []
+        self._lingering(self.clock() if now is None else now)
         d: Decision = self.stall.decide(now)
         s = d.stall
         if s is None:
@@ -387,6 +391,22 @@ class Analyzer:
                                      message=s.message + (f" Evidence: {evidence}." if evidence else ""),
                                      suggested_profiles=s.suggested_profiles, node=s.node or self.node,
                                      where=s.where)]
+
+    def _lingering(self, now: float) -> None:
+        """A rank still running LINGER seconds after NCCL's watchdog timed out its collective: said once (its
+        abort can wait forever behind a kernel that does not end: seen on an H100, where the rank was alive a
+        minute later with its GPU busy, and the job would not end by itself)."""
+        for f in self.findings:
+            if f.signature != "nccl-watchdog-timeout" or f.rank is None or ("linger", f.rank) in self._alarmed:
+                continue
+            at = self.read_at.get(f)
+            st = self.stall.ranks.get(f.rank)
+            if at is None or st is None or not st.alive or now - at < LINGER:
+                continue
+            self._alarmed.add(("linger", f.rank))
+            note = NoteEvent(now, "warning", lingering_words(f.rank, now - at))
+            self.notes.append(note)
+            self._new_notes.append(note)
 
     def check(self, now: float | None = None) -> list[AlarmEvent]:
         """The new stall alarms (samples that ``decide`` would ask for are not taken)."""

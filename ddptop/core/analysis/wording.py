@@ -245,6 +245,12 @@ def xid_words(xid: int, index: int) -> str:
     return f"Xid {xid} critical error on GPU {index}: {what}, {whose}"
 
 
+def lingering_words(rank: int, seconds: float) -> str:
+    return (f"Rank {rank} is still running {seconds:.0f} s after NCCL's watchdog timed out its collective: its abort "
+            "can wait for ever behind a GPU kernel that does not end, so the job may not end by itself until torch's "
+            "heartbeat monitor ends the process (TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC). Stop it (q, or --on-stall kill).")
+
+
 def peer_dead_words(ras_text: str) -> str:
     return (f"NCCL RAS: {ras_text}. The other ranks will wait for it in their next collective (until NCCL's "
             "watchdog ends them): look at this rank's last lines and how it ended.")
