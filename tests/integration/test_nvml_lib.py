@@ -31,7 +31,7 @@ import psutil
 import pytest
 
 import fake_nvml
-from conftest import EXAMPLE, ROOT, TIMEOUT, ddptop_cmd
+from conftest import EXAMPLE, ROOT, TIMEOUT, ddptop_cmd, wait_for
 from ddptop.core.sources.proc_tree import pid_namespace
 
 GiB = 1024**3
@@ -480,15 +480,21 @@ def test_ranks_in_a_pid_namespace_map_to_gpus_by_device_through_the_real_pynvml(
                          text=True)
     try:
         inner = json.loads(p.stdout.readline())["inner"]
-        host = {}  # inner pid -> host pid, from the host side's /proc (NSpid: host pid ... inner pid)
-        for c in psutil.Process(p.pid).children(recursive=True):
-            try:
-                ns = next(l.split()[1:] for l in open(f"/proc/{c.pid}/status") if l.startswith("NSpid:"))
-            except (OSError, StopIteration):
-                continue
-            if len(ns) > 1 and int(ns[-1]) in inner and "ddptop-test-rank" in c.cmdline():
-                host[int(ns[-1])] = c.pid
-        assert len(host) == len(inner), (inner, host)
+        host: dict[int, int] = {}  # inner pid -> host pid, from the host side's /proc (NSpid: host pid ... inner)
+
+        def found() -> bool:
+            # (a child just forked may not have exec'd its command line yet, under load: looked at until it has)
+            for c in psutil.Process(p.pid).children(recursive=True):
+                try:
+                    ns = next(l.split()[1:] for l in open(f"/proc/{c.pid}/status") if l.startswith("NSpid:"))
+                    named = "ddptop-test-rank" in c.cmdline()
+                except (OSError, StopIteration, psutil.Error):
+                    continue
+                if len(ns) > 1 and int(ns[-1]) in inner and named:
+                    host[int(ns[-1])] = c.pid
+            return len(host) == len(inner)
+
+        wait_for(found, timeout=30, what="every rank's host pid")
         with open(conf, "a") as f:  # NVML sees each rank on its GPU, by its host pid
             for r, pid in enumerate(inner):
                 f.write(f"gpu {want[r]} pids {host[pid]}\n")
