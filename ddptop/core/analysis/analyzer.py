@@ -72,6 +72,7 @@ class Analyzer:
         self.matchers: dict[str, SignatureMatcher] = {}
         self.findings: list[Finding] = []
         self.read_at: dict[Finding, float] = {}  # when each finding's line was read (the journal's clock)
+        self._timed_out: dict[int, float] = {}  # rank -> when its NCCL watchdog's timeout was read (until said)
         # when each finding's line says it was written (its own time stamp, else the one of the line before it
         # in its file), where lines carry stamps; read only when ``read_stamps`` (diagnose: ordering by time)
         self.read_stamps = False
@@ -213,6 +214,9 @@ class Analyzer:
                             f"{f.detail.signal or 'signal'}."))
                     self.findings.append(f)
                     self.read_at.setdefault(f, t)
+                    if f.signature == "nccl-watchdog-timeout" and f.rank is not None and ("linger", f.rank) \
+                            not in self._alarmed:
+                        self._timed_out.setdefault(f.rank, t)
                     if stamp is not None:
                         self.stamped_at.setdefault(f, stamp)
                     if ev.node:
@@ -396,15 +400,13 @@ class Analyzer:
         """A rank still running LINGER seconds after NCCL's watchdog timed out its collective: said once (its
         abort can wait forever behind a kernel that does not end: seen on an H100, where the rank was alive a
         minute later with its GPU busy, and the job would not end by itself)."""
-        for f in self.findings:
-            if f.signature != "nccl-watchdog-timeout" or f.rank is None or ("linger", f.rank) in self._alarmed:
+        for rank, at in list(self._timed_out.items()):
+            st = self.stall.ranks.get(rank)
+            if st is None or not st.alive or now - at < LINGER:
                 continue
-            at = self.read_at.get(f)
-            st = self.stall.ranks.get(f.rank)
-            if at is None or st is None or not st.alive or now - at < LINGER:
-                continue
-            self._alarmed.add(("linger", f.rank))
-            note = NoteEvent(now, "warning", lingering_words(f.rank, now - at))
+            del self._timed_out[rank]
+            self._alarmed.add(("linger", rank))
+            note = NoteEvent(now, "warning", lingering_words(rank, now - at))
             self.notes.append(note)
             self._new_notes.append(note)
 

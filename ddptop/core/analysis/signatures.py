@@ -33,6 +33,7 @@ from ddptop.core.analysis.signature_catalog import (
     NCCL_REASONS,
     TIMEOUT,
 )
+from ddptop.core.analysis.timestamps import line_time
 
 _SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>SIG\w+)\) received by PID (?P<pid>\d+)")
 # UCX's (and Open MPI's) handler, on the process's own fatal signal: "Caught signal 7 (Bus error: nonexistent ...)"
@@ -100,22 +101,26 @@ def _looks_like_error(s: str) -> bool:
 
 
 # a C++ log record's head, as glog and torch's c10 logging write it ("[E1127 18:34:27.692293475 ProcessGroupNCCL.cpp:2495]",
-# "E1127 18:39:17.521000 942 torch/distributed/elastic/multiprocessing/api.py:986]"): its level, time and source file.
-# A known error is often followed by more records from the same source within the second (NCCL's watchdog: the desync
-# report, the failed collective's stack, the dump it starts): the rest of that report, not errors of their own.
-_LOG_RECORD = re.compile(r"\[?[EWF]\d{4} (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?:\.\d+)? +(?:\d+ +)?"
+# "E1127 18:39:17.521000 942 torch/distributed/elastic/multiprocessing/api.py:986]"): its source file (its time:
+# ``timestamps.line_time``).  A known error is often followed by more records from the same source within the
+# second (NCCL's watchdog: the desync report, the failed collective's stack, the dump it starts): the rest of that
+# report, not errors of their own.
+_LOG_RECORD = re.compile(r"\[?[EWF]\d{4} \d\d:\d\d:\d\d(?:\.\d+)? +(?:\d+ +)?"
                          r"(?P<src>[\w./-]+\.(?:cpp|cc|cu|h|hpp|c|py)):\d+\]")
 _REPORT_SECONDS = 10  # how long after a known error a record from the same source is still its report
 
 
-def _second(g: re.Match) -> int:
-    return int(g.group("h")) * 3600 + int(g.group("m")) * 60 + int(g.group("s"))
+def _record(s: str) -> tuple[str, float] | None:
+    """A log record's (source file, second of the day), or None for a line that is not one."""
+    g = _LOG_RECORD.search(s[:200]) if "]" in s[:200] else None
+    stamp = line_time(s) if g is not None else None
+    return (g.group("src"), stamp.seconds) if g is not None and stamp is not None else None
 
 
-def _same_report(known: tuple[str, int] | None, g: re.Match) -> bool:
-    if known is None or known[0] != g.group("src"):
+def _same_report(known: tuple[str, float] | None, record: tuple[str, float]) -> bool:
+    if known is None or known[0] != record[0]:
         return False
-    return 0 <= (_second(g) - known[1]) % 86400 <= _REPORT_SECONDS  # (across midnight too)
+    return 0 <= (record[1] - known[1]) % 86400 <= _REPORT_SECONDS  # (across midnight too)
 
 
 # torch.multiprocessing.spawn's report of the first process that failed
@@ -234,7 +239,7 @@ class SignatureMatcher:
         self._echo: dict[int | None, bool] = {}  # per rank, the next line echoes a traceback frame's source
         self._unknown = 0  # unclassified errors found (at most _MAX_UNKNOWN)
         self._recent_unknown: dict[int | None, list[Finding]] = {}  # per rank, its last unknown error lines
-        self._report: dict[int | None, tuple[str, int]] = {}  # per rank, the source and second of its last known error
+        self._report: dict[int | None, tuple[str, float]] = {}  # per rank, the source and second of its last known error
 
     def feed(self, text: str, rank: int | None, line: int | None = None, source: str = "",
              on_error: Callable[[Exception], None] | None = None, node: str = "") -> list[Finding]:
@@ -442,11 +447,11 @@ class SignatureMatcher:
         if "terminate called after throwing" in s and "what():" not in s:
             self._what[rank] = True  # (its what(), on the next line, is the error's text)
             return out
-        g = _LOG_RECORD.search(s[:200]) if "]" in s[:200] else None
-        if g is not None:
+        record = _record(s)
+        if record is not None:
             if out and any(f.level < INFO for f in out):
-                self._report[rank] = (g.group("src"), _second(g))
-            elif not out and _same_report(self._report.get(rank), g):
+                self._report[rank] = record
+            elif not out and _same_report(self._report.get(rank), record):
                 return out  # (the rest of a known error's report, in records of its own: said by that finding)
         if not out and not m and not echo and not self._block and _looks_like_error(s):
             # an error no signature knows: its own words are the finding (the root when nothing known came first)

@@ -171,8 +171,8 @@ def plan_launch(user_command: list[str], run_dir: Path, cwd: str | None = None, 
     env_set: dict[str, str] = {}
     env_unset: list[str] = []
     for prof in profiles or ():
-        for k, v in prof.env.items():
-            env_set[k] = v.replace("{run_dir}", str(run_dir))
+        for k, v in prof.env_for(run_dir).items():
+            env_set[k] = v
             if k in env_unset:
                 env_unset.remove(k)
         for k in prof.unset:

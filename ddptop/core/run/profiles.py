@@ -96,6 +96,10 @@ class Profile:
     pg_timeout: float | None = None
     source: str = "built-in"
 
+    def env_for(self, run_dir: str | Path) -> dict[str, str]:
+        """Its variables as a launch into ``run_dir`` sets them (``{run_dir}`` in a value named)."""
+        return {k: v.replace("{run_dir}", str(run_dir)) for k, v in self.env.items()}
+
     def to_dict(self) -> dict:
         return {"name": self.name, "description": self.description, "for": self.for_, "env": mask_env(self.env),
                 "unset": list(self.unset), "torchrun_args": self.torchrun_args, "script_args": self.script_args,
@@ -233,19 +237,10 @@ def in_effect(profiles: dict[str, Profile], env: Mapping[str, str], run_dir: str
     does not suggest them: the job already runs with them (its own
     environment, or a profile under another name).  A value naming
     ``{run_dir}`` is compared as the launch made it for ``run_dir`` (the run's
-    own directory; without one, any directory)."""
-    def same(k: str, v: str) -> bool:
-        have = env.get(k)
-        if have is None or "{run_dir}" not in v:
-            return have == v
-        if run_dir is not None:
-            return have == v.replace("{run_dir}", str(run_dir))
-        head, _, tail = v.partition("{run_dir}")
-        return have.startswith(head) and have.endswith(tail)
-
+    own directory)."""
     return {name for name, p in profiles.items()
             if p.env and not (p.unset or p.torchrun_args or p.script_args or p.backend or p.pg_timeout is not None)
-            and all(same(k, v) for k, v in p.env.items())}
+            and all(env.get(k) == v for k, v in (p.env_for(run_dir) if run_dir is not None else p.env).items())}
 
 
 def load_all(files: list[Path] | None = None) -> dict[str, Profile]:

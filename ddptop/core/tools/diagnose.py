@@ -110,7 +110,8 @@ def _file_events(path: Path, rank: int | None, stream: str, rel: str, named: int
         yield batch(last_transient)
 
 
-def analyze_paths(paths: list[str]) -> Analyzer:
+def analyze_paths(paths: list[str], read: Mapping[str, list] | None = None) -> Analyzer:
+    """``read``: runs already read (``run_story.timed_events``, by path), not read again."""
     an = Analyzer(clock=lambda: 0.0, detect_stalls=False)
     # cause and consequence ordered by the lines' own time stamps; a stamp without a year (glog's) takes the
     # year the files were written
@@ -125,7 +126,8 @@ def analyze_paths(paths: list[str]) -> Analyzer:
         if (p / run_dirs.META).is_file():
             # a run's lines at the times its live analysis read them (its journal's marks), so that a finding
             # is dated when it happened, not when it is read now
-            for ev in run_story.timed_events(p)[0]:
+            events = (read or {}).get(str(p))
+            for ev in events if events is not None else run_story.timed_events(p)[0]:
                 an.feed([ev])
             continue
         if p.is_dir():
@@ -572,10 +574,11 @@ def _lost_peer_words(lp: dict) -> list[str]:
 
 
 def main(paths: list[str], json_mode: bool) -> int:
-    an = analyze_paths(paths)
-    st = stacks_report(paths, gpu_job=an.nccl_version is not None)
     runs = [p for p in paths if (Path(p) / run_dirs.META).is_file()]
-    story = run_story.story(runs[0]) if len(runs) == 1 else None
+    timed = run_story.timed_events(runs[0]) if len(runs) == 1 else None  # (read once: the analysis and the story)
+    an = analyze_paths(paths, {str(Path(runs[0])): timed[0]} if timed is not None else None)
+    st = stacks_report(paths, gpu_job=an.nccl_version is not None)
+    story = run_story.story(runs[0], timed) if timed is not None else None
     rep = build_report(an, flight_reports(paths), ras_reports(paths), st, story)
     print(json.dumps(rep.to_dict(), indent=2) if json_mode else format_report(rep))
     return 1 if rep.root is not None or rep.hang is not None or (st is not None and st.evidence.hung) else 0

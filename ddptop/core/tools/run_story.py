@@ -219,8 +219,8 @@ def timed_events(run_dir: Path | str) -> tuple[list[Event], bool]:
     return _timed(_read_all(Path(run_dir)))
 
 
-def story(run_dir: Path | str) -> RunStory:
-    """Replay a run's journal (see the module)."""
+def story(run_dir: Path | str, timed: tuple[list[Event], bool] | None = None) -> RunStory:
+    """Replay a run's journal (see the module); ``timed``: the run as ``timed_events`` read it, if it was."""
 
     run_dir = Path(run_dir)
     meta = journal.load_meta(run_dir)
@@ -248,7 +248,7 @@ def story(run_dir: Path | str) -> RunStory:
             replayed.extend(a for a in pipe.process([], now[0], check=True) if isinstance(a, AlarmEvent))
         now[0] = max(now[0], to)
 
-    events, timed = timed_events(run_dir)
+    events, marked = timed if timed is not None else timed_events(run_dir)
     logs = any(isinstance(ev, LogBatch) and ev.rank is not None for ev in events)
     for ev in events:
         at = _arrived(ev)
@@ -266,4 +266,4 @@ def story(run_dir: Path | str) -> RunStory:
     lost = final is None and journal.run_state(run_dir).state == "lost"
     replayed = [a for a in replayed if a.type == "stall"]
     return RunStory(tuple(replayed), tuple(recorded), tuple(others), tuple(stacks), _ended(final, lost),
-                    tuple(_compare(replayed, recorded, untimed=logs and not timed)))
+                    tuple(_compare(replayed, recorded, untimed=logs and not marked)))
