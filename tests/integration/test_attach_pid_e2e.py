@@ -161,8 +161,12 @@ def test_a_lone_rank_is_a_one_rank_job(procs, tmp_path):
 
 @pytest.mark.own_pids  # (attach with no target: the only torchrun not launched by ddptop)
 def test_attach_by_pid_follows_the_job_to_its_end(procs, tmp_path):
-    job = start_job(procs, tmp_path, "--steps", "40", "--step-time", "0.1")
+    """The job runs with torchrun --virtual-local-rank, which gives every worker LOCAL_RANK=0 (each sees its GPU
+    as device 0): each rank's log is still its own (torchrun's attempt_0/<local rank>/ directories), the local
+    rank taken from RANK, GROUP_RANK and LOCAL_WORLD_SIZE."""
+    job = start_job(procs, tmp_path, "--steps", "40", "--step-time", "0.1", torchrun=("--virtual-local-rank",))
     ranks = wait_ranks(procs, job)
+    assert {psutil.Process(p).environ()["LOCAL_RANK"] for p in ranks.values()} == {"0"}  # (as torchrun sets it)
     env = dict(os.environ, DDPTOP_RUNS_DIR=str(tmp_path / "no-runs"))
     # (a) by torchrun's pid, (b) by a rank's pid, and with no target at all
     by_torchrun = attach(procs, "--headless", "--gpu", "sim", "attach", "--pid", str(job.pid), env=env)
@@ -189,7 +193,11 @@ def test_attach_by_pid_follows_the_job_to_its_end(procs, tmp_path):
     evs = json_events(j_out)
     assert evs[0]["kind"] == "state" and f"torchrun pid {job.pid}" in evs[0]["message"]
     assert {(e["rank"], e["pid"]) for e in evs if e["kind"] == "rank" and e["alive"]} == {(0, ranks[0]), (1, ranks[1])}
+    assert {(e["rank"], e["local_rank"]) for e in evs if e["kind"] == "rank" and e["alive"]} == {(0, 0), (1, 1)}
     logs = [e for e in evs if e["kind"] == "log" and e["rank"] is not None]
+    for r in (0, 1):  # each rank's lines its own
+        mine = [e["text"] for e in logs if e["rank"] == r]
+        assert any(t.startswith(f"rank {r}/2 up") for t in mine) and not any(t.startswith(f"rank {1 - r}/2 up") for t in mine)
     assert {e["rank"] for e in logs if e["text"].startswith("step 40 ")} == {0, 1}
     assert any(e["kind"] == "proc" for e in evs) and any(e["kind"] == "gpu" and e["simulated"] for e in evs)
     assert evs[-1]["kind"] == "state" and evs[-1]["state"] == "ended" and evs[-1]["exit_code"] is None
@@ -199,25 +207,6 @@ def test_attach_by_pid_follows_the_job_to_its_end(procs, tmp_path):
     else:
         assert f"ddptop: attaching to torchrun pid {job.pid} (not launched by ddptop)" in d_err, d_err
         assert by_default.returncode == EXIT_UNKNOWN and "[r1] step 40 loss" in d_out
-
-
-def test_virtual_local_ranks_are_told_apart(procs, tmp_path):
-    """torchrun --virtual-local-rank gives every worker LOCAL_RANK=0 (each sees its GPU as device 0); each
-    rank's log is still its own (torchrun's attempt_0/<local rank>/ directories), the local rank taken from
-    RANK, GROUP_RANK and LOCAL_WORLD_SIZE."""
-    job = start_job(procs, tmp_path, "--steps", "20", "--step-time", "0.1", torchrun=("--virtual-local-rank",))
-    ranks = wait_ranks(procs, job)
-    assert {psutil.Process(p).environ()["LOCAL_RANK"] for p in ranks.values()} == {"0"}  # (as torchrun sets it)
-    w = attach(procs, "--json", "--gpu", "sim", "attach", "--pid", str(job.pid),
-               env=dict(os.environ, DDPTOP_RUNS_DIR=str(tmp_path / "no-runs")))
-    assert job.wait(timeout=TIMEOUT) == 0
-    out, err = finish(w)
-    evs = json_events(out)
-    assert {(e["rank"], e["local_rank"]) for e in evs if e["kind"] == "rank" and e["alive"]} == {(0, 0), (1, 1)}, err
-    for r in (0, 1):
-        mine = [e["text"] for e in evs if e["kind"] == "log" and e["rank"] == r]
-        assert any(t.startswith(f"rank {r}/2 up") for t in mine), mine[:5]
-        assert not any(t.startswith(f"rank {1 - r}/2 up") for t in mine), mine[:5]
 
 
 def test_output_to_a_pipe_is_named_with_the_remedy_and_ctrl_c_only_detaches(procs, tmp_path):

@@ -223,16 +223,40 @@ DROP_STEPS = 400  # the job's steps (2 ranks: 2 x DROP_STEPS step lines)
 MAX_DROPS = 5  # cuts of the link
 
 
-@pytest.mark.parametrize("via", ["ssh", "srun", "kubectl"])
-def test_dropped_links_lose_and_duplicate_no_line(tmp_path, cluster, request, monkeypatch, via):
-    """The link cut over and over while a live job writes: every line arrives once, in order.  Each cut comes
-    once the new link carries lines again, and only while the job has most of its lines still to write (the
-    last one too): every reconnection resumes a stream that goes on."""
+class CutLink:
+    """One link to the job, cut over and over: each cut once the new link carries lines again, and only while the
+    job has more than 40 % of its lines still to write (so that it writes on after the last cut too)."""
+
+    def __init__(self, via: str, rs: RemoteSession, drop):
+        self.via, self.rs, self.drop = via, rs, drop
+        self.evs: list = []
+        self.drops = 0
+        self.after = 0  # the connections made before the last cut
+        self.written_at_drops: list[int] = []  # the job's step lines on disk at each cut
+
+    def step(self, run) -> None:
+        rs = self.rs
+        self.evs += rs.poll()
+        if len(self.written_at_drops) < MAX_DROPS and not rs.finished and rs.link == "up" and resumed(self.evs, self.after):
+            written = steps_written(run)
+            if written < 0.6 * 2 * DROP_STEPS:
+                self.after = rs.connects
+                n = self.drop()
+                self.drops += n
+                if n:
+                    self.written_at_drops.append(written)
+
+
+@pytest.mark.parametrize("vias", [("ssh", "srun"), ("kubectl",)], ids=["ssh+srun", "kubectl"])
+def test_dropped_links_lose_and_duplicate_no_line(tmp_path, cluster, request, monkeypatch, vias):
+    """The link cut over and over while a live job writes: every line arrives once, in order.  Every
+    reconnection resumes a stream that goes on.  A job on this machine is followed through ssh and srun at once,
+    each link cut on its own; kubectl reaches a job in its pod."""
     monkeypatch.setenv("PET_MASTER_PORT", str(free_port()))  # (a rendezvous port of its own)
     runs = tmp_path / "runs"
     job_args = ["--nproc-per-node", "2", EXAMPLE, "--steps", str(DROP_STEPS), "--step-time", "0.004"]
     job = None
-    if via == "kubectl":
+    if "kubectl" in vias:
         if unshare_works() is not None:
             pytest.skip(unshare_works())
         # (the container stays up after the job, as one running `...; sleep infinity` does: a completed pod
@@ -247,43 +271,34 @@ def test_dropped_links_lose_and_duplicate_no_line(tmp_path, cluster, request, mo
                    if runs.exists() else None, what="the run directory")
     for k, v in cluster.env().items():
         monkeypatch.setenv(k, v)
-    if via == "ssh":
+    links: list[CutLink] = []
+    if "ssh" in vias:
         from sshd import remote_ddptop
 
         sshd = request.getfixturevalue("sshd")
-        rs = RemoteSession("node-a", ssh=sshd.ssh, remote_cmd=remote_ddptop(runs), backoff=(0.2,))
-        drop = sshd.drop_links
-    elif via == "srun":
+        links.append(CutLink("ssh", RemoteSession("node-a", ssh=sshd.ssh, remote_cmd=remote_ddptop(runs), backoff=(0.2,)),
+                             sshd.drop_links))
+    if "srun" in vias:
         cluster.slurm_job("77", {"node-a": runs})
-        rs = RemoteSession("node-a", remote_cmd=REMOTE, backoff=(0.2,), transport=Srun("77", "node-a"))
-        drop = cluster.drop_links
-    else:
-        rs = RemoteSession("trainer-0", remote_cmd=REMOTE, backoff=(0.2,), transport=Kubectl("trainer-0", "pytorch"))
-        drop = cluster.drop_links
-    drops = 0
-    evs: list = []
-    written_at_drops: list[int] = []  # the job's step lines on disk at each cut
-
+        links.append(CutLink("srun", RemoteSession("node-a", remote_cmd=REMOTE, backoff=(0.2,), transport=Srun("77", "node-a")),
+                             cluster.drop_links))
+    if "kubectl" in vias:
+        links.append(CutLink("kubectl", RemoteSession("trainer-0", remote_cmd=REMOTE, backoff=(0.2,),
+                                           transport=Kubectl("trainer-0", "pytorch")), cluster.drop_links))
     try:
-        evs += drain(rs, lambda es: rs.link == "up" and any(e.kind == "logs" and e.rank is not None for e in es),
-                     what="the first rank line")
-        after = 0  # the connections made before the last cut
-        while not rs.finished:
+        for link in links:
+            rs = link.rs
+            link.evs += drain(rs, lambda es, rs=rs: rs.link == "up"
+                              and any(e.kind == "logs" and e.rank is not None for e in es), what="the first rank line")
+        while not all(link.rs.finished for link in links):
             time.sleep(0.2)
-            evs += rs.poll()
-            # a cut once a new link is up and has brought lines, while more than 40 % of the job's lines are
-            # still to be written (so that the job writes on after the last cut too)
-            if len(written_at_drops) < MAX_DROPS and not rs.finished and rs.link == "up" and resumed(evs, after):
-                written = steps_written(run)
-                if written < 0.6 * 2 * DROP_STEPS:
-                    after = rs.connects
-                    n = drop()
-                    drops += n
-                    if n:
-                        written_at_drops.append(written)
-        evs += drain(rs, lambda es: rs.finished, what="the end")
+            for link in links:
+                link.step(run)
+        for link in links:
+            link.evs += drain(link.rs, lambda es, rs=link.rs: rs.finished, what="the end")
     finally:
-        rs.close()
+        for link in links:
+            link.rs.close()
         if job is not None:
             try:
                 job.wait(timeout=TIMEOUT)
@@ -291,16 +306,18 @@ def test_dropped_links_lose_and_duplicate_no_line(tmp_path, cluster, request, mo
                 if job.poll() is None:
                     os.killpg(job.pid, signal.SIGKILL)
                     job.wait()
-    assert drops >= 3 and rs.connects >= 3, (drops, rs.connects)
-    # (each cut with 40 % of the job's lines still to write; a link made after the last one brought them)
-    assert written_at_drops and resumed(evs, after), written_at_drops
-    got = [(e.path, e.offset, e.text) for e in per_line(evs) if e.kind == "log" and not e.transient]
-    assert len(got) == len(set(got)), "a line arrived twice"
     want = local_lines(run)
-    assert sorted(got) == sorted(want)
-    for path in {p for p, _, _ in want}:
-        assert [x for x in got if x[0] == path] == [x for x in want if x[0] == path]
-    assert sum(1 for p, _, t in got if t.startswith("step ")) == 2 * DROP_STEPS
+    for link in links:
+        rs, evs = link.rs, link.evs
+        assert link.drops >= 3 and rs.connects >= 3, (link.via, link.drops, rs.connects)
+        # (each cut with 40 % of the job's lines still to write; a link made after the last one brought them)
+        assert link.written_at_drops and resumed(evs, link.after), (link.via, link.written_at_drops)
+        got = [(e.path, e.offset, e.text) for e in per_line(evs) if e.kind == "log" and not e.transient]
+        assert len(got) == len(set(got)), f"a line arrived twice through {link.via}"
+        assert sorted(got) == sorted(want), link.via
+        for path in {p for p, _, _ in want}:
+            assert [x for x in got if x[0] == path] == [x for x in want if x[0] == path]
+        assert sum(1 for p, _, t in got if t.startswith("step ")) == 2 * DROP_STEPS
 
 
 @needs_pid_namespaces

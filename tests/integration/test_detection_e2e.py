@@ -84,7 +84,10 @@ def test_without_gpu_telemetry_ranks_spinning_for_a_hung_rank_make_a_collective_
     assert a["id"] == "stall-collective" and a["culprits"] == [1], a
     assert "fewer-workers" not in a["suggested_profiles"] and "train_ddp.py" in a["message"]
     assert "p2p-off" not in a["suggested_profiles"] and "flight-recorder" in a["suggested_profiles"], a
-    assert not [e for e in json_events(r.stdout) if e["kind"] == "progress"]  # (no hook: steps from the logs)
+    # --no-inject: no hook in the ranks (nothing put on their PYTHONPATH), so no step from it: steps from the logs
+    assert not [e for e in json_events(r.stdout) if e["kind"] == "progress"]
+    meta = json.loads((only_run(runs_dir) / "meta.json").read_text())
+    assert "_inject" not in meta["env_set"].get("PYTHONPATH", ""), meta["env_set"]
     diagnose_agrees(only_run(runs_dir), a)
 
 
