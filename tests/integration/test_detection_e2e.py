@@ -156,9 +156,10 @@ def test_parameter_mismatch_is_recognised(runs_dir):
 
 
 def test_healthy_run_with_slow_first_step_and_eval_pause_raises_no_alarm(runs_dir, monkeypatch):
-    monkeypatch.setenv("DDPTOP_MIN_SILENCE", "10")  # (the default: its pauses are 1.5 times it)
+    monkeypatch.setenv("DDPTOP_MIN_SILENCE", "5")  # (half the default, the least a person should set: its pauses
+    # are 1.5 times it, as 15 s pauses are to the default)
     r = run_ddptop("--json", "--gpu", "sim", "torchrun", "--nproc-per-node", "2", EXAMPLE, "--steps", "70", "--step-time", "0.05",
-                   "--first-step-time", "15", "--eval-every", "60", "--eval-time", "15")
+                   "--first-step-time", "7.5", "--eval-every", "60", "--eval-time", "7.5")
     assert r.returncode == 0, r.stderr[-2000:]
     events = json_events(r.stdout)
     assert alarms(events) == []

@@ -117,11 +117,11 @@ def test_every_rank_in_the_first_collective_alarms_when_the_grace_runs_out_with_
 
 
 def test_with_p2p_off_the_same_start_trains(runs_dir, cuda_cache, monkeypatch):
-    """...and a healthy first step shorter than the grace stays silent (a slow start: 12 s, the grace 30 s:
-    on a loaded machine the data loader's start and the first all-reduce around those 12 s take seconds)."""
+    """...and a healthy first step shorter than the grace stays silent (a slow start: 8 s, the grace 20 s:
+    on a loaded machine the data loader's start and the first all-reduce around those 8 s take seconds)."""
     monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
-    r, events = launch("--steps", "40", "--step-time", "0.05", "--first-step-time", "12", "--fault", "p2p-hang",
-                       "--fault-step", "1", timeout=300, env={"DDPTOP_FIRST_STEP_GRACE": "30"})
+    r, events = launch("--steps", "40", "--step-time", "0.05", "--first-step-time", "8", "--fault", "p2p-hang",
+                       "--fault-step", "1", timeout=300, env={"DDPTOP_FIRST_STEP_GRACE": "20"})
     assert r.returncode == 0, (stalls(events), r.stderr[-2000:])
     assert stalls(events) == []
     assert any(e["kind"] == "log" and e["text"].startswith("step 40 ") for e in events)

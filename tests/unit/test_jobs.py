@@ -9,6 +9,7 @@ import psutil
 import pytest
 
 from conftest import ROOT, rank_started, write_run
+from helpers import per_line
 from made_runs import damaged_run
 from ddptop.core.model.session_protocol import AttachedPid, LocalRun, Nodes, RemoteRun
 from ddptop.core.sessions.factory import AttachRequest, OpenError, open_target
@@ -29,6 +30,22 @@ def test_a_line_still_being_written_waits_for_its_end(tmp_path):
     evs = s.poll()
     assert [e.message for e in evs if e.kind == "note"] == ["written in two goes"]
     assert not s.finished and s.is_live  # this test process stands in for a live supervisor
+
+
+def test_a_run_launched_a_moment_ago_is_starting_until_its_exit_record_says_it_ended(tmp_path):
+    """No supervisor.json yet, launched a second ago: still starting (its supervisor may not have written it).
+    With its exit.json there, it has ended: a reader ends at once, with the recorded state, not after the
+    start-up grace."""
+    starting = write_run(tmp_path / "a", events=[rank_started(1.0, 0, 100)], logs={0: "step 1\n"})
+    s = Session.open(starting)
+    s.poll()
+    assert not s.finished and s.is_live
+    ended = write_run(tmp_path / "b", events=[rank_started(1.0, 0, 100)], logs={0: "step 1\n"},
+                      exit={"state": "succeeded", "exit_code": 0, "t": 2.0})
+    s = Session.open(ended)
+    evs = s.poll()
+    assert s.finished and evs[-1].kind == "state" and evs[-1].state == "succeeded" and evs[-1].exit_code == 0
+    assert [e.text for e in per_line(evs) if e.kind == "log"] == ["step 1"]
 
 
 def test_the_factory_opens_what_the_person_named(tmp_path, runs_dir):

@@ -214,10 +214,12 @@ def supervisor(run_dir: Path) -> dict | None:
 
 def supervisor_alive(run_dir: Path, started: float | None) -> bool:
     """The supervisor that owns the run is running (by pid and start time; a
-    run launched a moment ago, before it wrote supervisor.json, counts too)."""
+    run launched a moment ago, before it wrote supervisor.json, counts too,
+    unless its exit.json says it has ended)."""
     sup = supervisor(run_dir)
     if sup is None:
-        return not (run_dir / SUPERVISOR).exists() and time.time() - (started or 0) < STARTUP_GRACE
+        return (not (run_dir / SUPERVISOR).exists() and not (run_dir / EXIT).exists()
+                and time.time() - (started or 0) < STARTUP_GRACE)
     return pid_matches(sup["pid"], sup["create_time"])
 
 

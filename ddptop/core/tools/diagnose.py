@@ -39,7 +39,6 @@ from ddptop.core.analysis.wording import launch_words
 from ddptop.core.model import run_dirs
 from ddptop.core.model.events import AlarmEvent, LogBatch
 from ddptop.core.model.evidence import StackEvidence, Where, ranks_text
-from ddptop.core.run.run_session import Session
 from ddptop.core.sources import flight_recorder as flight
 from ddptop.core.sources import ras_parse
 from ddptop.core.sources import stack_files as dump_files
