@@ -678,11 +678,54 @@ for i in range(n):
                   "p50 <= 25, p95 <= 60 ms", "inotify wake-up ~ms"))
 
 
+FLOOR_APP = """
+from textual.app import App
+from textual.widgets import Static
+class Floor(App):
+    def compose(self):
+        yield Static("floor: rank last output")
+Floor().run()
+"""
+
+
+def _tmux_until(name: str, command: str, seen, limit: float = 30) -> float | None:
+    """Milliseconds from starting ``command`` in a new tmux session (160x45) until seen(screen)."""
+    t0 = time.perf_counter()
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "160", "-y", "45", command], check=True, cwd=ROOT)
+    try:
+        while time.perf_counter() - t0 < limit:
+            screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", name], capture_output=True, text=True).stdout
+            if seen(screen):
+                return (time.perf_counter() - t0) * 1000
+            time.sleep(0.005)
+        return None
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+
+
+def frame_floor(n: int = 5) -> tuple[float, float]:
+    """The floor under any Textual app's first frame here, medians in ms: Python with `import textual.app`
+    (the issue's yardstick), and a minimal Textual app (one Static) to its first frame in tmux, measured as
+    the TUI's first frame is."""
+    imports = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import textual.app"], check=True)
+        imports.append((time.perf_counter() - t0) * 1000)
+    with tempfile.TemporaryDirectory() as d:
+        app = Path(d) / "floor.py"
+        app.write_text(FLOOR_APP)
+        frames = [_tmux_until(f"ddptop-floor-{os.getpid()}-{i}", f"{sys.executable} {app}",
+                              lambda screen: "floor: rank last output" in screen) for i in range(n)]
+    return statistics.median(imports), statistics.median([f for f in frames if f is not None])
+
+
 def bench_frame_tmux(n: int = 5, ranks: int = 2, lines: int = 100, nodes: int = 1) -> None:
     """The TUI's first frame in a real terminal: tmux 160x45, `ddptop attach RUN`
     of a finished run (2 ranks x 100 lines; ``frame-tmux-1024``: 128 nodes x 8
     ranks x 200 lines), from process start to the header, the rank table and,
-    for the large run, the merged log's lines on the screen."""
+    for the large run, the merged log's lines on the screen; beside it, for a
+    small run, the floor (frame_floor)."""
     import shutil
 
     if not shutil.which("tmux"):
@@ -722,6 +765,12 @@ def bench_frame_tmux(n: int = 5, ranks: int = 2, lines: int = 100, nodes: int = 
         print(_target(f"TUI first frame in tmux, {ranks} ranks x {lines} lines (process start included): median "
                       f"{statistics.median(times):.0f} ms of {len(times)}", "<= 400 ms" if ranks <= 8 else "<= 2 s",
                       "python + import textual.app"))
+        if ranks <= 8:
+            imp, floor = frame_floor(n)
+            med = statistics.median(times)
+            print(f"  {med / imp:.1f}x Python with `import textual.app` ({imp:.0f} ms); a minimal Textual app's first "
+                  f"frame {floor:.0f} ms ({floor / imp:.1f}x), ddptop's {med / floor:.1f}x that [load "
+                  f"{os.getloadavg()[0]:.2f}]")
         if whole:
             print(f"  every rank's lines read and folded (the merged log's last line names all {ranks}): median "
                   f"{statistics.median(whole):.0f} ms of {len(whole)}")
