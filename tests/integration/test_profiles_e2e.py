@@ -53,6 +53,28 @@ def test_gloo_profile_runs_a_script_that_hard_codes_nccl_on_cpu(tmp_path, runs_d
     assert any("init_process_group backend 'nccl' -> 'gloo'" in n for n in notes)  # said in the journal
 
 
+ONE_RANK_ERRORS = """\
+import sys
+print("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error, NCCL version 2.21.5", flush=True)
+print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)
+sys.exit(1)
+"""
+
+
+def test_a_one_rank_jobs_alarms_suggest_nothing_its_shape_leaves_unchanged(tmp_path, runs_dir):
+    """One rank on one node: no peer-to-peer or shared memory between its GPUs to turn off, no fewer processes to
+    run it on.  The live alarms and the post-mortem say the same."""
+    script = tmp_path / "fails.py"
+    script.write_text(ONE_RANK_ERRORS)
+    r = run_ddptop("--json", "torchrun", "--nproc-per-node", "1", str(script))
+    assert r.returncode == 1, r.stderr[-2000:]
+    alarms = {e["id"]: e["suggested_profiles"] for e in json_events(r.stdout) if e["kind"] == "alarm"}
+    assert alarms.get("nccl-system-error") == ["nccl-debug"], alarms  # (shm-off and p2p-off taken out)
+    assert alarms.get("cuda-oom") == [], alarms  # (single-gpu taken out)
+    rep = json.loads(run_ddptop("diagnose", "--json", str(only_run(runs_dir))).stdout)
+    assert not {"p2p-off", "shm-off", "single-gpu"} & set(rep["root_cause"]["suggested_profiles"]), rep["root_cause"]
+
+
 def test_profiles_command_lists_and_bad_file_is_a_clear_error(tmp_path):
     r = run_ddptop("profiles")
     assert r.returncode == 0 and "p2p-off" in r.stdout and "NCCL_P2P_DISABLE=1" in r.stdout

@@ -77,6 +77,8 @@ def test_the_post_mortem_of_a_hang_ddptop_saw_tells_the_same_hang(case, capsys):
     applied = json.loads((d / "run" / "meta.json").read_text())["profiles"] or []
     assert not set(applied) & set(rc["suggested_profiles"]), (applied, rc["suggested_profiles"])
     assert ("eager-load" in rc["suggested_profiles"]) == (case == "barrier"), rc["suggested_profiles"]
+    # a job of one rank: no peer-to-peer between its GPUs to turn off, no fewer processes to run it on
+    assert not {"p2p-off", "shm-off", "single-gpu"} & set(rc["suggested_profiles"]), rc["suggested_profiles"]
     found = [f["signature"] for f in rep["findings"]]
     assert "unclassified-error" not in found, found
     assert ("nccl-watchdog-timeout" in found) == (case != "barrier"), found  # (barrier: no collective under way)
@@ -119,6 +121,7 @@ def test_the_xid_that_followed_the_assert_is_said_as_the_applications_fault():
 def test_out_of_gpu_memory_is_the_root_cause(machine, capsys):
     rc = diagnosed(DATA / machine / "oom" / "run", capsys)["root_cause"]
     assert rc["signature"] == "cuda-oom" and rc["rank"] == 0 and "Tried to allocate 16384.00 GiB" in rc["text"]
+    assert "single-gpu" not in rc["suggested_profiles"], rc["suggested_profiles"]  # (it ran on one already)
 
 
 def merged_dump():

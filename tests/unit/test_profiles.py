@@ -81,6 +81,30 @@ def test_profiles_the_job_already_runs_with_are_in_effect():
     assert in_effect(known, {}) == set()
 
 
+def test_profiles_the_jobs_shape_leaves_nothing_to_change_are_in_effect():
+    """No peer-to-peer or shared memory between the GPUs of a node that runs one rank; no fewer processes for a
+    job of one."""
+    from ddptop.core.run.profiles import Profile, in_effect
+
+    known = load_all([])
+    one = in_effect(known, {}, torchrun={"--nproc-per-node": "1"})  # (torchrun's default --nnodes: 1)
+    assert {"p2p-off", "shm-off", "single-gpu"} <= one, one
+    assert not {"nccl-debug", "gloo", "ib-off", "eager-load", "flight-recorder"} & one, one
+    # one rank a node on two nodes: nothing between one node's GPUs, but two processes
+    two_nodes = in_effect(known, {}, torchrun={"--nnodes": "2", "--nproc_per_node": "1"})
+    assert {"p2p-off", "shm-off"} <= two_nodes and "single-gpu" not in two_nodes, two_nodes
+    # two ranks a node, or a count torchrun works out itself: each of them may change something
+    assert in_effect(known, {}, torchrun={"--nproc-per-node": "2"}) == set()
+    assert in_effect(known, {}, torchrun={"--nproc-per-node": "gpu"}) == set()
+    # without the job's shape, only its environment says (as before)
+    assert in_effect(known, {}) == set()
+    # a profile of the person's own that sets more than one node's transports still changes something
+    mine = {**known, "p2p-debug": Profile("p2p-debug", "p2p off, NCCL's debug on",
+                                          env={"NCCL_P2P_DISABLE": "1", "NCCL_DEBUG": "INFO"})}
+    assert "p2p-debug" not in in_effect(mine, {}, torchrun={"--nproc-per-node": "1"})
+    assert "p2p-debug" in in_effect(mine, {"NCCL_DEBUG": "INFO"}, torchrun={"--nproc-per-node": "1"})
+
+
 def test_an_alarm_never_suggests_a_profile_in_effect():
     from ddptop.core.model.events import AlarmEvent, LogBatch
     from ddptop.core.run.pipeline import Pipeline

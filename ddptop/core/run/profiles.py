@@ -230,17 +230,42 @@ def config_files() -> list[Path]:
     return [Path(base) / "ddptop" / "profiles.toml", Path.cwd() / "ddptop.toml"]
 
 
-def in_effect(profiles: dict[str, Profile], env: Mapping[str, str], run_dir: str | Path | None = None) -> set[str]:
+# NCCL's variables for the transports between the GPUs of one node (peer-to-peer, shared memory): a profile
+# that sets only these changes nothing in a job whose every node runs one rank
+INTRA_NODE = frozenset({"NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE"})
+# torchrun's defaults for the options that give a job its shape
+TORCHRUN_SHAPE = {"--nnodes": "1", "--nproc-per-node": "1"}
+
+
+def in_effect(profiles: dict[str, Profile], env: Mapping[str, str], run_dir: str | Path | None = None,
+              torchrun: Mapping[str, str] | None = None) -> set[str]:
     """The profiles that would change nothing in a job run with ``env``: every
     variable they set already has their value there, and they do nothing
     else (no variable removed, no argument, backend or timeout).  An alarm
     does not suggest them: the job already runs with them (its own
     environment, or a profile under another name).  A value naming
     ``{run_dir}`` is compared as the launch made it for ``run_dir`` (the run's
-    own directory)."""
-    return {name for name, p in profiles.items()
-            if p.env and not (p.unset or p.torchrun_args or p.script_args or p.backend or p.pg_timeout is not None)
-            and all(env.get(k) == v for k, v in (p.env_for(run_dir) if run_dir is not None else p.env).items())}
+    own directory).
+
+    ``torchrun``: the attempt's torchrun options (``parse_torchrun_args``'s
+    values), which give the job its shape; with them, also the profiles that
+    shape leaves nothing to change: torchrun options the job already has
+    (single-gpu for a job of one process), and the variables of the
+    transports between one node's GPUs (INTRA_NODE: p2p-off, shm-off) where
+    each node runs one rank."""
+    shape = None if torchrun is None else {**TORCHRUN_SHAPE, **{k.replace("_", "-"): v for k, v in torchrun.items()}}
+    one_a_node = shape is not None and shape["--nproc-per-node"] == "1"
+    out = set()
+    for name, p in profiles.items():
+        if p.unset or p.script_args or p.backend or p.pg_timeout is not None or not (p.env or p.torchrun_args):
+            continue
+        env_same = all(env.get(k) == v or (one_a_node and k in INTRA_NODE)
+                       for k, v in (p.env_for(run_dir) if run_dir is not None else p.env).items())
+        args_same = not p.torchrun_args or (shape is not None and all(
+            shape.get(k.replace("_", "-")) == v for k, v in p.torchrun_args.items()))
+        if env_same and args_same:
+            out.add(name)
+    return out
 
 
 def load_all(files: list[Path] | None = None) -> dict[str, Profile]:

@@ -47,7 +47,7 @@ from ddptop.core.model.events import (
 from ddptop.core.model.run_meta import Thresholds
 from ddptop.core.model.settings import FR_DIR, settings
 from ddptop.core.run import journal
-from ddptop.core.run.launcher import LaunchError, plan_launch
+from ddptop.core.run.launcher import LaunchError, parse_torchrun_args, plan_launch
 from ddptop.core.run.pipeline import Pipeline, run_notify
 from ddptop.core.run.profiles import (
     MASK,
@@ -241,6 +241,7 @@ class Supervisor:
         self.stacks_request = False  # SIGUSR2: capture every rank's stack now
         self.env_set: dict = {}
         self.job_env: dict[str, str] = {}  # the current attempt's whole environment
+        self.job_command: list[str] = []  # the current attempt's torchrun command
         self._flight_busy = threading.Lock()
         self.relaunch_reason = ""
         self.generation = 0
@@ -254,10 +255,15 @@ class Supervisor:
         self.ras = RasProbe(self._ras_addr, run_dir, self._rank_pids, self.events.write_many, node=self.meta.host)
 
     def profiles_in_effect(self) -> set[str]:
-        """The profiles the current attempt already runs with (by its environment): an alarm does not
-        suggest them (a job started with CUDA_MODULE_LOADING=EAGER is not told to try eager-load)."""
+        """The profiles that would change nothing in the current attempt (by its environment and its
+        shape): an alarm does not suggest them (a job started with CUDA_MODULE_LOADING=EAGER is not told to
+        try eager-load, nor a one-rank job p2p-off)."""
         try:
-            return in_effect(load_all(), self.job_env, self.run_dir)
+            shape = parse_torchrun_args(self.job_command[1:]).values if self.job_command else None
+        except LaunchError:
+            shape = None
+        try:
+            return in_effect(load_all(), self.job_env, self.run_dir, shape)
         except (ProfileError, OSError):  # (a profile file broken since the launch: every suggestion stays)
             return set()
 
@@ -419,7 +425,7 @@ class Supervisor:
             env.update({k: v for k, v in env_set.items() if v != MASK})  # masked: already in os.environ
             for k in env_unset:
                 env.pop(k, None)
-            self.job_env = env
+            self.job_env, self.job_command = env, command
             rc = self.run_generation(command, env)
             if rc is None:
                 break

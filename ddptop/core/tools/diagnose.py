@@ -12,6 +12,7 @@ report; the judging lives in ``analysis/``, the finding of dumps in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -534,14 +535,18 @@ def build_report(an: Analyzer, flights: list[dict] | None = None, ras_answers: l
         # (dumps labelled by pid name processes, not ranks: they cannot be the job's culprits)
         stacks=stacks.evidence if stacks is not None and not stacks.dumps.by_pid else None))
     hang = _hang(story, an, rc) if story is not None else None
+    root_time = (an.stamped_at.get(rc, an.read_at.get(rc) if story else None) if rc is not None else None)
+    root_node = (an.node_of.get(rc) or None) if rc is not None else None
+    if rc is not None and story is not None and set(rc.suggested_profiles) & story.applied:
+        # (as the live alarm says it: no profile the run already had, or that its shape leaves nothing to change)
+        rc = dataclasses.replace(rc, suggested_profiles=tuple(p for p in rc.suggested_profiles if p not in story.applied))
     return DiagnoseReport(
         root=rc, hang=hang, hang_replayed=bool(story and story.stalls and hang is story.stalls[0]), found=found,
         findings=tuple(an.findings), counters=counters, counters_said=said, last_steps=dict(an.last_steps),
         job_step=an.job_step, lost=lost_peers(an.findings) if rc is None and an.findings else None,
         flights=tuple(flights or ()), ras=tuple(ras_answers or ()), notes=tuple(n.message for n in an.notes),
         stacks=stacks, story=story, ended=_ended_by(an, story),
-        root_time=(an.stamped_at.get(rc, an.read_at.get(rc) if story else None) if rc is not None else None),
-        root_node=(an.node_of.get(rc) or None) if rc is not None else None)
+        root_time=root_time, root_node=root_node)
 
 
 def report(an: Analyzer, flights: list[dict] | None = None, ras_answers: list[dict] | None = None,

@@ -31,6 +31,7 @@ from ddptop.core.model.events import (
 )
 from ddptop.core.model.run_meta import Thresholds
 from ddptop.core.run import journal
+from ddptop.core.run.launcher import LaunchError, parse_torchrun_args
 from ddptop.core.run.pipeline import Pipeline
 from ddptop.core.run.profiles import ProfileError, in_effect, load_all
 from ddptop.core.run.run_session import Session
@@ -79,6 +80,7 @@ class RunStory:
     stacks: tuple[StacksEvent, ...] = ()  # every stack sampling, in order
     ended_by: EndedBy = field(default_factory=lambda: EndedBy(""))
     differences: tuple[str, ...] = ()  # where the replay and the recorded alarms differ
+    applied: frozenset[str] = frozenset()  # profiles that would change nothing in it (``_applied``): never suggested
 
     @property
     def hang(self) -> AlarmEvent | None:
@@ -206,9 +208,14 @@ def _split(b: LogBatch, uptos: list[int], times: list[float], after: float) -> l
 
 
 def _applied(run_dir: Path, meta) -> set[str]:
-    """The profiles the run was launched with, named or in effect by what ddptop set (not suggested again)."""
+    """The profiles the run was launched with, named or in effect by what ddptop set, and those its shape
+    leaves nothing to change (``in_effect``): not suggested again."""
     try:
-        return set(meta.profiles or ()) | in_effect(load_all(), meta.env_set, run_dir)
+        shape = parse_torchrun_args(list(meta.command[1:])).values if meta.command else None
+    except LaunchError:
+        shape = None
+    try:
+        return set(meta.profiles or ()) | in_effect(load_all(), meta.env_set, run_dir, shape)
     except (ProfileError, OSError):  # (a profile file broken since: the named ones)
         return set(meta.profiles or ())
 
@@ -266,4 +273,4 @@ def story(run_dir: Path | str, timed: tuple[list[Event], bool] | None = None) ->
     lost = final is None and journal.run_state(run_dir).state == "lost"
     replayed = [a for a in replayed if a.type == "stall"]
     return RunStory(tuple(replayed), tuple(recorded), tuple(others), tuple(stacks), _ended(final, lost),
-                    tuple(_compare(replayed, recorded, untimed=logs and not marked)))
+                    tuple(_compare(replayed, recorded, untimed=logs and not marked)), frozenset(_applied(run_dir, meta)))
