@@ -289,6 +289,9 @@ def test_a_hang_raises_a_stall_alarm_and_stopping_the_attachment_leaves_the_job(
         alarm = wait_for(lambda: next((e for e in r.events() if e["kind"] == "alarm" and e["type"] == "stall"), None),
                          timeout=TIMEOUT, what="the stall alarm")
         assert alarm["culprits"] == [1], alarm
+        # two ranks on this node: turning off peer-to-peer between its GPUs may change something (torchrun's
+        # command line says the shape)
+        assert "p2p-off" in alarm["suggested_profiles"], alarm
         assert any(e["kind"] == "log" and e["rank"] == 1 and "hangs now" in e["text"] for e in r.events())
         # every rank's stack, read without stopping the ranks, kept under the runs directory
         note = wait_for(lambda: next((e for e in r.events() if e["kind"] == "note"

@@ -133,6 +133,8 @@ def test_two_nodes_one_view_names_the_odd_rank_out(tmp_path, sshd):
         # the cross-node alarm (node-b's own is folded into it, not shown first), with the culprit's node
         assert alarm["culprits"] == [1] and sorted(alarm["ranks"]) == [0, 1], alarm
         assert alarm["node"] == "node-b", alarm
+        # one rank a node: nothing between one node's GPUs to turn off (each node's launch command says it)
+        assert "p2p-off" not in alarm["suggested_profiles"] and alarm["suggested_profiles"], alarm
         nodes = {(e["rank"], e["node"]) for e in seen if e["kind"] == "log" and e["rank"] is not None}
         assert nodes == {(0, "node-a"), (1, "node-b")}
         assert {e["node"] for e in seen if e["kind"] == "link" and e["state"] == "up"} == {"node-a", "node-b"}

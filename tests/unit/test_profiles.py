@@ -105,6 +105,17 @@ def test_profiles_the_jobs_shape_leaves_nothing_to_change_are_in_effect():
     assert "p2p-debug" in in_effect(mine, {"NCCL_DEBUG": "INFO"}, torchrun={"--nproc-per-node": "1"})
 
 
+def test_a_launch_commands_shape_is_read_from_its_options_else_torchruns_own_variables():
+    from ddptop.core.run.launcher import torchrun_shape
+
+    cmd = ["torchrun", "--log-dir", "/x", "--nproc_per_node=1", "train.py", "--nproc-per-node", "8"]
+    assert torchrun_shape(cmd, {}) == {"--nproc-per-node": "1"}  # (the script's own options are its own)
+    assert torchrun_shape(["torchrun", "train.py"], {"PET_NPROC_PER_NODE": "8", "PET_NNODES": "2"}) == {
+        "--nnodes": "2", "--nproc-per-node": "8"}
+    assert torchrun_shape(["torchrun", "--nnodes", "4", "train.py"], {"PET_NNODES": "2"}) == {"--nnodes": "4"}
+    assert torchrun_shape(["torchrun"], {}) is None  # (no script: not a command it can read)
+
+
 def test_an_alarm_never_suggests_a_profile_in_effect():
     from ddptop.core.model.events import AlarmEvent, LogBatch
     from ddptop.core.run.pipeline import Pipeline

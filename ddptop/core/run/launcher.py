@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import ddptop
 from ddptop import __version__
@@ -86,6 +87,23 @@ def parse_torchrun_args(args: list[str]) -> TorchrunArgs:
     if i >= len(args):
         raise LaunchError("no training script given: usage is `ddptop torchrun [TORCHRUN OPTIONS] SCRIPT [ARGS]`")
     return TorchrunArgs(options, args[i], args[i + 1 :], values, flags, dropped)
+
+
+def torchrun_shape(command: list[str] | tuple[str, ...], env: Mapping[str, str]) -> dict[str, str] | None:
+    """A launch command's ``--nnodes`` and ``--nproc-per-node`` (else torchrun's own ``PET_NNODES`` and
+    ``PET_NPROC_PER_NODE`` in ``env``; absent: torchrun's defaults); None when the command cannot be read."""
+    try:
+        values = parse_torchrun_args(list(command[1:])).values if command else None
+    except LaunchError:
+        return None
+    if values is None:
+        return None
+    shape = {}
+    for opt, var in (("--nnodes", "PET_NNODES"), ("--nproc-per-node", "PET_NPROC_PER_NODE")):
+        v = values.get(opt, env.get(var))
+        if v is not None:
+            shape[opt] = v
+    return shape
 
 
 def _int_or_none(v: str | None) -> int | None:

@@ -27,7 +27,9 @@ from ddptop.core.model.events import (
 )
 from ddptop.core.model.session_protocol import CommandResult, Control, ExitStatus, Nodes
 from ddptop.core.run import journal
+from ddptop.core.run.launcher import torchrun_shape
 from ddptop.core.run.pipeline import Pipeline
+from ddptop.core.run.profiles import ProfileError, in_effect, load_all
 from ddptop.core.sessions import wire
 from ddptop.core.sessions.ssh import FIX_ELSEWHERE, RemoteSession
 
@@ -52,7 +54,7 @@ class MultiSession:
         self._judged_until = float("-inf")
         # (the cross-node analysis judges silences at judge_time(): no later than every live link has been read)
         self.pipeline = Pipeline(node=ACROSS, stall_after=stall_after, clock=self.judge_time, stall_only=True,
-                                 on_stall=self._stacks_everywhere)
+                                 on_stall=self._stacks_everywhere, in_effect=self._in_effect_everywhere)
         self.one_alarm = OneAlarm()  # one hang, one stall alarm: the nodes' own are folded into the cross-node one
         # past a few nodes, the notes every node makes alike (a stack capture's, its own folded alarm) are counted
         self.note_folds = NoteFolder() if len(sessions) > NOTES_FOLD_FROM else None
@@ -65,6 +67,23 @@ class MultiSession:
         self._clashes: set[int] = set()
         self._launches = 0  # the highest launch generation shown
         self._judged: tuple[float, tuple[float, dict[int, str], bool]] | None = None  # (when, _judgement())
+
+    def _in_effect_everywhere(self) -> set[str]:
+        """The profiles that would change nothing on any node (``profiles.in_effect`` of each node's run: its
+        environment and its launch command's shape, p2p-off where every node runs one rank): the cross-node
+        alarm does not suggest them.  Nothing while a node's run is not known yet."""
+        try:
+            profiles = load_all()
+        except (ProfileError, OSError):  # (a broken profile file: every suggestion stays)
+            return set()
+        out: set[str] | None = None
+        for s in self.sessions:
+            meta = s.meta
+            if meta is None:
+                return set()
+            here = in_effect(profiles, meta.env_set, None, torchrun_shape(meta.command, meta.env_set))
+            out = here if out is None else out & here
+        return out or set()
 
     def judge_time(self) -> float:
         """The time the cross-node stall detector judges at: now, or, when a node's link that is up has been

@@ -68,6 +68,7 @@ from ddptop.core.model.session_protocol import (
 )
 from ddptop.core.run import journal
 from ddptop.core.run.pipeline import Pipeline, RankMap
+from ddptop.core.run.profiles import ProfileError, in_effect, load_all
 from ddptop.core.sessions.pid_target import (
     ForeignError,
     Target,
@@ -194,12 +195,25 @@ class ForeignSession:
         # this user may share) an answer counts only if it names this job's processes
         self.ras = RasProbe(self._ras_addr, journal.attached_dir(f"pid-{self.pid}"), self._rank_pids, self._put,
                             node=self.host, clock=clock, job_pids=True)
+        self._root_env = root_env
         self.pipeline = Pipeline(node=self.host, stall_after=stall_after, clock=clock,
                                  on_stall=self._stacks_on_stall, sampler=self.samples.request, ras=self.ras,
-                                 ras_always=self._nccl_in_use)
+                                 ras_always=self._nccl_in_use, in_effect=self._in_effect)
         self._telemetry = TelemetryLoop(gpu, self.host, sample_interval, self._rank_procs, self._put)
         # no hook in a job ddptop did not launch: its ranks' stacks, sampled in turn, are the life signal
         self.watch = StackWatch(self._rank_pids, self._put, node=self.host)
+
+    def _in_effect(self) -> set[str]:
+        """The profiles that would change nothing in this job (``profiles.in_effect``: torchrun's environment,
+        its shape from its command line): an alarm does not suggest them."""
+        if self.torchrun is None:
+            return set()
+        o = self.options
+        shape = {k: v for k, v in (("--nproc-per-node", o.nproc_per_node), ("--nnodes", o.nnodes)) if v is not None}
+        try:
+            return in_effect(load_all(), self._root_env, None, shape)
+        except (ProfileError, OSError):  # (a broken profile file: every suggestion stays)
+            return set()
 
     def _stacks_on_stall(self, alarm: AlarmEvent) -> None:
         self.stacks.request()

@@ -31,7 +31,7 @@ from ddptop.core.model.events import (
 )
 from ddptop.core.model.run_meta import Thresholds
 from ddptop.core.run import journal
-from ddptop.core.run.launcher import LaunchError, parse_torchrun_args
+from ddptop.core.run.launcher import torchrun_shape
 from ddptop.core.run.pipeline import Pipeline
 from ddptop.core.run.profiles import ProfileError, in_effect, load_all
 from ddptop.core.run.run_session import Session
@@ -211,11 +211,8 @@ def _applied(run_dir: Path, meta) -> set[str]:
     """The profiles the run was launched with, named or in effect by what ddptop set, and those its shape
     leaves nothing to change (``in_effect``): not suggested again."""
     try:
-        shape = parse_torchrun_args(list(meta.command[1:])).values if meta.command else None
-    except LaunchError:
-        shape = None
-    try:
-        return set(meta.profiles or ()) | in_effect(load_all(), meta.env_set, run_dir, shape)
+        return set(meta.profiles or ()) | in_effect(load_all(), meta.env_set, run_dir,
+                                                    torchrun_shape(meta.command, meta.env_set))
     except (ProfileError, OSError):  # (a profile file broken since: the named ones)
         return set(meta.profiles or ())
 
