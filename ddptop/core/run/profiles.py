@@ -247,8 +247,9 @@ def in_effect(profiles: dict[str, Profile], env: Mapping[str, str], run_dir: str
     ``{run_dir}`` is compared as the launch made it for ``run_dir`` (the run's
     own directory).
 
-    ``torchrun``: the attempt's torchrun options (``parse_torchrun_args``'s
-    values), which give the job its shape; with them, also the profiles that
+    ``torchrun``: the attempt's ``--nnodes`` and ``--nproc-per-node`` (as
+    ``launcher.torchrun_shape`` reads them; absent: torchrun's defaults),
+    which give the job its shape; with them, also the profiles that
     shape leaves nothing to change: torchrun options the job already has
     (single-gpu for a job of one process), and the variables of the
     transports between one node's GPUs (INTRA_NODE: p2p-off, shm-off) where

@@ -229,10 +229,11 @@ def story(run_dir: Path | str, timed: tuple[list[Event], bool] | None = None) ->
     run_dir = Path(run_dir)
     meta = journal.load_meta(run_dir)
     now = [0.0]
+    applied = frozenset(_applied(run_dir, meta))  # (read once: the profile files as they are now)
     pipe = Pipeline(node=meta.host, stall_after=meta.stall_after, clock=lambda: now[0],
                     thresholds=Thresholds.from_dict(meta.thresholds),
                     sampler=lambda _utils: True,  # (the samples the run took arrive from its journal, in time)
-                    in_effect=lambda: _applied(run_dir, meta))
+                    in_effect=lambda: applied)
     replayed: list[AlarmEvent] = []
     recorded: list[AlarmEvent] = []
     others: list[AlarmEvent] = []
@@ -270,4 +271,4 @@ def story(run_dir: Path | str, timed: tuple[list[Event], bool] | None = None) ->
     lost = final is None and journal.run_state(run_dir).state == "lost"
     replayed = [a for a in replayed if a.type == "stall"]
     return RunStory(tuple(replayed), tuple(recorded), tuple(others), tuple(stacks), _ended(final, lost),
-                    tuple(_compare(replayed, recorded, untimed=logs and not marked)), frozenset(_applied(run_dir, meta)))
+                    tuple(_compare(replayed, recorded, untimed=logs and not marked)), applied)
