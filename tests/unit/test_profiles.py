@@ -85,35 +85,41 @@ def test_profiles_the_jobs_shape_leaves_nothing_to_change_are_in_effect():
     """No peer-to-peer or shared memory between the GPUs of a node that runs one rank; no fewer processes for a
     job of one."""
     from ddptop.core.run.profiles import Profile, in_effect
+    from ddptop.core.sources.proc_torchrun import TorchrunOptions as T
 
     known = load_all([])
-    one = in_effect(known, {}, torchrun={"--nproc-per-node": "1"})  # (torchrun's default --nnodes: 1)
+    one = in_effect(known, {}, torchrun=T(nproc_per_node="1"))  # (torchrun's default --nnodes: 1)
     assert {"p2p-off", "shm-off", "single-gpu"} <= one, one
     assert not {"nccl-debug", "gloo", "ib-off", "eager-load", "flight-recorder"} & one, one
     # one rank a node on two nodes: nothing between one node's GPUs, but two processes
-    two_nodes = in_effect(known, {}, torchrun={"--nnodes": "2", "--nproc_per_node": "1"})
+    two_nodes = in_effect(known, {}, torchrun=T(nnodes="2", nproc_per_node="1"))
     assert {"p2p-off", "shm-off"} <= two_nodes and "single-gpu" not in two_nodes, two_nodes
     # two ranks a node, or a count torchrun works out itself: each of them may change something
-    assert in_effect(known, {}, torchrun={"--nproc-per-node": "2"}) == set()
-    assert in_effect(known, {}, torchrun={"--nproc-per-node": "gpu"}) == set()
+    assert in_effect(known, {}, torchrun=T(nproc_per_node="2")) == set()
+    assert in_effect(known, {}, torchrun=T(nproc_per_node="gpu")) == set()
     # without the job's shape, only its environment says (as before)
     assert in_effect(known, {}) == set()
     # a profile of the person's own that sets more than one node's transports still changes something
     mine = {**known, "p2p-debug": Profile("p2p-debug", "p2p off, NCCL's debug on",
                                           env={"NCCL_P2P_DISABLE": "1", "NCCL_DEBUG": "INFO"})}
-    assert "p2p-debug" not in in_effect(mine, {}, torchrun={"--nproc-per-node": "1"})
-    assert "p2p-debug" in in_effect(mine, {"NCCL_DEBUG": "INFO"}, torchrun={"--nproc-per-node": "1"})
+    assert "p2p-debug" not in in_effect(mine, {}, torchrun=T(nproc_per_node="1"))
+    assert "p2p-debug" in in_effect(mine, {"NCCL_DEBUG": "INFO"}, torchrun=T(nproc_per_node="1"))
 
 
 def test_a_launch_commands_shape_is_read_from_its_options_else_torchruns_own_variables():
-    from ddptop.core.run.launcher import torchrun_shape
+    from ddptop.core.run.launcher import launch_options
+
+    def shape(command, env):
+        o = launch_options(command, env)
+        return None if o is None else {k: v for k, v in (("--nnodes", o.nnodes), ("--nproc-per-node", o.nproc_per_node))
+                                       if v is not None}
 
     cmd = ["torchrun", "--log-dir", "/x", "--nproc_per_node=1", "train.py", "--nproc-per-node", "8"]
-    assert torchrun_shape(cmd, {}) == {"--nproc-per-node": "1"}  # (the script's own options are its own)
-    assert torchrun_shape(["torchrun", "train.py"], {"PET_NPROC_PER_NODE": "8", "PET_NNODES": "2"}) == {
+    assert shape(cmd, {}) == {"--nproc-per-node": "1"}  # (the script's own options are its own)
+    assert shape(["torchrun", "train.py"], {"PET_NPROC_PER_NODE": "8", "PET_NNODES": "2"}) == {
         "--nnodes": "2", "--nproc-per-node": "8"}
-    assert torchrun_shape(["torchrun", "--nnodes", "4", "train.py"], {"PET_NNODES": "2"}) == {"--nnodes": "4"}
-    assert torchrun_shape(["torchrun"], {}) is None  # (no script: not a command it can read)
+    assert shape(["torchrun", "--nnodes", "4", "train.py"], {"PET_NNODES": "2"}) == {"--nnodes": "4"}
+    assert shape(["torchrun"], {}) is None  # (no script: not a command it can read)
 
 
 def test_an_alarm_never_suggests_a_profile_in_effect():

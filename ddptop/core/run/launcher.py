@@ -25,7 +25,12 @@ from ddptop.core.model.run_meta import Meta
 from ddptop.core.model.settings import BEAT_DIR, PG_BACKEND, PG_TIMEOUT, thresholds
 from ddptop.core.run import journal
 from ddptop.core.run.profiles import is_secret, mask_argv, mask_env, rewrite_script_args
-from ddptop.core.sources.proc_torchrun import TORCHRUN_FLAGS, scan_torchrun_args
+from ddptop.core.sources.proc_torchrun import (
+    TORCHRUN_FLAGS,
+    TorchrunOptions,
+    parse_torchrun_options,
+    scan_torchrun_args,
+)
 from ddptop.core.sources.ras_client import free_port
 
 # the options ddptop sets itself (their values are replaced, with a note)
@@ -89,21 +94,11 @@ def parse_torchrun_args(args: list[str]) -> TorchrunArgs:
     return TorchrunArgs(options, args[i], args[i + 1 :], values, flags, dropped)
 
 
-def torchrun_shape(command: list[str] | tuple[str, ...], env: Mapping[str, str]) -> dict[str, str] | None:
-    """A launch command's ``--nnodes`` and ``--nproc-per-node`` (else torchrun's own ``PET_NNODES`` and
-    ``PET_NPROC_PER_NODE`` in ``env``; absent: torchrun's defaults); None when the command cannot be read."""
-    try:
-        values = parse_torchrun_args(list(command[1:])).values if command else None
-    except LaunchError:
-        return None
-    if values is None:
-        return None
-    shape = {}
-    for opt, var in (("--nnodes", "PET_NNODES"), ("--nproc-per-node", "PET_NPROC_PER_NODE")):
-        v = values.get(opt, env.get(var))
-        if v is not None:
-            shape[opt] = v
-    return shape
+def launch_options(command: list[str] | tuple[str, ...], env: Mapping[str, str]) -> TorchrunOptions | None:
+    """A launch command's torchrun options (``parse_torchrun_options``: its own, else torchrun's ``PET_*``
+    variables in ``env``); None when it names no script (not a command it can read)."""
+    o = parse_torchrun_options(list(command[1:]), dict(env))
+    return o if o.script else None
 
 
 def _int_or_none(v: str | None) -> int | None:

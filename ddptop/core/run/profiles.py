@@ -30,6 +30,8 @@ from typing import Mapping
 
 import tomllib
 
+from ddptop.core.sources.proc_torchrun import TorchrunOptions
+
 MASK = "***"
 # a name is secret when one of its segments (split at _ - . and case changes) is, or ends with, one of
 # these (HF_TOKEN, hfToken, API_KEY, APIKEY, DB_PASSWD, AWS_SECRET_ACCESS_KEY, GOOGLE_CREDENTIALS,
@@ -233,12 +235,10 @@ def config_files() -> list[Path]:
 # NCCL's variables for the transports between the GPUs of one node (peer-to-peer, shared memory): a profile
 # that sets only these changes nothing in a job whose every node runs one rank
 INTRA_NODE = frozenset({"NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE"})
-# torchrun's defaults for the options that give a job its shape
-TORCHRUN_SHAPE = {"--nnodes": "1", "--nproc-per-node": "1"}
 
 
 def in_effect(profiles: dict[str, Profile], env: Mapping[str, str], run_dir: str | Path | None = None,
-              torchrun: Mapping[str, str] | None = None) -> set[str]:
+              torchrun: TorchrunOptions | None = None) -> set[str]:
     """The profiles that would change nothing in a job run with ``env``: every
     variable they set already has their value there, and they do nothing
     else (no variable removed, no argument, backend or timeout).  An alarm
@@ -247,14 +247,15 @@ def in_effect(profiles: dict[str, Profile], env: Mapping[str, str], run_dir: str
     ``{run_dir}`` is compared as the launch made it for ``run_dir`` (the run's
     own directory).
 
-    ``torchrun``: the attempt's ``--nnodes`` and ``--nproc-per-node`` (as
-    ``launcher.torchrun_shape`` reads them; absent: torchrun's defaults),
+    ``torchrun``: the attempt's torchrun options (``parse_torchrun_options``:
+    its ``--nnodes`` and ``--nproc-per-node``, absent: torchrun's default, 1),
     which give the job its shape; with them, also the profiles that
     shape leaves nothing to change: torchrun options the job already has
     (single-gpu for a job of one process), and the variables of the
     transports between one node's GPUs (INTRA_NODE: p2p-off, shm-off) where
     each node runs one rank."""
-    shape = None if torchrun is None else {**TORCHRUN_SHAPE, **{k.replace("_", "-"): v for k, v in torchrun.items()}}
+    shape = None if torchrun is None else {"--nnodes": torchrun.nnodes or "1",
+                                           "--nproc-per-node": torchrun.nproc_per_node or "1"}
     one_a_node = shape is not None and shape["--nproc-per-node"] == "1"
     out = set()
     for name, p in profiles.items():

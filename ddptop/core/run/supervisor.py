@@ -47,7 +47,7 @@ from ddptop.core.model.events import (
 from ddptop.core.model.run_meta import Thresholds
 from ddptop.core.model.settings import FR_DIR, settings
 from ddptop.core.run import journal
-from ddptop.core.run.launcher import LaunchError, plan_launch, torchrun_shape
+from ddptop.core.run.launcher import LaunchError, launch_options, plan_launch
 from ddptop.core.run.pipeline import Pipeline, run_notify
 from ddptop.core.run.profiles import (
     MASK,
@@ -259,7 +259,7 @@ class Supervisor:
         shape): an alarm does not suggest them (a job started with CUDA_MODULE_LOADING=EAGER is not told to
         try eager-load, nor a one-rank job p2p-off)."""
         try:
-            return in_effect(load_all(), self.job_env, self.run_dir, torchrun_shape(self.job_command, self.job_env))
+            return in_effect(load_all(), self.job_env, self.run_dir, launch_options(self.job_command, self.job_env))
         except (ProfileError, OSError):  # (a profile file broken since the launch: every suggestion stays)
             return set()
 

@@ -27,7 +27,7 @@ from ddptop.core.model.events import (
 )
 from ddptop.core.model.session_protocol import CommandResult, Control, ExitStatus, Nodes
 from ddptop.core.run import journal
-from ddptop.core.run.launcher import torchrun_shape
+from ddptop.core.run.launcher import launch_options
 from ddptop.core.run.pipeline import Pipeline
 from ddptop.core.run.profiles import ProfileError, in_effect, load_all
 from ddptop.core.sessions import wire
@@ -81,7 +81,7 @@ class MultiSession:
             meta = s.meta
             if meta is None:
                 return set()
-            here = in_effect(profiles, meta.env_set, None, torchrun_shape(meta.command, meta.env_set))
+            here = in_effect(profiles, meta.env_set, None, launch_options(meta.command, meta.env_set))
             out = here if out is None else out & here
         return out or set()
 

@@ -208,10 +208,8 @@ class ForeignSession:
         its shape from its command line): an alarm does not suggest them."""
         if self.torchrun is None:
             return set()
-        o = self.options
-        shape = {k: v for k, v in (("--nproc-per-node", o.nproc_per_node), ("--nnodes", o.nnodes)) if v is not None}
         try:
-            return in_effect(load_all(), self._root_env, None, shape)
+            return in_effect(load_all(), self._root_env, None, self.options)
         except (ProfileError, OSError):  # (a broken profile file: every suggestion stays)
             return set()
 

@@ -31,7 +31,7 @@ from ddptop.core.model.events import (
 )
 from ddptop.core.model.run_meta import Thresholds
 from ddptop.core.run import journal
-from ddptop.core.run.launcher import torchrun_shape
+from ddptop.core.run.launcher import launch_options
 from ddptop.core.run.pipeline import Pipeline
 from ddptop.core.run.profiles import ProfileError, in_effect, load_all
 from ddptop.core.run.run_session import Session
@@ -212,7 +212,7 @@ def _applied(run_dir: Path, meta) -> set[str]:
     leaves nothing to change (``in_effect``): not suggested again."""
     try:
         return set(meta.profiles or ()) | in_effect(load_all(), meta.env_set, run_dir,
-                                                    torchrun_shape(meta.command, meta.env_set))
+                                                    launch_options(meta.command, meta.env_set))
     except (ProfileError, OSError):  # (a profile file broken since: the named ones)
         return set(meta.profiles or ())
 
