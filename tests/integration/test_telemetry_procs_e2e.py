@@ -73,7 +73,12 @@ def four_gpus(host, name="NVIDIA H100 80GB HBM3"):
 def start_rank(env):
     """A rank process with exactly this environment (psutil reads it from /proc/PID/environ)."""
     keep = {k: os.environ[k] for k in ("PATH", "HOME", "LD_LIBRARY_PATH") if k in os.environ}
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env={**keep, **env})
+    argv = [sys.executable, "-c", "import time; time.sleep(120)"]
+    p = subprocess.Popen(argv, env={**keep, **env})
+    # (a child just forked has this process's environment until it has exec'd: under load, read too soon, it
+    # was another rank's)
+    wait_for(lambda: psutil.Process(p.pid).cmdline()[1:] == argv[1:], timeout=30, what="the rank's exec")
+    return p
 
 
 # (environment, LOCAL_RANK) -> the GPU (NVML index) the rank uses
