@@ -16,13 +16,14 @@ def format_text(ev: Event) -> str | None:
     separated), or None (telemetry, progress, a progress bar's redraw: the
     journal and --json keep them)."""
     if isinstance(ev, LogBatch):
-        texts = ev.done  # a progress bar's redraw is left out: the completed line follows
-        if not texts:
+        text = ev.done_text()  # (a progress bar's redraw is left out: the completed line follows)
+        if text is None:
             return None
         prefix = "[torchrun] " if ev.rank is None else f"[r{ev.rank}] "
         if ev.stream == "stderr":
             prefix = prefix[:-2] + "!] "
-        return prefix + ("\n" + prefix).join(texts)
+        # (the lines as one text, prefixed in one pass: no str a line)
+        return prefix + text.replace("\n", "\n" + prefix)
     said = describe(ev)
     if said is None:
         return None
@@ -89,7 +90,8 @@ def run_headless(session: JobSession, *, json_mode: bool, out: TextIO | None = N
             else:
                 lines = [s for s in map(format_text, batch) if s is not None]
                 if lines:
-                    write("\n".join(lines) + "\n")
+                    write("\n".join(lines) if len(lines) > 1 else lines[0])
+                    write("\n")
             out.flush()
     except KeyboardInterrupt:
         return 130

@@ -176,3 +176,29 @@ def test_every_kind_read_back_is_the_event_its_constructor_makes():
     assert isinstance(r, RasEvent) and r.behind == {3: "x"}
     with pytest.raises(BadEvent, match="without a time"):
         from_dict({"kind": "gpu", "index": 1})
+
+
+def test_a_batch_of_one_kept_text_reads_as_its_lines_everywhere(tmp_path):
+    """A batch made from a read that kept its lines as one text (never split by the headless printer) gives the
+    same lines, offsets, dict, --json, pickle and printed text as one made from the lines themselves."""
+    import pickle
+
+    from ddptop.core.sources.log_tailer import Chunk
+
+    f = tmp_path / "x.log"
+    f.write_bytes(b"a 1\ncaf\xc3\xa9 \xff\nlast\n")
+    c = Tailer(f).read_chunk()
+    assert c.kept_whole
+    lazy = LogBatch.of_chunk(5.0, 1, "stdout", 0, "logs/x.log", c, node="n1")
+    text = lazy.done_text()
+    assert c.kept_whole and text == "a 1\ncaf\u00e9 \ufffd\nlast"  # (given without splitting)
+    assert format_text(lazy) == "[r1] a 1\n[r1] caf\u00e9 \ufffd\n[r1] last"
+    back = pickle.loads(pickle.dumps(lazy))  # (what a reading process sends the TUI)
+    eager = LogBatch.of_chunk(5.0, 1, "stdout", 0, "logs/x.log", Chunk(c.offsets, c.texts), node="n1")
+    for b in (back, lazy, eager):
+        assert b.texts == ["a 1", "caf\u00e9 \ufffd", "last"] and b.offsets == [0, 4, 12] and len(b) == 3
+        assert b.to_dict() == eager.to_dict() and b.json_lines() == eager.json_lines()
+        assert [ln.text for ln in b.lines()] == b.texts and b.done_text() == text and format_text(b) == format_text(eager)
+    assert LogBatch.of_chunk(5.0, 1, "stdout", 0, "p", Chunk([0], ["10%"], (), True)).done_text() is None
+    with pytest.raises(AttributeError):
+        lazy.nothing  # noqa: B018 - (only its lines are made on first read)

@@ -130,3 +130,47 @@ def test_any_bytes_in_any_chunks_never_crash_and_lose_no_short_line(tmp_path_fac
         segs = [s for s in b.split(b"\r") if s]
         return (segs[-1] if segs else b"").decode("utf-8", "replace")
     assert texts(got) == [shown(b) for b in expected]
+
+
+def test_a_read_of_whole_short_lines_keeps_one_text_split_only_when_asked(tmp_path):
+    """The common read (whole lines, none long, no \\r) keeps the text it decoded as one (a printer uses it as
+    it is); asked for, its lines and their byte offsets are those of the file, invalid UTF-8 replaced."""
+    p = tmp_path / "log"
+    raw = b"step 1 ok\n" + "caf\u00e9 \u2192 2\n".encode() + b"bad \xff\xfe end\n" + b"\n" + b"last\n"
+    write(p, raw + b"unended")
+    c = Tailer(p).read_chunk()
+    assert c.kept_whole and len(c) == 5
+    assert c.body == raw[:-1].decode("utf-8", "replace")
+    assert c.texts == raw.decode("utf-8", "replace").split("\n")[:-1] and not c.kept_whole
+    assert [raw[o:].split(b"\n", 1)[0].decode("utf-8", "replace") for o in c.offsets] == c.texts
+    assert c.partial == () and not c.transient
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([b"a", b"\xc3\xa9", b"\xff", b" "]), max_size=9).map(b"".join), max_size=12),
+       st.lists(st.integers(1, 40), min_size=1, max_size=6))
+def test_every_line_keeps_its_offset_and_a_long_one_is_cut_at_any_read_size(tmp_path_factory, lines, sizes):
+    """Lines around max_line (6 bytes) read in reads of any size: each line once, at its byte offset, cut and
+    marked partial exactly when longer than max_line, whether its read kept one text or made lines."""
+    p = tmp_path_factory.mktemp("prop") / "log"
+    data = b"".join(ln + b"\n" for ln in lines)
+    write(p, data, "wb")
+    t = Tailer(p, max_line=6)
+    got = []
+    i = 0
+    while True:
+        c = t.read_chunk(sizes[i % len(sizes)])
+        i += 1
+        if not c and t.at_eof():
+            break
+        got += c.lines()
+    want, off = [], 0
+    for ln in lines:
+        want.append((off, len(ln) > 6))
+        off += len(ln) + 1
+    assert [(ln.offset, ln.partial) for ln in got] == want
+    for ln, raw in zip(got, lines):
+        if not ln.partial:
+            assert ln.text == raw.decode("utf-8", "replace")
+        else:  # (cut to 6 bytes, or up to 3 fewer: never inside a UTF-8 sequence)
+            assert ln.text in {raw[:k].decode("utf-8", "replace") for k in range(3, 7)}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol
 
 from ddptop.core.model.evidence import FoldedAlarm, StackGroup, Where
 
@@ -126,6 +126,25 @@ class LogEvent(Event):
         )
 
 
+class LineChunk(Protocol):
+    """What a log reader's read gives (``log_tailer.Chunk``): its lines as lists, or kept as one text."""
+
+    partial: tuple[int, ...]
+    transient: bool
+
+    @property
+    def offsets(self) -> list[int]: ...
+
+    @property
+    def texts(self) -> list[str]: ...
+
+    @property
+    def body(self) -> str: ...
+
+    @property
+    def kept_whole(self) -> bool: ...
+
+
 @dataclass(frozen=True)
 class LogBatch(Event):
     """The lines of one read of one log file: the form log output travels in
@@ -163,6 +182,40 @@ class LogBatch(Event):
         return ev
 
     @classmethod
+    def of_chunk(cls, t, rank, stream, attempt, path, chunk: LineChunk, node="") -> "LogBatch":
+        """The lines of one read (``log_tailer.Chunk``): lines the read kept as one text stay so until
+        ``texts`` or ``offsets`` is first read."""
+        ev = _new(cls)
+        d = {"t": t, "rank": rank, "stream": stream, "attempt": attempt, "path": path, "node": node,
+             "partial": chunk.partial, "transient": chunk.transient}
+        if chunk.kept_whole:
+            d["_chunk"] = chunk
+        else:
+            d["offsets"], d["texts"] = chunk.offsets, chunk.texts
+        _setattr(ev, "__dict__", d)
+        return ev
+
+    if not TYPE_CHECKING:
+        def __getattr__(self, name):
+            # (only for what the instance lacks: the lines of a batch made by of_chunk, until first read)
+            if name in ("texts", "offsets"):
+                d = self.__dict__
+                chunk = d.get("_chunk")
+                if chunk is not None:
+                    d["texts"], d["offsets"] = chunk.texts, chunk.offsets
+                    return d[name]
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def done_text(self) -> str | None:
+        """The texts of the ended lines joined by newlines, None when no line has ended (``done`` as one
+        text: a batch that keeps its lines as one text gives it without splitting it)."""
+        chunk = self.__dict__.get("_chunk")
+        if chunk is not None and not self.transient:
+            return chunk.body
+        done = self.done
+        return "\n".join(done) if done else None
+
+    @classmethod
     def of_line(cls, ev: LogEvent) -> "LogBatch":
         """A batch of one line (a ``log`` event from an older agent)."""
         return cls.fast(ev.t, ev.rank, ev.stream, ev.attempt, ev.path, (ev.offset,), (ev.text,),
@@ -190,10 +243,9 @@ class LogBatch(Event):
                 for i, (off, text) in enumerate(zip(self.offsets, self.texts))]
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"t": self.t, "kind": self.kind, **self.__dict__}
-        for k in ("offsets", "texts", "partial"):
-            d[k] = list(d[k])
-        return d
+        return {"t": self.t, "kind": self.kind, "rank": self.rank, "stream": self.stream, "attempt": self.attempt,
+                "path": self.path, "node": self.node, "offsets": list(self.offsets), "texts": list(self.texts),
+                "partial": list(self.partial), "transient": self.transient}
 
     def json_lines(self) -> str:
         """One ``log`` object a line, newline-separated (what ``--json`` prints;
@@ -213,6 +265,12 @@ class LogBatch(Event):
                 out[i] = (f"{head}{_enc(self.texts[i])}{mid}{self.offsets[i]},\"partial\":{p},\"transient\":{tr},"
                           f"\"node\":{_enc(self.node)}}}")
         return "\n".join(out)
+
+
+# (a batch made by of_chunk has no texts or offsets of its own until they are first read, by __getattr__:
+# no class-level default may answer for them; the constructor keeps its defaults)
+delattr(LogBatch, "texts")
+delattr(LogBatch, "offsets")
 
 
 @dataclass(frozen=True)

@@ -62,3 +62,23 @@ class Meta:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Meta":
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+class RankMap:
+    """Global rank of (attempt, local rank): as the ranks said, else node_rank * nproc + local."""
+
+    def __init__(self, node_rank: int | None = None, nproc_per_node: int | None = None):
+        self.node_rank = node_rank
+        self.nproc_per_node = nproc_per_node
+        self._seen: dict[tuple[int, int], int] = {}
+
+    def record(self, attempt: int, local_rank: int, rank: int) -> None:
+        self._seen[(attempt, local_rank)] = rank
+
+    def rank(self, attempt: int, local_rank: int) -> int:
+        r = self._seen.get((attempt, local_rank))
+        if r is not None:
+            return r
+        if self.node_rank is not None and self.nproc_per_node is not None:
+            return self.node_rank * self.nproc_per_node + local_rank
+        return local_rank

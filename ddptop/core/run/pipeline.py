@@ -15,8 +15,7 @@ plug in differs:
   which live in ``ddptop.core.sources`` (``stack_probe``, ``ras_probe``) with the rest of the background
   probes (a stack capture, the stack watch, telemetry).
 
-Also here, written once: ``RankMap`` (which global rank a local rank of an
-attempt is) and ``run_notify`` (the ``--notify-cmd`` reaction).
+Also here, written once: ``run_notify`` (the ``--notify-cmd`` reaction).
 """
 
 from __future__ import annotations
@@ -39,26 +38,6 @@ CRASH_SIGNATURES = frozenset({"child-failed", "rank-exit", "rank-signal"})
 # NCCL 2.26 to 2.29.1: asked at most this often (seconds) during a stall; queries, repeated, have
 # crashed those versions' RAS thread (NVIDIA/nccl#1669, #1718)
 FRAGILE_RAS_GAP = 120.0
-
-
-class RankMap:
-    """Global rank of (attempt, local rank): as the ranks said, else node_rank * nproc + local."""
-
-    def __init__(self, node_rank: int | None = None, nproc_per_node: int | None = None):
-        self.node_rank = node_rank
-        self.nproc_per_node = nproc_per_node
-        self._seen: dict[tuple[int, int], int] = {}
-
-    def record(self, attempt: int, local_rank: int, rank: int) -> None:
-        self._seen[(attempt, local_rank)] = rank
-
-    def rank(self, attempt: int, local_rank: int) -> int:
-        r = self._seen.get((attempt, local_rank))
-        if r is not None:
-            return r
-        if self.node_rank is not None and self.nproc_per_node is not None:
-            return self.node_rank * self.nproc_per_node + local_rank
-        return local_rank
 
 
 def run_notify(cmd: list[str], alarm: AlarmEvent, run_dir: str) -> NoteEvent | None:

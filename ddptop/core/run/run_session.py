@@ -13,6 +13,10 @@ damaged journal line (not JSON, not an object, a field of the wrong type) is
 skipped with one note naming the file and line; a last line still being
 written waits for its end; kinds and fields this ddptop does not know are
 ignored.
+
+The launcher and the profiles are imported when a launch or a relaunch asks
+for them: a person reading a run (a replay, the TUI's first frame) does not
+wait for them to load.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from ddptop.core.model.events import (
     UnknownKind,
     from_json,
 )
+from ddptop.core.model.run_meta import RankMap
 from ddptop.core.model.session_protocol import (
     CommandResult,
     Control,
@@ -45,9 +50,6 @@ from ddptop.core.model.session_protocol import (
     LocalRun,
 )
 from ddptop.core.run import journal
-from ddptop.core.run.launcher import launch
-from ddptop.core.run.pipeline import RankMap
-from ddptop.core.run.profiles import resolve
 from ddptop.core.sources.log_tailer import EMPTY, Tailer, read_share
 from ddptop.core.sources.log_wake import FileWaker
 
@@ -144,6 +146,7 @@ class Session:
 
     @classmethod
     def launch(cls, user_command: list[str], run_dir: Path | None = None, **options) -> "Session":
+        from ddptop.core.run.launcher import launch  # (a reader of a run never launches: see the module's doc)
 
         return cls(launch(user_command, run_dir, **options))
 
@@ -206,6 +209,7 @@ class Session:
 
     def relaunch(self, profiles: list[str], reason: str = "asked for") -> CommandResult:
         """Stop the job completely and start it again with these profiles."""
+        from ddptop.core.run.profiles import resolve
 
         resolve(profiles)  # unknown names fail here, with the list of known ones
         if self._final is not None or not self.is_live:
@@ -354,29 +358,29 @@ class Session:
         beats = self._read_beats(now, changed)
         read_any = read_any or bool(beats)
         out.extend(beats)
-        batch = LogBatch.fast
+        batch = LogBatch.of_chunk
         per_file = read_share(max_bytes, len(self._logs) + 1)
         c = self._torchrun.read_chunk(per_file) if _due(self._torchrun_path, self._torchrun, changed) else EMPTY
-        if c.texts:
+        if c:
             read_any = True
-            out.append(batch(now, None, "torchrun", 0, run_dirs.TORCHRUN_LOG, *c))
+            out.append(batch(now, None, "torchrun", 0, run_dirs.TORCHRUN_LOG, c))
         # (left(): what the read's own look at the file's size said; a write since then brings a file event)
         drained = not self._torchrun.left()
         for path, (tailer, attempt, local_rank, stream, rel) in self._logs.items():
             if not _due(path, tailer, changed):
                 continue
             c = tailer.read_chunk(per_file)
-            if c.texts:
+            if c:
                 read_any = True
-                out.append(batch(now, self._rank_for(attempt, local_rank), stream, attempt, rel, *c))
+                out.append(batch(now, self._rank_for(attempt, local_rank), stream, attempt, rel, c))
             if tailer.left():
                 drained = False
         self._backlog = not drained or self._events.left()
         if self._final is not None and drained:
             for tailer, attempt, local_rank, stream, rel in self._logs.values():
                 c = tailer.flush_chunk()
-                if c.texts:
-                    out.append(batch(now, self._rank_for(attempt, local_rank), stream, attempt, rel, *c))
+                if c:
+                    out.append(batch(now, self._rank_for(attempt, local_rank), stream, attempt, rel, c))
             out.append(self._final)
             self.finished = True
         if self._waker is not None:

@@ -4,6 +4,10 @@
 machine into a session; ``open_target`` adds the remote forms (``HOST[:RUN]``,
 several hosts as one job).  The CLI, the UI and the agent use them; the
 session implementations never import this module (only the protocol).
+
+Each kind of session is imported when one is opened: a person reading a run
+(``ddptop attach RUN``: a replay, the TUI's first frame) does not wait for
+the pid, ssh, cluster and pod sessions to load.
 """
 
 from __future__ import annotations
@@ -16,22 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddptop.core.model import run_dirs
-from ddptop.core.model.session_protocol import JobSession, PodLogs
+from ddptop.core.model.session_protocol import JobSession
 from ddptop.core.run import journal
-from ddptop.core.run.launcher import LaunchError
 from ddptop.core.run.run_session import Session
-from ddptop.core.sessions import k8s_pods as k8s
-from ddptop.core.sessions.cross_node import MultiSession
-from ddptop.core.sessions.pid import ForeignSession
-from ddptop.core.sessions.pid_target import ForeignError, resolve_pid
-from ddptop.core.sessions.pod_logs import PodLogsSession
-from ddptop.core.sessions.ssh import RemoteSession, parse_target
-from ddptop.core.sessions.transports import Kubectl, Srun, check_host
-from ddptop.core.sources.proc_torchrun import (
-    describe,
-    find_torchruns,
-    launched_by_ddptop,
-)
 
 # -- opening one ---------------------------------------------------------------
 
@@ -62,6 +53,9 @@ class Opened:
 
 
 def _local_pid(pid: int, options: WatchOptions, resume: dict[str, int] | None) -> Opened:
+    from ddptop.core.sessions.pid import ForeignSession
+    from ddptop.core.sessions.pid_target import ForeignError, resolve_pid
+    from ddptop.core.sources.proc_torchrun import launched_by_ddptop
 
     try:
         target = resolve_pid(pid)
@@ -88,6 +82,7 @@ def open_launch(cmd: list[str], run_dir: str | None = None, **launch_options: ob
     """A job ddptop launches now (``torchrun ...``): its supervisor started, its
     run journal opened.  ``launch_options``: those of ``Session.launch``
     (gpu, profiles, on_stall ...)."""
+    from ddptop.core.run.launcher import LaunchError
 
     try:
         return Opened(Session.launch(cmd, Path(run_dir) if run_dir else None, **launch_options))
@@ -116,6 +111,7 @@ def open_local(ref: str = "", *, pid: int | None = None, options: WatchOptions =
     except run_dirs.JournalError:
         newest = None
     if newest is None or journal.run_state(newest).final:
+        from ddptop.core.sources.proc_torchrun import describe, find_torchruns
 
         found = find_torchruns()
         if len(found) == 1:
@@ -239,6 +235,9 @@ def enough_files(nodes: int) -> str | None:
 
 
 def _remote(targets: list[str], req: AttachRequest) -> Opened:
+    from ddptop.core.sessions.cross_node import MultiSession
+    from ddptop.core.sessions.ssh import RemoteSession, parse_target
+    from ddptop.core.sessions.transports import Srun, check_host
 
     short = enough_files(len(targets) + len(req.slurm_hosts))
     sessions = []
@@ -277,6 +276,12 @@ def _remote(targets: list[str], req: AttachRequest) -> Opened:
 
 def _pods(req: AttachRequest) -> Opened:
     """The pods of a training job on Kubernetes, each a node, through ``kubectl exec``."""
+    from ddptop.core.model.session_protocol import PodLogs
+    from ddptop.core.sessions import k8s_pods as k8s
+    from ddptop.core.sessions.cross_node import MultiSession
+    from ddptop.core.sessions.pod_logs import PodLogsSession
+    from ddptop.core.sessions.ssh import RemoteSession
+    from ddptop.core.sessions.transports import Kubectl
 
     k = req.k8s
     assert k is not None

@@ -59,7 +59,7 @@ from ddptop.core.model.events import (
     RankEvent,
     StateEvent,
 )
-from ddptop.core.model.run_meta import Meta
+from ddptop.core.model.run_meta import Meta, RankMap
 from ddptop.core.model.session_protocol import (
     AttachedPid,
     CommandResult,
@@ -67,7 +67,7 @@ from ddptop.core.model.session_protocol import (
     ExitStatus,
 )
 from ddptop.core.run import journal
-from ddptop.core.run.pipeline import Pipeline, RankMap
+from ddptop.core.run.pipeline import Pipeline
 from ddptop.core.run.profiles import ProfileError, in_effect, load_all
 from ddptop.core.sessions.pid_target import (
     ForeignError,
@@ -551,7 +551,7 @@ class ForeignSession:
 
     def _read(self, now: float, max_bytes: int, drain: bool) -> list[Event]:
         out: list[Event] = []
-        batch = LogBatch.fast
+        batch = LogBatch.of_chunk
         per_file = read_share(max_bytes, len(self._sources))
         for src in self._sources.values():
             rank, stream = src.label()
@@ -559,16 +559,16 @@ class ForeignSession:
             while True:
                 before = t.pos
                 c = t.read_chunk(per_file)
-                if c.texts:
-                    out.append(batch(now, rank, stream, src.attempt, t.path, *c))
+                if c:
+                    out.append(batch(now, rank, stream, src.attempt, t.path, c))
                 # draining (the job ended): on to the end of the file, through reads that give no
                 # line (the rest of an over-long one being skipped)
                 if not drain or t.pos == before or t.at_eof():
                     break
             if drain:
                 c = t.flush_chunk()
-                if c.texts:
-                    out.append(batch(now, rank, stream, src.attempt, t.path, *c))
+                if c:
+                    out.append(batch(now, rank, stream, src.attempt, t.path, c))
         return out
 
     def _readable(self) -> set[int]:

@@ -32,17 +32,99 @@ class Line(NamedTuple):
     transient: bool = False  # unfinished line shown in place (\r update)
 
 
-class Chunk(NamedTuple):
+class Chunk:
     """The lines of one read, as parallel lists (no object per line).
 
     ``partial``: indices of lines cut because they were longer than max_line;
     ``transient``: the last line is an unfinished in-place (``\\r``) update.
+
+    A read of whole lines only, each short and without a ``\\r`` (the common
+    case: a log read at any pace, a finished run replayed), keeps them as the
+    one text it decoded (``body``) and makes the per-line lists (``texts``,
+    ``offsets``) the first time they are asked for: a reader that can use the
+    text as it is (the headless printer) never pays for a str and an int a line.
     """
 
-    offsets: list[int]
-    texts: list[str]
-    partial: tuple[int, ...] = ()
-    transient: bool = False
+    __slots__ = ("_offsets", "_texts", "partial", "transient", "_body", "_raw", "_first", "_start")
+
+    def __init__(self, offsets: list[int], texts: list[str], partial: tuple[int, ...] = (),
+                 transient: bool = False) -> None:
+        self._offsets: list[int] | None = offsets
+        self._texts: list[str] | None = texts
+        self.partial = partial
+        self.transient = transient
+        self._body: str | None = None
+        self._raw: bytes | None = None
+        self._first = self._start = 0
+
+    @classmethod
+    def whole(cls, first: int, start: int, body: str, raw: bytes | None) -> Chunk:
+        """Whole lines kept as one text: ``body``, the lines joined by newlines, decoded from ``raw`` (given
+        when it is not ASCII: offsets count bytes); the first line begins at byte ``first``, the bytes of
+        ``raw`` at ``start`` (later, when an earlier read dropped the overwritten updates of its ``\\r`` line)."""
+        c = cls.__new__(cls)
+        c._offsets = c._texts = None
+        c.partial, c.transient = (), False
+        c._body, c._raw, c._first, c._start = body, raw, first, start
+        return c
+
+    @property
+    def texts(self) -> list[str]:
+        if self._texts is None:
+            self._split()
+        assert self._texts is not None
+        return self._texts
+
+    @property
+    def offsets(self) -> list[int]:
+        if self._offsets is None:
+            self._split()
+        assert self._offsets is not None
+        return self._offsets
+
+    @property
+    def body(self) -> str:
+        """The texts joined by newlines (the one text itself when the read kept one)."""
+        return self._body if self._body is not None else "\n".join(self.texts)
+
+    @property
+    def kept_whole(self) -> bool:
+        """The lines are kept as one text (``body``), not yet split."""
+        return self._texts is None
+
+    def _split(self) -> None:
+        body = self._body
+        assert body is not None
+        texts = body.split("\n")
+        if self._raw is None:
+            lens = list(map(len, texts))  # (ASCII: a character is a byte)
+        else:
+            parts = self._raw.split(b"\n")
+            lens = list(map(len, parts))
+            if len(parts) != len(texts):  # (cannot happen: a replacement never swallows a newline)
+                texts = [p.decode("utf-8", "replace") for p in parts]
+        offsets = list(map(add, accumulate(lens, initial=self._start), count()))
+        offsets.pop()  # (the end of the last line)
+        offsets[0] = self._first
+        self._texts, self._offsets = texts, offsets
+
+    def __bool__(self) -> bool:
+        return self._texts is None or bool(self._texts)
+
+    def __len__(self) -> int:
+        return len(self.texts) if self._texts is not None or self._body is None else self._body.count("\n") + 1
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Chunk):
+            return NotImplemented
+        return (self.offsets, self.texts, self.partial, self.transient) == \
+            (other.offsets, other.texts, other.partial, other.transient)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Chunk(offsets={self.offsets!r}, texts={self.texts!r}, partial={self.partial!r}, " \
+               f"transient={self.transient!r})"
 
     def lines(self) -> list[Line]:
         cut = set(self.partial)
@@ -67,6 +149,19 @@ def _cut(b: bytes, limit: int) -> bytes:
     while end > 0 and (b[end] & 0xC0) == 0x80 and limit - end < 4:
         end -= 1
     return b[:end]
+
+
+def _short_lines(b: bytes, limit: int) -> bool:
+    """No line of ``b`` (lines joined by newlines) is longer than ``limit`` bytes: one look per ``limit``
+    bytes, not one per line (the last newline within ``limit`` bytes of a line's start ends every line
+    that starts before it)."""
+    pos, end = 0, len(b)
+    while end - pos > limit:
+        nl = b.rfind(b"\n", pos, pos + limit + 1)
+        if nl < 0:
+            return False
+        pos = nl + 1
+    return True
 
 
 def _last_cr_segment(b: bytes) -> bytes:
@@ -208,28 +303,14 @@ class Tailer:
         tail = data[last_nl + 1 :]
         body = data[:last_nl] if ended else b""
         slow: list[bytes] = []
-        if ended and b"\r" not in body:
-            # fast path (the common case): decode once, split once, lengths and
-            # offsets by C-level maps; no per-line Python code
-            if body.isascii():
-                texts = body.decode("ascii").split("\n")
-                lens = list(map(len, texts))
-            else:
-                parts = body.split(b"\n")
-                lens = list(map(len, parts))
-                if max(lens) <= max_line:
-                    texts = body.decode("utf-8", "replace").split("\n")
-                    if len(texts) != len(parts):  # (cannot happen: \n never comes from a replacement)
-                        texts = [p.decode("utf-8", "replace") for p in parts]
-                else:
-                    slow = parts
-            if not slow:
-                if max(lens) > max_line:
-                    slow = body.split(b"\n")
-                    texts = []
-                else:
-                    offsets = list(map(add, accumulate(lens, initial=start), count()))
-                    start = offsets.pop()  # the end of the last line, past its newline
+        kept: Chunk | None = None
+        if ended and b"\r" not in body and _short_lines(body, max_line):
+            # the common case: whole, short lines without \r, kept as the one text they decode to (split
+            # into lines when a reader asks for them); no per-line Python code
+            plain = body.isascii()
+            kept = Chunk.whole(self._origin, start, body.decode("ascii") if plain else _decode(body),
+                               None if plain else body)
+            start += len(body) + 1  # past the last line's newline
         elif ended:
             slow = body.split(b"\n")
         for raw in slow:
@@ -254,6 +335,8 @@ class Tailer:
         if tail:
             if len(tail) > max_line and b"\r" not in tail[-max_line:]:
                 # an endless line: emit its head once, skip the rest until newline
+                if kept is not None:
+                    offsets, texts, kept = kept.offsets, kept.texts, None
                 partial.append(len(texts))
                 offsets.append(self._origin)
                 texts.append(_decode(_cut(tail, max_line)))
@@ -267,6 +350,8 @@ class Tailer:
                     cut = tail.rstrip(b"\r").rfind(b"\r")
                     seg = _last_cr_segment(tail)
                     if seg and seg != self._last_transient:
+                        if kept is not None:
+                            offsets, texts, kept = kept.offsets, kept.texts, None
                         offsets.append(self._origin)
                         texts.append(_decode(_cut(seg, max_line)))
                         transient = True
@@ -276,6 +361,8 @@ class Tailer:
                         self.line_start += cut
                         tail = tail[cut:]
                 self._carry = tail
+        if kept is not None:
+            return kept
         if not texts:
             return EMPTY
         return Chunk(offsets, texts, tuple(partial), transient)
