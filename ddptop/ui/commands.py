@@ -2,6 +2,9 @@
 (relaunch, stack dump, fix, stop), with the dialogs they open.  A mixin of
 ``DdptopApp`` (``app.py``), which binds the keys (``BINDINGS``) and owns the
 state these read and change.
+
+The screens a key opens (dialogs, stacks, doctor, bench) and the profiles
+are imported when first opened: the first frame does not wait for them.
 """
 
 from __future__ import annotations
@@ -17,21 +20,10 @@ from textual.widgets import Input, Static
 
 from ddptop.core.analysis.job_state import culprits_of
 from ddptop.core.model.session_protocol import LocalRun, PodLogs
-from ddptop.core.run.profiles import ProfileError, load_all
 from ddptop.core.sources.log_tailer import read_back
-from ddptop.ui.dialogs import (
-    DEFAULT_CHOICE,
-    FixScreen,
-    HelpScreen,
-    ProfilePicker,
-    QuitScreen,
-    picker_choices,
-)
 from ddptop.ui.gpu_pane import GpuPane
 from ddptop.ui.header import env_markup
 from ddptop.ui.logview import LOG_MAX_LINES, RERENDER_LINES, Line
-from ddptop.ui.stacks_screen import StacksScreen
-from ddptop.ui.tool_screens import BenchScreen, DoctorScreen
 
 
 class FilterInput(Input):
@@ -147,8 +139,10 @@ class Commands:
         if self._relaunching is not None:
             self.notify(f"a relaunch ({self._relaunching}) is on its way", timeout=3)
             return
-        try:
+        from ddptop.core.run.profiles import ProfileError, load_all
+        from ddptop.ui.dialogs import ProfilePicker, picker_choices
 
+        try:
             profiles = load_all()
         except (ProfileError, OSError) as e:  # a broken or unreadable profiles file
             self.notify(f"could not read the profiles: {e}", severity="error")
@@ -162,6 +156,8 @@ class Commands:
         self.push_screen(ProfilePicker(choices, title), self._relaunch_chosen)
 
     def _relaunch_names(self, choice: str) -> list[str]:
+        from ddptop.ui.dialogs import DEFAULT_CHOICE
+
         if choice == DEFAULT_CHOICE:
             return []
         names = list(self.model.profiles)
@@ -203,6 +199,8 @@ class Commands:
             else:
                 self.notify("this run has no command to run again", severity="warning", timeout=6)
             return
+        from ddptop.ui.dialogs import FixScreen
+
         running = not self._job_ended()
         self.push_screen(FixScreen(running), lambda go: self._fix_chosen(go, running))
 
@@ -217,14 +215,17 @@ class Commands:
         self._stop_job("fix")
 
     def action_stacks_pane(self) -> None:
+        from ddptop.ui.stacks_screen import StacksScreen
 
         self.push_screen(StacksScreen(self.model.stacks))
 
     def action_doctor(self) -> None:
+        from ddptop.ui.tool_screens import DoctorScreen
 
         self.push_screen(DoctorScreen())
 
     def action_bench(self) -> None:
+        from ddptop.ui.tool_screens import BenchScreen
 
         self.push_screen(BenchScreen())
 
@@ -349,6 +350,8 @@ class Commands:
             log.scroll_home(animate=False)
 
     def action_help(self) -> None:
+        from ddptop.ui.dialogs import HelpScreen
+
         self.push_screen(HelpScreen())
 
     def action_open_picker(self) -> None:
@@ -395,6 +398,8 @@ class Commands:
     def action_request_quit(self) -> None:
         if self._stopping:
             return
+        from ddptop.ui.dialogs import QuitScreen
+
         if isinstance(self.screen, QuitScreen):
             return
         if self.model.finished or self.session.finished:

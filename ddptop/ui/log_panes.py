@@ -4,7 +4,8 @@ with a line for progress bars under it.
 
 ``LogPanes`` owns the buffers and their widgets, the filter and the wrap
 setting.  Only the visible pane is written; a hidden one re-renders when it
-is shown.  The app decides *when* to write (``flush``: at most every
+is shown, and its widgets are made then, the first time it is shown (the
+first frame holds the shown pane's log only, however many tabs).  The app decides *when* to write (``flush``: at most every
 ``FLUSH_EVERY`` seconds while output floods in).
 """
 
@@ -42,7 +43,8 @@ class LogPanes:
     def __init__(self, app: App) -> None:
         self.app = app
         self.buffers: dict[str, PaneBuffer] = {"merged": PaneBuffer("merged", merged=True)}
-        self.views: dict[str, tuple[RichLog, Static]] = {}
+        self.views: dict[str, tuple[RichLog, Static]] = {}  # the panes whose widgets are made (shown once)
+        self.tabs: set[str] = {"merged"}  # the panes with a tab
         self.filter = ""
         self.wrap = True
         self.palette: list[str] = []  # rank prefix colours, from the theme
@@ -66,6 +68,19 @@ class LogPanes:
         live = Static("", classes="live", id=f"live-{key}")
         self.views[key] = (log, live)
         return [Vertical(log, live, classes="logview")]
+
+    def _open_view(self, key: str) -> tuple[RichLog, Static] | None:
+        """Pane ``key``'s widgets, made and mounted in its tab the first time it is shown; None when it has no
+        tab."""
+        view = self.view_of(key)
+        if view is not None or key not in self.tabs or (self.picking and key.startswith("r")):
+            return view
+        try:
+            tab = self.app.query_one(f"#pane-{key}", TabPane)
+        except (NoMatches, ScreenStackError):
+            return None
+        tab.mount(*self.make_view(key))
+        return self.views[key]
 
     @staticmethod
     def key_of(rank: int | None) -> str:
@@ -96,12 +111,14 @@ class LogPanes:
         return pane
 
     def _add_tab(self, key: str) -> None:
+        """A tab for pane ``key`` (its widgets come when it is first shown: ``_open_view``)."""
         title = "torchrun" if key == "torchrun" else f"rank {key[1:]}"
-        tp = TabPane(title, *self.make_view(key), id=f"pane-{key}")
+        tp = TabPane(title, id=f"pane-{key}")
+        self.tabs.add(key)
         order = self.order()
         tabs = self.app.query_one("#panes", TabbedContent)
         after = order[order.index(key) + 1:]
-        before = next((f"pane-{k}" for k in after if k in self.views and k != key and self.mounted(k)), None)
+        before = next((f"pane-{k}" for k in after if k in self.tabs and k != key and self.mounted(k)), None)
         if before is not None:
             tabs.add_pane(tp, before=before)
         else:
@@ -117,19 +134,20 @@ class LogPanes:
             self._start_picking()
             return
         for key in ranks:
-            if key not in self.views:
+            if key not in self.tabs:
                 self._add_tab(key)
 
     def _start_picking(self) -> None:
         """Too many ranks for a tab each: their tabs go, one tab shows the rank picked."""
         self.picking = True
         tabs = self.app.query_one("#panes", TabbedContent)
-        for key in [k for k in self.views if k.startswith("r")]:
+        for key in [k for k in self.tabs if k.startswith("r")]:
             tabs.remove_pane(f"pane-{key}")
-            del self.views[key]
+            self.tabs.discard(key)
+            self.views.pop(key, None)
         self.picked = min((k for k in self.buffers if k.startswith("r")), key=lambda k: int(k[1:]))
         tp = TabPane(self.title_of(self.picked), *self.make_view("pick"), id="pane-pick")
-        if "torchrun" in self.views and self.mounted("torchrun"):
+        if "torchrun" in self.tabs and self.mounted("torchrun"):
             tabs.add_pane(tp, before="pane-torchrun")
         else:
             tabs.add_pane(tp)
@@ -290,7 +308,7 @@ class LogPanes:
 
     def render(self, key: str, top: bool = False) -> None:
         pane = self.buffers.get(key)
-        view = self.view_of(key)
+        view = self._open_view(key)
         if pane is None or view is None:
             return
         log, live = view

@@ -41,7 +41,7 @@ def test_earlier_lines_come_back_from_the_journal(tmp_path, monkeypatch):
     async def go():
         app = make_app(Session.open(run), poll_interval=0.02)
         async with app.run_test(size=(160, 45)) as pilot:
-            await wait_until(pilot, lambda: "r1" in app.logs.views, timeout=60, what="rank 1's tab")
+            await wait_until(pilot, lambda: "r1" in app.logs.tabs, timeout=60, what="rank 1's tab")
             await pilot.press("1")  # rank 1's pane
             await wait_until(pilot, lambda: app.logs.active_key() == "r1", timeout=10, what="rank 1's pane shown")
             await wait_until(pilot, lambda: f"rank 1 line {LINES - 1} café" in text_of(app, "r1"), timeout=60,

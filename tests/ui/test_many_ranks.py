@@ -133,8 +133,12 @@ def test_8_ranks_show_every_line_until_z_folds_them(tmp_path):
             await wait_until(pilot, lambda: "[r0-7] epoch 3 step 120" in text_of(app, "merged"), what="folded")
             await pilot.press("z")
             await wait_until(pilot, lambda: "[r6] epoch 3 step 121" in text_of(app, "merged"), what="unfolded")
-            # 8 ranks: a tab each, as before
+            # 8 ranks: a tab each, as before; a rank's log is made when its tab is first shown, with its lines
             assert app.query_one("#panes", TabbedContent).tab_count == 9
+            assert len(app.query(RichLog)) == 1
+            await pilot.press("3")
+            await wait_until(pilot, lambda: "epoch 3 step 121 loss 0.003" in text_of(app, "r3"), what="rank 3's lines")
+            assert "[r" not in text_of(app, "r3") and len(app.query(RichLog)) == 2
 
     run_async(go())
 
