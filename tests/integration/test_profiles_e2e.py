@@ -75,6 +75,25 @@ def test_a_one_rank_jobs_alarms_suggest_nothing_its_shape_leaves_unchanged(tmp_p
     assert not {"p2p-off", "shm-off", "single-gpu"} & set(rep["root_cause"]["suggested_profiles"]), rep["root_cause"]
 
 
+def test_a_shape_told_by_torchruns_own_variables_is_journalled_for_the_post_mortem(tmp_path, runs_dir):
+    """A job whose shape only torchrun's PET_* variables give (a Kubeflow PyTorchJob's pod, a script that
+    exports them): the journal records them, and the post-mortem suggests what the live alarm did (two
+    ranks on a node: their transports can be turned off)."""
+    script = tmp_path / "fails.py"
+    script.write_text(ONE_RANK_ERRORS)
+    r = run_ddptop("--json", "torchrun", str(script), env=dict(os.environ, PET_NPROC_PER_NODE="2"))
+    assert r.returncode == 1, r.stderr[-2000:]
+    events = json_events(r.stdout)
+    assert {e["rank"] for e in events if e["kind"] == "log" and e["rank"] is not None} == {0, 1}
+    alarms = {e["id"]: e["suggested_profiles"] for e in events if e["kind"] == "alarm"}
+    assert "p2p-off" in alarms.get("nccl-system-error", []) and alarms.get("cuda-oom") == ["single-gpu"], alarms
+    meta = json.loads((only_run(runs_dir) / "meta.json").read_text())
+    assert meta["nproc_per_node"] == 2 and meta["torchrun_env"]["PET_NPROC_PER_NODE"] == "2", meta
+    rep = json.loads(run_ddptop("diagnose", "--json", str(only_run(runs_dir))).stdout)
+    root = rep["root_cause"]
+    assert root["suggested_profiles"] == alarms[root["signature"]], (root, alarms)
+
+
 def test_profiles_command_lists_and_bad_file_is_a_clear_error(tmp_path):
     r = run_ddptop("profiles")
     assert r.returncode == 0 and "p2p-off" in r.stdout and "NCCL_P2P_DISABLE=1" in r.stdout

@@ -23,6 +23,21 @@ def test_torchrun_args_pass_through_unchanged(tmp_path):
     assert plan.env_set.get("PYTHONUNBUFFERED") in ("1", None)
 
 
+def test_the_jobs_shape_comes_from_its_options_else_torchruns_own_variables(tmp_path, monkeypatch):
+    """A pod of a Kubeflow PyTorchJob gets its shape as PET_* variables, no options: node 1 of 2, 4 a node."""
+    for k in [k for k in __import__("os").environ if k.startswith("PET_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("PET_NNODES", "2")
+    monkeypatch.setenv("PET_NODE_RANK", "1")
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "4")
+    plan = plan_launch(["torchrun", EXAMPLE], tmp_path)
+    assert (plan.nproc_per_node, plan.node_rank) == (4, 1)
+    plan = plan_launch(["torchrun", "--nproc-per-node", "2", "--node-rank", "0", EXAMPLE], tmp_path)
+    assert (plan.nproc_per_node, plan.node_rank) == (2, 0)  # (the command's own options first)
+    monkeypatch.delenv("PET_NODE_RANK")
+    assert plan_launch(["torchrun", EXAMPLE], tmp_path).node_rank is None  # (2 nodes, which one not said)
+
+
 def test_owned_options_are_replaced_with_a_note(tmp_path):
     plan = plan_launch(["torchrun", "--tee", "3", "--log_dir=/elsewhere", EXAMPLE], tmp_path)
     assert "/elsewhere" not in plan.command and "--tee" not in plan.command

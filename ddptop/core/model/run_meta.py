@@ -55,9 +55,17 @@ class Meta:
     profiles: list | None = None  # names of the profiles applied, in order
     env_unset: list | None = None  # variables removed from the job's environment
     thresholds: dict | None = None  # the detector's thresholds the run was judged under (Thresholds.to_dict)
+    # torchrun's own variables (PET_*) in the job's environment at launch: its options where the command gives
+    # none (None: an earlier release's journal, which did not record them)
+    torchrun_env: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+    def launch_env(self) -> dict[str, str]:
+        """What the journal says of the job's environment: torchrun's PET_* variables, and what ddptop set
+        (read with the command by ``launcher.launch_options``)."""
+        return {**(self.torchrun_env or {}), **self.env_set}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Meta":

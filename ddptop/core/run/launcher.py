@@ -96,7 +96,8 @@ def parse_torchrun_args(args: list[str]) -> TorchrunArgs:
 
 def launch_options(command: list[str] | tuple[str, ...], env: Mapping[str, str]) -> TorchrunOptions | None:
     """A launch command's torchrun options (``parse_torchrun_options``: its own, else torchrun's ``PET_*``
-    variables in ``env``); None when it names no script (not a command it can read)."""
+    variables in ``env``; a finished run's: ``Meta.launch_env()``); None when it names no script (not a
+    command it can read)."""
     o = parse_torchrun_options(list(command[1:]), dict(env))
     return o if o.script else None
 
@@ -225,11 +226,27 @@ def plan_launch(user_command: list[str], run_dir: Path, cwd: str | None = None, 
     if inject:
         old = os.environ.get("PYTHONPATH")
         env_set["PYTHONPATH"] = INJECT_DIR + (os.pathsep + old if old else "")
-    nproc = _int_or_none(targs.values.get("--nproc-per-node"))
-    node_rank = _int_or_none(targs.values.get("--node-rank"))
-    if node_rank is None and _int_or_none(targs.values.get("--nnodes")) in (None, 1):
+    # the job's shape: its options, else torchrun's PET_* variables in the environment it gets (a Kubeflow
+    # PyTorchJob's pod, a script that exports them)
+    shape = parse_torchrun_options(command[1:], job_environment(env_set, env_unset))
+    nproc = _int_or_none(shape.nproc_per_node)
+    node_rank = _int_or_none(shape.node_rank)
+    if node_rank is None and _int_or_none(shape.nnodes) in (None, 1):
         node_rank = 0
     return LaunchPlan(command, env_set, env_unset, log_dir, nproc, node_rank, notes)
+
+
+def job_environment(env_set: Mapping[str, str], env_unset: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
+    """The environment a launch's torchrun gets: this one, with what ddptop sets and unsets."""
+    env = {**os.environ, **env_set}
+    for k in env_unset:
+        env.pop(k, None)
+    return env
+
+
+def torchrun_variables(env: Mapping[str, str]) -> dict[str, str]:
+    """torchrun's own variables (``PET_*``: each of its options, where the command gives none) in ``env``."""
+    return {k: v for k, v in env.items() if k.startswith("PET_")}
 
 
 def launch(user_command: list[str], run_dir: Path | None = None, *, gpu: str = "auto",
@@ -256,6 +273,7 @@ def launch(user_command: list[str], run_dir: Path | None = None, *, gpu: str = "
         command=shown_command,  # secret-named options' values masked
         user_command=shown_user,
         env_set=mask_env(plan.env_set),  # secrets never reach the journal in clear
+        torchrun_env=mask_env(torchrun_variables(job_environment(plan.env_set, plan.env_unset))),
         cwd=os.getcwd(),
         host=journal.hostname(),
         started=time.time(),

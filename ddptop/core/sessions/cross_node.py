@@ -81,7 +81,7 @@ class MultiSession:
             meta = s.meta
             if meta is None:
                 return set()
-            here = in_effect(profiles, meta.env_set, None, launch_options(meta.command, meta.env_set))
+            here = in_effect(profiles, meta.env_set, None, launch_options(meta.command, meta.launch_env()))
             out = here if out is None else out & here
         return out or set()
 

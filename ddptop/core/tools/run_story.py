@@ -212,7 +212,7 @@ def _applied(run_dir: Path, meta) -> set[str]:
     leaves nothing to change (``in_effect``): not suggested again."""
     try:
         return set(meta.profiles or ()) | in_effect(load_all(), meta.env_set, run_dir,
-                                                    launch_options(meta.command, meta.env_set))
+                                                    launch_options(meta.command, meta.launch_env()))
     except (ProfileError, OSError):  # (a profile file broken since: the named ones)
         return set(meta.profiles or ())
 
