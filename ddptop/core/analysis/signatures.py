@@ -66,6 +66,15 @@ _ROOT_BLOCK = re.compile(r"Root Cause \(first observed failure\)")
 _TB_FRAME = re.compile(r'^File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
 _BARE_EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception))$")
 _LIBRARY_PATH = re.compile(r"[/\\](?:site|dist)-packages[/\\]|[/\\]lib(?:64)?[/\\]python\d|^<frozen ")
+# PyTorch's flight recorder at a watchdog timeout (torch 2.5+, on by default since 2.6): the failed collective's
+# Python stack as it was enqueued, one frame a line, innermost first, the lines after the first without a record's
+# head (ProcessGroupNCCL.cpp's printTraceback, FlightRecorder.cpp's getTraceback):
+#   [rank3]:[E710 18:00:32.427312432 ProcessGroupNCCL.cpp:801] Stack trace of the failed collective:
+#   #0 all_reduce from /usr/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py:3174
+#   #2 train_step from /home/me/train.py:88
+_FR_STACK = re.compile(r"Stack trace of the failed collective:\s*$")
+_FR_FRAME = re.compile(r"^#\d+ (?P<fn>\S+) from (?P<file>.+):(?P<line>\d+)$")
+_TORCH_DISTRIBUTED = re.compile(r"[/\\]torch[/\\]distributed[/\\]")
 # an error line no signature knows: error words, and none of a warning's, an INFO line's or a healthy run's
 _ERROR_WORDS = re.compile(r"\b(?:error|ERROR|Error|FATAL|Fatal|fatal|CRITICAL|failed|Failed|FAILED|failure|Failure|"
                           r"cannot|Cannot|can't|Can't|could not|Could not|unable to|Unable to|"
@@ -162,9 +171,11 @@ class Explained:
 class Detail:
     """What a finding knows beyond its words, typed.  ``matched``: the named
     groups of its signature's pattern, as the line said them (``seq``, ``op``,
-    ``rank_a``, ...).  Mutable in two places only: the matcher marks an
-    unknown error line ``superseded_by`` the exception that explains it, and
-    the analyzer marks a finding ``recovered`` when its rank trains on."""
+    ``rank_a``, ...).  Mutable in three places only: the matcher marks an
+    unknown error line ``superseded_by`` the exception that explains it and
+    gives a rank's watchdog timeouts the ``where`` of the failed collective's
+    stack that follows them, and the analyzer marks a finding ``recovered``
+    when its rank trains on."""
 
     exit_code: int | None = None
     signal: str = ""  # SIGSEGV, SIGKILL, ...
@@ -175,7 +186,9 @@ class Detail:
     derived: bool = False  # said by several ranks' lines together (failure_ranking.across_ranks)
     odd: tuple[int, ...] = ()  # derived: the odd ranks out
     collectives: dict[int, str] = field(default_factory=dict)  # derived: each rank's collective
-    where: str = ""  # python-exception: the innermost frame of the user's own code, else the innermost
+    # python-exception: the innermost frame of the user's own code, else the innermost; nccl-watchdog-timeout:
+    # where the failed collective was called from (its stack, as PyTorch's flight recorder printed it)
+    where: str = ""
     type: str = ""  # python-exception: the exception's type
     unknown: bool = False  # an error line no signature knows
     explained_by: tuple[Explained, ...] = ()
@@ -240,6 +253,12 @@ class SignatureMatcher:
         self._unknown = 0  # unclassified errors found (at most _MAX_UNKNOWN)
         self._recent_unknown: dict[int | None, list[Finding]] = {}  # per rank, its last unknown error lines
         self._report: dict[int | None, tuple[str, float]] = {}  # per rank, the source and second of its last known error
+        # per rank, its watchdog timeouts whose failed collective's stack (the flight recorder's) may follow, and
+        # where that stack was called from once read; the rank whose stack is being read, and whether the place
+        # found is in the person's own code
+        self._timeouts: dict[int | None, list[Finding]] = {}
+        self._callsite: dict[int | None, str] = {}
+        self._fr_rank: tuple[int | None, bool] | None = None
 
     def feed(self, text: str, rank: int | None, line: int | None = None, source: str = "",
              on_error: Callable[[Exception], None] | None = None, node: str = "") -> list[Finding]:
@@ -253,6 +272,28 @@ class SignatureMatcher:
             if on_error is not None:
                 on_error(e)
             return []
+
+    def _fr_frame(self, t: str, rank: int | None) -> bool:
+        """A frame of the failed collective's stack that the flight recorder is printing (the rank's own line,
+        or one without a rank: the record's next lines have no prefix): where the collective was called from
+        goes to the rank's watchdog timeouts, the innermost frame of the person's own code, else the innermost
+        outside torch.distributed.  False: the stack has ended."""
+        assert self._fr_rank is not None
+        who, own = self._fr_rank
+        fm = _FR_FRAME.match(t.strip()) if rank is None or rank == who else None
+        if fm is None:
+            return False
+        path = fm.group("file")
+        if own or _TORCH_DISTRIBUTED.search(path):
+            return True
+        mine = not _LIBRARY_PATH.search(path)
+        if mine or who not in self._callsite:
+            where = f"{path.replace(chr(92), '/').rsplit('/', 1)[-1]}:{fm.group('line')} in {fm.group('fn')}"
+            self._callsite[who] = where
+            for f in self._timeouts.get(who, ()):
+                f.detail.where = where
+            self._fr_rank = (who, mine)
+        return True
 
     def _feed(self, text, rank, line, source, node=""):
         self._seen += 1
@@ -268,6 +309,15 @@ class SignatureMatcher:
             rank = self._spawn_rank  # (the traceback torch.multiprocessing.spawn prints for a failed process)
         t = clean(text)[:8192]
         out: list[Finding] = []
+        if self._fr_rank is not None:
+            if self._fr_frame(t, rank):
+                return out
+            self._fr_rank = None
+        if "Stack trace of the failed collective" in t:
+            # (the flight recorder's report of the failed collective, or that it has none: no error of its own)
+            if _FR_STACK.search(t):
+                self._fr_rank = (rank, False)
+            return out
         if "_ranks=" in t or "global_rank_mapping=" in t:
             self.mapping.learn(t, node)  # (which local rank is which global one, as the launcher says)
         if "NCCL WARN" in t:
@@ -412,6 +462,10 @@ class SignatureMatcher:
                 f = Finding(sig.id, rank, line, t.strip(), sig.explanation, sig.profiles, level, source, detail)
                 if sig.id in EXPLAINED_BY_WARNINGS:
                     f = self._explained(f, t, m.start())
+                if sig.id == "nccl-watchdog-timeout":
+                    f.detail.where = self._callsite.get(rank, "")  # (its stack, read with an earlier timeout line)
+                    self._timeouts.setdefault(rank, []).append(f)
+                    del self._timeouts[rank][:-8]
                 out.append(f)
         s = t.strip()
         fm = _TB_FRAME.match(s)
