@@ -94,3 +94,49 @@ def test_a_watchdog_timeout_says_where_its_failed_collective_was_called_from(tmp
     rc, findings = root(off)
     assert rc["signature"] == "nccl-watchdog-timeout" and "where" not in rc["detail"]
     assert not any(f["signature"] == "unclassified-error" for f in findings), findings
+
+
+# a console without rank prefixes (torchrun before 2.3, or its output captured by a scheduler): one traceback, then
+# torchrun's failure report, in its documented form (torch.distributed.elastic's ChildFailedError summary)
+UNPREFIXED = """\
+Traceback (most recent call last):
+  File "/workspace/train.py", line 12, in <module>
+    from flash_attn import flash_attn_func
+ImportError: /usr/lib/python3/dist-packages/flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDeviceEi
+ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 2 (pid: 311) of binary: /usr/bin/python
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2024-01-10_12:00:01
+  host      : box
+  rank      : 2 (local_rank: 2)
+  exitcode  : 1 (pid: 311)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_an_error_whose_lines_name_no_rank_is_the_rank_the_launcher_saw_fail_first(tmp_path, capsys):
+    """The one rank torchrun's report says failed first is the rank of an error whose own lines name none (said so);
+    without such a report the rank stays unknown."""
+    import json
+
+    from ddptop.core.tools import diagnose as dg
+
+    log = tmp_path / "console.txt"
+    log.write_text(UNPREFIXED)
+    dg.main([str(log)], json_mode=True)
+    rc = json.loads(capsys.readouterr().out)["root_cause"]
+    assert rc["signature"] == "python-exception" and "undefined symbol" in rc["text"] and rc["rank"] == 2, rc
+    assert "the launcher's report says rank 2 failed first" in rc["explanation"]
+    log.write_text(UNPREFIXED.split("ERROR:torch")[0])
+    dg.main([str(log)], json_mode=True)
+    rc = json.loads(capsys.readouterr().out)["root_cause"]
+    assert rc["signature"] == "python-exception" and rc["rank"] is None, rc

@@ -540,6 +540,13 @@ def build_report(an: Analyzer, flights: list[dict] | None = None, ras_answers: l
     hang = _hang(story, an, rc) if story is not None else None
     root_time = (an.stamped_at.get(rc, an.read_at.get(rc) if story else None) if rc is not None else None)
     root_node = (an.node_of.get(rc) or None) if rc is not None else None
+    first = {f.rank for f in an.findings if f.detail.root and f.detail.summary and f.rank is not None}
+    if rc is not None and rc.rank is None and len(first) == 1 and rc.level < CONSEQUENCE:
+        # an error whose lines name no rank (a console without rank prefixes), where the launcher's report names
+        # the one rank that failed first: that rank's, said so
+        r = first.pop()
+        rc = dataclasses.replace(rc, rank=r, explanation=f"{rc.explanation} (Its lines name no rank; the "
+                                 f"launcher's report says rank {r} failed first.)")
     if rc is not None and story is not None and set(rc.suggested_profiles) & story.applied:
         # (as the live alarm says it: no profile the run already had, or that its shape leaves nothing to change)
         rc = dataclasses.replace(rc, suggested_profiles=tuple(p for p in rc.suggested_profiles if p not in story.applied))
