@@ -199,6 +199,7 @@ def test_a_batch_of_one_kept_text_reads_as_its_lines_everywhere(tmp_path):
         assert b.texts == ["a 1", "caf\u00e9 \ufffd", "last"] and b.offsets == [0, 4, 12] and len(b) == 3
         assert b.to_dict() == eager.to_dict() and b.json_lines() == eager.json_lines()
         assert [ln.text for ln in b.lines()] == b.texts and b.done_text() == text and format_text(b) == format_text(eager)
+    assert "_chunk" not in vars(lazy)  # (split once read: a pickled batch carries its lines in one form)
     assert LogBatch.of_chunk(5.0, 1, "stdout", 0, "p", Chunk([0], ["10%"], (), True)).done_text() is None
     with pytest.raises(AttributeError):
         lazy.nothing  # noqa: B018 - (only its lines are made on first read)

@@ -200,7 +200,7 @@ class LogBatch(Event):
             # (only for what the instance lacks: the lines of a batch made by of_chunk, until first read)
             if name in ("texts", "offsets"):
                 d = self.__dict__
-                chunk = d.get("_chunk")
+                chunk = d.pop("_chunk", None)  # (split, the lines are kept once: a pickled batch carries one form)
                 if chunk is not None:
                     d["texts"], d["offsets"] = chunk.texts, chunk.offsets
                     return d[name]
