@@ -142,6 +142,9 @@ REAL_MORE = [
     ("nccl-no-algorithm", "dc:255756:255756 [3] enqueue.cc:1182 NCCL WARN Error : no algorithm/protocol available"),
     ("nccl-no-algorithm", "[rank238]: Error : no algorithm/protocol available for function AllGather with datatype "
                           "ncclInt8."),
+    # NCCL's bootstrap.cc (WARN "Bootstrap : no socket interface found"), as a public cluster guide quotes a vLLM
+    # tensor-parallel job's failure on one node with a hard-coded NCCL_SOCKET_IFNAME
+    ("nccl-no-interface", "NCCL WARN Bootstrap : no socket interface found"),
     ("collective-progress", "[rank0]:[E1120 10:13:51.42 ProcessGroupNCCL.cpp:1834] [PG ID 0 PG GUID 0(default_pg) Rank 0] "
                             "failure detected by watchdog at work sequence id: 4412 PG status: last enqueued work: 4412, "
                             "last completed work: 4411"),
@@ -479,3 +482,26 @@ def test_the_live_alarm_and_diagnose_name_the_same_culprit_of_a_rank_killed_by_s
     crash = [a for a in alarms if a.type == "crash"]
     assert crash and crash[-1].culprits == (5,), [(a.id, a.culprits) for a in alarms]
     assert report(an)["culprits"] == [5]
+
+
+def test_no_interface_to_bootstrap_on_is_the_cause_of_the_internal_error_after_it():
+    """NCCL's bootstrap finding no interface (NCCL_SOCKET_IFNAME naming none that is up) is the cause of the
+    "internal error" PyTorch then raises; NET/Socket's own "no interface found", which a job on InfiniBand may
+    print and go on, is not that cause."""
+    m = SignatureMatcher()
+    lines = ["node1:2310:2310 [0] NCCL INFO Bootstrap : Using eth9",
+             "node1:2310:2310 [0] NCCL WARN Bootstrap : no socket interface found",
+             "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1269, internal error, "
+             "NCCL version 2.18.1"]
+    found = [f for i, ln in enumerate(lines) for f in m.feed(ln, 0, i + 1)]
+    rc = root_cause(found)
+    assert rc is not None and rc.signature == "nccl-no-interface" and rc.line == 2, rc
+    m = SignatureMatcher()
+    lines = ["node1:1:1 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.0.0.1<0>",
+             "node1:1:1 [0] NCCL WARN NET/Socket : no interface found",
+             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."]
+    found = [f for i, ln in enumerate(lines) for f in m.feed(ln, 0, i + 1)]
+    assert "nccl-no-interface" not in {f.signature for f in found}
+    rc = root_cause(found)
+    assert rc is not None and rc.signature == "cuda-oom", rc
+

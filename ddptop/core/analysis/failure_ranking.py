@@ -34,7 +34,7 @@ _ENDINGS = frozenset({"rank-signal", "rank-exit"})
 _GENERIC_COMM = frozenset({"nccl-system-error", "nccl-internal-error", "nccl-cuda-error", "nccl-ib-error",
                            "nccl-invalid-usage"})
 _EXPLAINS_COMM = frozenset({"cuda-oom", "shm-exhausted", "scheduler-oom-kill", "nccl-ib-async-event",
-                            "nccl-no-algorithm", "nccl-duplicate-gpu", "cuda-ecc", "xid"})
+                            "nccl-no-algorithm", "nccl-no-interface", "nccl-duplicate-gpu", "cuda-ecc", "xid"})
 # NCCL errors after which PyTorch's watchdog aborts the process (a SIGABRT on every rank follows)
 ABORTING_ERRORS = COMM_ERRORS | {"nccl-remote-error", "nccl-invalid-usage"}
 

@@ -268,6 +268,14 @@ CATALOG: list[Signature] = [
        "NCCL found no algorithm and protocol for this collective: NCCL_ALGO or NCCL_PROTO (set in the job's "
        "environment) forces one this operation or topology cannot use (CollNet or NVLS without the hardware, "
        "Tree for an op it does not do). Unset them, or allow a fallback.", ("nccl-debug",)),
+    # (NCCL's bootstrap, before any collective: "NCCL WARN Bootstrap : no socket interface found"; NET/ND's says
+    # "... for out-of-band connections". Not NET/Socket's "no interface found", which a job on InfiniBand may
+    # print and go on)
+    _s("nccl-no-interface", r"no socket interface found",
+       "NCCL found no network interface to bootstrap on: NCCL_SOCKET_IFNAME (or NCCL_SOCKET_FAMILY) names none "
+       "that is up on this host, or the container has none but loopback. List them (`ip -br addr`) and set it "
+       "to the one the nodes reach each other on (`NCCL_SOCKET_IFNAME=eth0`; `=eth0` for that name exactly, "
+       "`^docker,lo` to leave some out), or unset it.", ("nccl-debug",)),
     _s("nccl-teardown",
        r"Some NCCL operations have failed or timed out|To avoid data inconsistency, we are taking the entire process down",
        "PyTorch's NCCL watchdog taking the process down after a collective failed or timed out: a consequence; the "
