@@ -254,8 +254,8 @@ CATALOG: list[Signature] = [
     _s("scheduler-oom-kill",
        r"Detected \d+ oom[-_ ]kill events?(?:\(s\))?|\btask \d+: Out Of Memory|oom[-_]kill event\(s\) in StepId|"
        r"Memory cgroup out of memory|Out of memory: Killed process|OOMKilled",
-       "The kernel's OOM killer ended a process of the job: it used more host memory (RAM, not GPU memory) than "
-       "its node or its cgroup (the scheduler's --mem, the container's limit) allows. The scheduler's stop that "
+       "The kernel's OOM killer ended a process of the job: it ran out of memory on the host (RAM, not GPU "
+       "memory), using more than its node or its cgroup (the scheduler's --mem, the container's limit) allows. The scheduler's stop that "
        "follows is its consequence. Fewer data-loader workers, a smaller prefetch_factor or a larger memory "
        "request.", ("fewer-workers",)),
     _s("nccl-ib-async-event", r"NET/IB ?: (?:\S+:\d+ )?(?:Got async event ?: ?|async fatal event on [^:]*: ?)"
