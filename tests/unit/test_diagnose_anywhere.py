@@ -91,6 +91,7 @@ OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. 
     "{r:>2}: ",  # srun --label, padded
     "[pod/trainer-worker-{r}/pytorch] ",  # kubectl logs --prefix (the pod names the rank here only by its index)
     "gpu-node-{r}: [rank{r}]: ",  # pdsh (DeepSpeed's multi-node launcher) around torch's own prefix
+    "10.0.0.{r}: [rank{r}]: ",  # pdsh, the hosts as a hostfile of IPv4 addresses names them
 ])
 def test_a_finding_under_another_launchers_prefix_carries_its_rank(tmp_path, prefix):
     lines = []

@@ -7,7 +7,7 @@ read through ``kubectl logs --prefix``):
   ``[default1]:[rank5]:`` (the global one wins);
 * Open MPI's ``--tag-output``: ``[1,3]<stderr>:`` (job id, MPI rank, stream);
 * ``srun --label``: ``3: `` (the task id; padded to a common width);
-* pdsh (DeepSpeed's multi-node launcher): ``worker-1: `` (the host);
+* pdsh (DeepSpeed's multi-node launcher): ``worker-1: ``, ``10.0.0.5: `` (the host);
 * Ray: ``(pid=1234, ip=10.0.0.1)``, ``(RayTrainWorker pid=1234, ip=...)``;
   a worker's rank when the log says it (Ray Train's ``- (ip=..., pid=1234)
   world_rank=3, ...`` lines, or torch's own ``[rankN]:`` inside);
@@ -32,8 +32,9 @@ _MPI = re.compile(r"\[(?P<job>\d+),(?P<n>\d+)\]<(?:stdout|stderr|stddiag)>:\s?")
 _KUBECTL = re.compile(r"\[pod/(?P<pod>[a-z0-9][a-z0-9.-]{0,252})/(?P<container>[a-z0-9][a-z0-9-]{0,62})\]\s?")
 _RAY = re.compile(r"\((?:(?P<actor>[A-Za-z_][\w.]*) )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[0-9a-fA-F.:]+))?\)\s?")
 _SRUN = re.compile(r"\s{0,6}(?P<n>\d{1,5}): ")
-# a host name as pdsh prints it: letters, digits, dots and dashes, then ": " (never a time: "12:30:01")
-_PDSH = re.compile(r"(?P<host>[A-Za-z][A-Za-z0-9.-]{0,62}): ")
+# a host as pdsh prints it, then ": " (never a time: "12:30:01"): a name (letters, digits, dots and dashes), or
+# the IPv4 address a hostfile gave (DeepSpeed's multi-node runs: "10.0.0.5: Traceback ...")
+_PDSH = re.compile(r"(?P<host>[A-Za-z][A-Za-z0-9.-]{0,62}|\d{1,3}(?:\.\d{1,3}){3}): ")
 # Ray Train's start-up table: "- (node_id=..., ip=10.0.0.1, pid=1234) world_rank=3, local_rank=1, node_rank=1"
 _RAY_RANKS = re.compile(r"\bpid=(?P<pid>\d+)\)?,? world_rank=(?P<rank>\d+)")
 # words that end a pdsh-looking prefix but are an ordinary line's ("Error: ...", "INFO: ...", "Traceback: ")
@@ -152,7 +153,7 @@ def split(text: str, *, label: bool = False, pdsh: bool = False,
                 else:
                     host = host or f"task {m.group('n')}"
                 forms.append("srun")
-        if m is None and pdsh and c.isalpha() and not forms:
+        if m is None and pdsh and (c.isalpha() or c.isdigit()) and not forms:
             m = _PDSH.match(text, pos)
             if m and m.group("host").lower() not in _NOT_HOSTS:
                 host = m.group("host")
@@ -198,7 +199,7 @@ class PrefixReader:
                 seen = self._inner.setdefault(m.group("n"), set())
                 seen.add(int(inner.group("n")))
                 self.label_is_rank = len(seen) < 2
-        if not self.pdsh and text[:1].isalpha():
+        if not self.pdsh and text[:1].isalnum():
             m = _PDSH.match(text)
             if m and m.group("host").lower() not in _NOT_HOSTS:
                 h = m.group("host")
