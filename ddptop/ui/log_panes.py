@@ -5,8 +5,9 @@ with a line for progress bars under it.
 ``LogPanes`` owns the buffers and their widgets, the filter and the wrap
 setting.  Only the visible pane is written; a hidden one re-renders when it
 is shown, and its widgets are made then, the first time it is shown (the
-first frame holds the shown pane's log only, however many tabs).  The app decides *when* to write (``flush``: at most every
-``FLUSH_EVERY`` seconds while output floods in).
+first frame holds the shown pane's log only, however many tabs).  The app
+decides *when* to write (``flush``: at most every ``FLUSH_EVERY`` seconds
+while output floods in).
 """
 
 from __future__ import annotations
