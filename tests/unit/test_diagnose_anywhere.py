@@ -444,3 +444,35 @@ def test_a_rank_that_only_lost_its_peer_is_no_cause_even_when_torchrun_saw_it_fa
     assert rep["root_cause"] is None and rep["culprits"] == []
     assert rep["lost_peers"]["peers"][:2] == ["10.3.1.22:41822", "10.3.1.22:29500"]
     assert "10.3.1.21" not in " ".join(rep["lost_peers"]["peers"])  # (this side's own address)
+
+
+def _summary(root: tuple[int, int], failures: list[tuple[int, int]]) -> str:
+    """torchrun's agent's line and its failure report (torch.distributed.elastic's ChildFailedError summary), as
+    torchrun prints them: (rank, exit code) of the first failure and of the others."""
+    def entry(i, rank, code):
+        return (f"[{i}]:\n  time      : 2024-05-01_10:00:01\n  host      : box\n  rank      : {rank} (local_rank: "
+                f"{rank})\n  exitcode  : {code} (pid: {2200 + rank})\n  error_file: <N/A>\n  traceback : Signal "
+                f"{-code} received by PID {2200 + rank}\n")
+    return (f"[2024-05-01 10:00:01,000] torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: "
+            f"{root[1]}) local_rank: {root[0]} (pid: {2200 + root[0]}) of binary: /usr/bin/python\n"
+            "Traceback (most recent call last):\n  File \"/usr/local/bin/torchrun\", line 8, in <module>\n"
+            "    sys.exit(main())\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+            + "=" * 60 + "\ntrain.py FAILED\n" + "-" * 60 + "\nFailures:\n"
+            + "".join(entry(i + 1, r, c) for i, (r, c) in enumerate(failures))
+            + "-" * 60 + "\nRoot Cause (first observed failure):\n" + entry(0, *root) + "=" * 60 + "\n")
+
+
+@pytest.mark.parametrize("alone", [False, True], ids=["after-the-agent", "the-report-alone"])
+def test_ranks_that_died_of_the_same_bus_error_have_no_odd_one_out(tmp_path, alone):
+    """Two ranks killed by SIGBUS (shared memory gone on their node): torchrun names the first, but the second's
+    SIGBUS is no stop of torchrun's (it sends SIGTERM): the same failure on both, no culprit. A rank torchrun
+    stopped after the first one's segfault is that one's consequence: the first is the culprit.  The report
+    pasted alone (short lines between its 60-character rules: no wrapped paste) reads the same."""
+    def cut(text):
+        return text[text.index("torch.distributed.elastic.multiprocessing.errors"):] if alone else text
+
+    rep, out = diagnosed(tmp_path, cut(_summary((0, -7), [(1, -7)])))
+    assert rep["root_cause"]["signature"] == "rank-signal" and rep["culprits"] == [], out
+    assert "no odd one out" in out
+    rep, out = diagnosed(tmp_path, cut(_summary((0, -11), [(1, -15)])))
+    assert rep["root_cause"]["rank"] == 0 and rep["culprits"] == [0], out

@@ -39,6 +39,9 @@ _STARTS = (
 _INNER_START = re.compile(r"(?<=\s)(?=" + _STARTS + ")")
 _LINE_START = re.compile(r"\s*(?:" + _STARTS + r"|File \"|[\w.]+(?:Error|Exception|Warning)\b|\S+: line \d+"
                          r"|(?:INFO|WARN|WARNING|ERROR|DEBUG|CRITICAL|FATAL)\b|(?:srun|slurmstepd|sbatch|salloc|mpirun): )")
+# a rule (torchrun's "=====" and "-----" around its failure report): a line of its own, never a wrap's piece, and no
+# evidence of a wrap width (a report of short lines between 60-character rules is no paste wrapped at 60)
+_RULE = re.compile(r"\s*([=\-_*#~])\1{9,}\s*$")
 _MIN_WRAP = 60  # no one wraps narrower
 _MAX_WRAP = 400
 
@@ -65,7 +68,7 @@ def wrap_width(texts: list[str]) -> tuple[int, bool] | None:
     """(the width a paste was wrapped at, whether at any character) or None:
     a hard wrap cuts several lines at exactly the longest length; a soft one
     leaves many lines within a word of it."""
-    lengths = [len(t) for t in texts if t.strip()]
+    lengths = [len(t) for t in texts if t.strip() and not _RULE.match(t)]
     if len(lengths) < 4:
         return None
     width = max(lengths)
@@ -129,6 +132,8 @@ def lines(texts: Iterable[str], numbers: Iterable[int] | None = None) -> list[tu
 def _wrapped(line: str, following: str, width: int, hard: bool, common: frozenset[str]) -> bool:
     """``following`` continues ``line`` (cut at ``width``)."""
     if not following.strip() or not line.strip() or _begins_line(following, common):
+        return False
+    if _RULE.match(line) or _RULE.match(following):
         return False
     if hard:
         return len(line) == width

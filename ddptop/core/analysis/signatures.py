@@ -343,8 +343,12 @@ class SignatureMatcher:
                 r = self._block_rank
                 pid = int(m.group("pid")) if m.group("pid") else None
                 if code < 0:
+                    # (another rank's end in the Failures block: torchrun stopping it, unless by a signal no
+                    # launcher sends, such as SIGBUS or SIGSEGV: the same failure on that rank too)
+                    stopped = _SIGNAMES.get(-code, "") in _CONSEQUENTIAL_SIGNALS | {"SIGABRT"}
                     out.append(_signal_finding(-code, r, line, t.strip(), source, self._block == "root",
-                                               consequence=self._block == "failures", who="torchrun", pid=pid))
+                                               consequence=self._block == "failures" and stopped, who="torchrun",
+                                               pid=pid))
                 elif code != 0 and self._block == "root":
                     out.append(Finding("rank-exit", r, line, t.strip(),
                                        f"Rank {r} exited with code {code} (the first failure torchrun observed); "
