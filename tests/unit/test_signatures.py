@@ -142,6 +142,11 @@ REAL_MORE = [
     ("nccl-no-algorithm", "dc:255756:255756 [3] enqueue.cc:1182 NCCL WARN Error : no algorithm/protocol available"),
     ("nccl-no-algorithm", "[rank238]: Error : no algorithm/protocol available for function AllGather with datatype "
                           "ncclInt8."),
+    # NCCL's misc/socket.cc WARN ("socketProgressOpt: Call to %s %s failed : %s": send to a peer whose end closed),
+    # and the form without the address that a Neuron (torch-xla) training script's comment quotes
+    ("peer-connection-reset", "gpu-st-2:3322:3399 [1] misc/socket.cc:538 NCCL WARN socketProgressOpt: Call to send "
+                              "to 10.0.1.27<50124> failed : Broken pipe"),
+    ("peer-connection-reset", "Call to recv failed : Broken pipe"),
     # NCCL's bootstrap.cc (WARN "Bootstrap : no socket interface found"), as a public cluster guide quotes a vLLM
     # tensor-parallel job's failure on one node with a hard-coded NCCL_SOCKET_IFNAME
     ("nccl-no-interface", "NCCL WARN Bootstrap : no socket interface found"),
@@ -505,3 +510,17 @@ def test_no_interface_to_bootstrap_on_is_the_cause_of_the_internal_error_after_i
     rc = root_cause(found)
     assert rc is not None and rc.signature == "cuda-oom", rc
 
+
+
+def test_a_peer_that_went_away_under_nccls_send_is_named_by_its_address():
+    """NCCL's send to a peer whose end closed (a broken pipe) is a lost peer, not a cause: the logs that hold only
+    it name where the cause is, the peer's address."""
+    from ddptop.core.analysis.culprits import lost_peers
+
+    m = SignatureMatcher()
+    lines = ["gpu-st-2:3322:3399 [1] misc/socket.cc:538 NCCL WARN socketProgressOpt: Call to send to "
+             "10.0.1.27<50124> failed : Broken pipe",
+             "RuntimeError: NCCL communicator was aborted on rank 1."]
+    found = [f for i, ln in enumerate(lines) for f in m.feed(ln, 1, i + 1)]
+    assert root_cause(found) is None
+    assert lost_peers(found).peers == ("10.0.1.27:50124",)

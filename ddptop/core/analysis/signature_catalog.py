@@ -110,6 +110,9 @@ CATALOG: list[Signature] = [
        ("fail-fast",), TIMEOUT),
     _s("peer-connection-reset",
        r"Connection reset by peer|Connection closed by (?:remote )?peer|connection refused by peer|"
+       # (NCCL's socket calls to a peer that went away, misc/socket.cc: "socketProgressOpt: Call to send to
+       # 10.0.0.3<44123> failed : Broken pipe"; older and other transports: "Call to recv failed : Broken pipe")
+       r"Call to \w+(?: (?:to|from) \S+)? failed ?: ?Broken pipe|"
        r"RendezvousConnectionError|The connection to the C10d store has failed",
        "A rank lost its connection to another: almost always because that other rank died first. "
        "Look for the first rank that failed.",
