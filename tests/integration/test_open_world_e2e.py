@@ -303,11 +303,16 @@ def test_the_training_bar_is_told_from_a_rollout_bar_beside_it(tmp_path):
 
 
 def test_an_nccl_warn_line_is_an_error_unless_it_says_a_peer_went_away(tmp_path):
-    # NCCL's bootstrap.cc: WARN is NCCL's error level (NCCL_DEBUG=WARN prints only its errors)
+    # NCCL's bootstrap.cc: WARN is NCCL's error level (NCCL_DEBUG=WARN prints only its errors); one no signature knows
+    (tmp_path / "rank0.log").write_text("node1:22841:22841 [0] bootstrap.cc:112 NCCL WARN Bootstrap Root : mismatch "
+                                        "in rank count from procs 8 : 16\n")
+    rc = diagnose(tmp_path)["root_cause"]
+    assert rc["signature"] == "unclassified-error" and "mismatch in rank count" in rc["text"]
+    # (and one the catalogue names: no interface to bootstrap on)
     (tmp_path / "rank0.log").write_text("node1:22841:22841 [0] bootstrap.cc:37 NCCL WARN Bootstrap : no socket "
                                         "interface found\n")
     rc = diagnose(tmp_path)["root_cause"]
-    assert rc["signature"] == "unclassified-error" and "no socket interface found" in rc["text"]
+    assert rc["signature"] == "nccl-no-interface" and "no socket interface found" in rc["text"]
     # NCCL's socket.cc / proxy.cc on a peer that went away: what a lost peer looks like, never a root
     (tmp_path / "rank0.log").write_text(
         "node1:71:99 [2] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote peer node2<57557>\n"

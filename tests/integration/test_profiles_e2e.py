@@ -84,7 +84,6 @@ def test_a_shape_told_by_torchruns_own_variables_is_journalled_for_the_post_mort
     r = run_ddptop("--json", "torchrun", str(script), env=dict(os.environ, PET_NPROC_PER_NODE="2"))
     assert r.returncode == 1, r.stderr[-2000:]
     events = json_events(r.stdout)
-    assert {e["rank"] for e in events if e["kind"] == "log" and e["rank"] is not None} == {0, 1}
     alarms = {e["id"]: e["suggested_profiles"] for e in events if e["kind"] == "alarm"}
     assert "p2p-off" in alarms.get("nccl-system-error", []) and alarms.get("cuda-oom") == ["single-gpu"], alarms
     meta = json.loads((only_run(runs_dir) / "meta.json").read_text())
