@@ -122,6 +122,11 @@ def counter_verdict(counters: dict[int, tuple[int, int]]) -> tuple[tuple[int, ..
                  + " (PyTorch's per-rank collective counters)")
 
 
+def first_failed(findings: list[Finding]) -> set[int]:
+    """The ranks the launcher's failure report says failed first (torchrun's *Root Cause* block)."""
+    return {f.rank for f in findings if f.detail.root and f.rank is not None and f.detail.summary}
+
+
 def root_cause(findings: list[Finding], when: Mapping[Finding, float] | None = None) -> Finding | None:
     """The finding most likely to be the cause, not a consequence, in this
     order (``cascade_level``): a known cause; an error no signature knows
@@ -135,7 +140,7 @@ def root_cause(findings: list[Finding], when: Mapping[Finding, float] | None = N
     that worked) is never the root.  None when there are only consequences
     (a lost peer, a stop): they say that something failed elsewhere, not what."""
     when = when or {}
-    first = {f.rank for f in findings if f.detail.root and f.rank is not None and f.detail.summary}
+    first = first_failed(findings)
     cands = [(i, f, cascade_level(f, findings)) for i, f in enumerate(findings)
              if f.level < INFO and not f.detail.recovered and f.detail.superseded_by is None]
     cands = [(i, f, lv) for i, f, lv in cands if lv < CONSEQUENCE]

@@ -119,6 +119,11 @@ _LOG_RECORD = re.compile(r"\[?[EWF]\d{4} \d\d:\d\d:\d\d(?:\.\d+)? +(?:\d+ +)?"
 _REPORT_SECONDS = 10  # how long after a known error a record from the same source is still its report
 
 
+def _where(path: str, line: str, fn: str) -> str:
+    """A frame as a finding says where: ``train.py:88 in train_step`` (the file's name, not its directory)."""
+    return f"{path.replace(chr(92), '/').rsplit('/', 1)[-1]}:{line} in {fn}"
+
+
 def _record(s: str) -> tuple[str, float] | None:
     """A log record's (source file, second of the day), or None for a line that is not one."""
     g = _LOG_RECORD.search(s[:200]) if "]" in s[:200] else None
@@ -288,7 +293,7 @@ class SignatureMatcher:
             return True
         mine = not _LIBRARY_PATH.search(path)
         if mine or who not in self._callsite:
-            where = f"{path.replace(chr(92), '/').rsplit('/', 1)[-1]}:{fm.group('line')} in {fm.group('fn')}"
+            where = _where(path, fm.group("line"), fm.group("fn"))
             self._callsite[who] = where
             for f in self._timeouts.get(who, ()):
                 f.detail.where = where
@@ -476,7 +481,7 @@ class SignatureMatcher:
         if fm:
             # a traceback's frame: the innermost one (and the innermost of the user's own code) so far
             path, n, fn = fm.group("file"), fm.group("line"), fm.group("fn")
-            where = f"{path.replace(chr(92), '/').rsplit('/', 1)[-1]}:{n} in {fn}"
+            where = _where(path, n, fn)
             anyf, userf = self._frame.get(rank, ("", ""))
             self._frame[rank] = (where, where if not _LIBRARY_PATH.search(path) else userf)
             self._echo[rank] = True  # (the next line is the frame's source, echoed: not an error of its own)

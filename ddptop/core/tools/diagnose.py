@@ -29,7 +29,7 @@ from ddptop.core.analysis.culprits import (
     culprits_of,
     lost_peers,
 )
-from ddptop.core.analysis.failure_ranking import collective_counters, counter_verdict
+from ddptop.core.analysis.failure_ranking import collective_counters, counter_verdict, first_failed
 from ddptop.core.analysis.native_frames import is_launch
 from ddptop.core.analysis.prefixes import PrefixReader
 from ddptop.core.analysis.ras_verdict import verdict as ras_verdict
@@ -540,7 +540,7 @@ def build_report(an: Analyzer, flights: list[dict] | None = None, ras_answers: l
     hang = _hang(story, an, rc) if story is not None else None
     root_time = (an.stamped_at.get(rc, an.read_at.get(rc) if story else None) if rc is not None else None)
     root_node = (an.node_of.get(rc) or None) if rc is not None else None
-    first = {f.rank for f in an.findings if f.detail.root and f.detail.summary and f.rank is not None}
+    first = first_failed(an.findings)
     if rc is not None and rc.rank is None and len(first) == 1 and rc.level < CONSEQUENCE:
         # an error whose lines name no rank (a console without rank prefixes), where the launcher's report names
         # the one rank that failed first: that rank's, said so
