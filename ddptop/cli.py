@@ -119,7 +119,7 @@ def _watch_inner(session, args) -> int:
         return _err("no terminal for the UI: use --headless or --json")
     from ddptop.ui.app import make_app
 
-    app = make_app(session, theme=args.theme)
+    app = make_app(session, theme=args.theme, first_frame=True)
     result = app.run()
     if result == "detach":
         print(f"ddptop: detached; the job keeps running. Re-attach with: {hint}")

@@ -27,40 +27,51 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, cast
 
+from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult, ScreenStackError
 from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.timer import Timer
-from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
+from textual.widgets import Input
 
 from ddptop.core.analysis.job_state import JobState
 from ddptop.core.model import run_dirs
+from ddptop.core.model.events import LogBatch
 from ddptop.core.model.session_protocol import JobSession, LocalRun, Nodes, RemoteRun
 from ddptop.ui.alarm_box import AlarmBox, is_recent
-from ddptop.ui.commands import Commands, FilterInput, PickInput
-from ddptop.ui.event_feed import INGEST_SLICE, TABLE_EVERY, EventFeed
-from ddptop.ui.gpu_pane import GpuPane
+from ddptop.ui.commands import Commands
+from ddptop.ui.event_feed import INGEST_SLICE, TABLE_EVERY, EventFeed, EventsReady, PollFailed, queue_events
+from ddptop.ui.first_frame import FirstFrame
 from ddptop.ui.header import HeaderBar, HeaderState
 from ddptop.ui.log_panes import LogPanes
 from ddptop.ui.logview import Line
-from ddptop.ui.rank_table import RankTable
 from ddptop.ui.theme_files import DEFAULT_THEME, FALLBACK_THEME, load_themes
+
+if TYPE_CHECKING:
+    from textual.widgets import DataTable, TabbedContent
+
+    from ddptop.ui.gpu_pane import GpuPane
+    from ddptop.ui.rank_table import RankTable
+
+
+FIRST_FRAME_MOST = 2.0  # seconds the first frame stays at most once the full screen is built under it
 
 
 class DdptopApp(EventFeed, Commands, App[str]):
     TITLE = "ddptop"
     VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]  # applied to the screen as the terminal resizes
     DEFAULT_CSS = """
-    Screen { layout: vertical; }
-    #header {
+    Screen { layout: vertical; layers: default first-frame; }
+    #body { height: 1fr; }
+    #header, #ff-header {
         height: 1; width: 100%; padding: 0 1;
         background: $panel; color: $foreground;
         text-wrap: nowrap; text-overflow: ellipsis;
     }
-    #header.-links { height: 2; }
+    #header.-links, #ff-header.-links { height: 2; }
     #ranks {
         height: auto; max-height: 12;
         border-bottom: solid $primary 40%;
@@ -115,9 +126,15 @@ class DdptopApp(EventFeed, Commands, App[str]):
     MAIN_ACTIONS = {"request_quit", "help", "open_filter", "open_picker", "toggle_folding", "pane", "cycle", "rank", "follow", "top", "clear_filter", "toggle_wrap", "toggle_gpus",
                     "relaunch", "toggle_env", "stacks", "stacks_pane", "doctor", "bench", "fix", "earlier"}
 
-    def __init__(self, session: JobSession, *, theme: str | None = None, poll_interval: float = 0.1) -> None:
+    def __init__(self, session: JobSession, *, theme: str | None = None, poll_interval: float = 0.1,
+                 first_frame: bool = False) -> None:
         super().__init__()
         self.session = session
+        # first_frame: paint the job's first read before the full screen is built (first_frame.py)
+        self._first_frame = first_frame
+        self._built = not first_frame
+        self._preapplied: set[int] = set()  # ids of inbox events the model has already taken (the first frame's)
+        self._first_frame_until = 0.0
         # a run that had ended when opened: its replay folds every line (a live job's flood is capped, and a
         # replay's final state comes only once every file is read, too late to tell it by)
         loc = session.location
@@ -159,29 +176,95 @@ class DdptopApp(EventFeed, Commands, App[str]):
     # -- layout ---------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        yield HeaderBar(id="header")
-        yield Static("", id="envpanel")
-        alarms = AlarmBox(id="alarms")
-        alarms.can_relaunch = not self.session.control().refused  # a job ddptop did not start: no r
-        yield alarms
-        yield RankTable(id="ranks")
-        yield GpuPane(id="gpu-pane")
-        with TabbedContent(id="panes", initial="pane-merged"):
-            with TabPane("merged", id="pane-merged"):
-                yield from self.logs.make_view("merged")
-        yield FilterInput(placeholder="filter: lines containing… (esc clears, enter keeps)", id="filter")
-        yield PickInput(placeholder="open the log of rank… (a number, or a node's name: its odd rank out first)",
-                        id="picker")
-        yield Footer()
+        if self._first_frame:
+            yield FirstFrame()  # (the full screen is built under it once it is painted: _build)
+        else:
+            yield self._body()
+
+    @staticmethod
+    def _body():
+        """The full screen (screen_body.py: its widgets load only now)."""
+        from ddptop.ui.screen_body import ScreenBody
+
+        return ScreenBody(id="body")
 
     def on_mount(self) -> None:
         if self._theme_warning:
             self.notify(self._theme_warning, severity="warning")
         self._update_palette()
+        self.set_interval(1.0, self._tick)
+        if self._first_frame:
+            self._show_first_frame()
+            return
         self._refresh_header()
         self.call_after_refresh(self.logs.after_first_frame)  # (a screenful of lines is in the first frame)
-        self.set_interval(1.0, self._tick)
         self._poll_loop()
+
+    # -- the first frame (first_frame.py) ---------------------------------------
+
+    def _show_first_frame(self) -> None:
+        """Read the job once (a run on this machine: files, a read that never waits on the job), paint what it
+        says, and build the full screen after that paint.  The events read go to the inbox, already applied to
+        the model (``ingest`` does not apply them again)."""
+        events: list = []
+        if isinstance(self.session.location, LocalRun):
+            try:
+                events = self.session.poll()
+            except Exception as e:  # noqa: BLE001 - said in the log as the poll thread says it; the screen comes
+                self.post_message(PollFailed(f"{type(e).__name__}: {e}"))
+            try:
+                self.model.apply(events)
+                self._preapplied = {id(ev) for ev in events}
+            except Exception as e:  # noqa: BLE001 - as ingest does: said in the log, applied again there
+                self._add_line(Line(-1, "note", f"could not apply events: {e}", "bold"))
+            with self._inbox_lock:
+                queue_events(self._inbox, events)
+                self._inbox_lines += sum(len(ev) if isinstance(ev, LogBatch) else 1 for ev in events)
+        try:
+            self.query_one(FirstFrame).show(self.model, self._header_state(), events, theme=self.current_theme,
+                                            palette=self.logs.palette, keys=self._keys_text())
+        except Exception as e:  # noqa: BLE001 - the full screen comes next either way; said once in its log
+            self._ui_error("the first frame", e)
+        self.call_after_refresh(self._build)
+
+    def _keys_text(self) -> Text:
+        """The footer's keys, as a line."""
+        accent = self.current_theme.accent or ""
+        out = Text(no_wrap=True, overflow="crop", end="")
+        shown = [b for b in self.BINDINGS if isinstance(b, Binding) and b.show]
+        for b in sorted(shown, key=lambda b: not b.priority):  # (the footer lists the priority keys first)
+            out.append(f" {self.get_key_display(b)} ", style=f"bold {accent}")
+            out.append(f"{b.description} ")
+        return out
+
+    async def _build(self) -> None:
+        """The full screen, under the first frame; the first frame goes once the merged log shows its lines."""
+        await self.mount(self._body(), before=self.query_one(FirstFrame))
+        self._built = True
+        self._refresh_header()
+        self._refresh_table()
+        with self._inbox_lock:
+            post = bool(self._inbox) and not self._posted
+            self._posted = self._posted or post
+        if post:
+            self.post_message(EventsReady())
+        self._poll_loop()
+        self._first_frame_until = time.monotonic() + FIRST_FRAME_MOST
+        self.call_after_refresh(self._drop_first_frame)
+
+    def _drop_first_frame(self) -> None:
+        """The first frame goes once the merged log under it shows its lines (the screenful a first render
+        writes); the pane is rendered whole after that (``after_first_frame``)."""
+        log = self.logs.active_log()
+        with self._inbox_lock:
+            waiting = bool(self._inbox)
+        shown = log is not None and (bool(log.lines) or (not waiting and not self.logs.buffers["merged"].lines))
+        if shown or time.monotonic() > self._first_frame_until:
+            for ff in self.query(FirstFrame):
+                ff.remove()
+            self.call_after_refresh(self.logs.after_first_frame)
+        else:
+            self.set_timer(0.01, self._drop_first_frame)
 
     def exit(self, *args, **kwargs) -> None:
         self.session.wake()  # the poll thread may be waiting for a file to change: let it see the end now
@@ -249,17 +332,20 @@ class DdptopApp(EventFeed, Commands, App[str]):
 
     def _refresh_gpus(self) -> None:
         try:
-            self.query_one("#gpu-pane", GpuPane).show(self.model, self.current_theme)
+            cast("GpuPane", self.query_one("#gpu-pane")).show(self.model, self.current_theme)
         except Exception as e:  # noqa: BLE001 - a UI callback must not take the monitor down: said once
             if not self._gpu_error_shown:
                 self._gpu_error_shown = True
                 self._add_line(Line(-1, "note", f"could not show GPUs: {e}", "dim"))
 
+    def _header_state(self) -> HeaderState:
+        meta = self.session.meta
+        return HeaderState(self._run_label(), started=meta.started if meta is not None else None,
+                           relaunching=self._relaunching, stopping=self._stopping, filter=self.logs.filter)
+
     def _refresh_header(self) -> None:
         try:
-            meta = self.session.meta
-            ui = HeaderState(self._run_label(), started=meta.started if meta is not None else None,
-                             relaunching=self._relaunching, stopping=self._stopping, filter=self.logs.filter)
+            ui = self._header_state()
             self.query_one("#header", HeaderBar).show(self.model, ui, time.time())
         except (NoMatches, ScreenStackError):  # (not mounted yet, no screen yet, or gone while quitting)
             return
@@ -290,7 +376,7 @@ class DdptopApp(EventFeed, Commands, App[str]):
 
     def _refresh_table(self) -> None:
         try:
-            table = self.query_one("#ranks", RankTable)
+            table = cast("RankTable", self.query_one("#ranks"))
         except (NoMatches, ScreenStackError):  # (not mounted yet, no screen yet, or gone while quitting)
             return
         t0 = self._last_table = time.monotonic()
@@ -301,13 +387,13 @@ class DdptopApp(EventFeed, Commands, App[str]):
         # tenth of the screen's time
         self._table_every = max(TABLE_EVERY, 10 * (time.monotonic() - t0))
 
-    @on(TabbedContent.TabActivated)
-    def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
+    # (handled by name: the tabs and the tables load with the full screen, after the first frame)
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         self.logs.render_active()
 
-    @on(DataTable.RowSelected, "#ranks")
-    def _row_selected(self, event: DataTable.RowSelected) -> None:
-        self.show_pane(f"r{event.row_key.value}")
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if event.data_table.id == "ranks":
+            self.show_pane(f"r{event.row_key.value}")
 
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:
@@ -326,6 +412,7 @@ class DdptopApp(EventFeed, Commands, App[str]):
         if log is not None:
             log.focus()
 
-def make_app(session: JobSession, *, theme: str | None = None, poll_interval: float = 0.1) -> DdptopApp:
-    """The one factory for the CLI and the tests."""
-    return DdptopApp(session, theme=theme, poll_interval=poll_interval)
+def make_app(session: JobSession, *, theme: str | None = None, poll_interval: float = 0.1,
+             first_frame: bool = False) -> DdptopApp:
+    """The one factory for the CLI and the tests (``first_frame``: the CLI's, see first_frame.py)."""
+    return DdptopApp(session, theme=theme, poll_interval=poll_interval, first_frame=first_frame)

@@ -21,7 +21,6 @@ from textual.widgets import Input, Static
 from ddptop.core.analysis.job_state import culprits_of
 from ddptop.core.model.session_protocol import LocalRun, PodLogs
 from ddptop.core.sources.log_tailer import read_back
-from ddptop.ui.gpu_pane import GpuPane
 from ddptop.ui.header import env_markup
 from ddptop.ui.logview import LOG_MAX_LINES, RERENDER_LINES, Line
 
@@ -64,10 +63,13 @@ class Commands:
     """The actions (``action_*``), their dialogs' answers and their workers (mixed into ``DdptopApp``)."""
 
     _relaunching: str | None
+    _built: bool
 
     # -- actions --------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
+        if not self._built and action in self.MAIN_ACTIONS and action != "request_quit":
+            return False  # (the first frame: the full screen is being built)
         if action in self.MAIN_ACTIONS and len(self.screen_stack) > 1:
             return False
         if action == "rank" and parameters and f"r{parameters[0]}" not in self.logs.buffers:
@@ -104,6 +106,8 @@ class Commands:
                     else "merged log: every line of every rank", timeout=3)
 
     def action_toggle_gpus(self) -> None:
+        from ddptop.ui.gpu_pane import GpuPane
+
         self._gpus_hidden = not self._gpus_hidden
         pane = self.query_one("#gpu-pane", GpuPane)
         pane.set_class(self._gpus_hidden, "-hidden")

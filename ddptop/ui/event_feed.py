@@ -45,6 +45,17 @@ _NO_LINE = (RankEvent, GpuEvent, ProcEvent, ProgressEvent, GpuStatusEvent)  # ev
 _STYLE = {"alarm": "bold", "error": "bold", "warning": "bold", "info": "dim"}
 
 
+def event_line(ev, nodes: bool) -> Line | None:
+    """The line an event (not a log batch, nor a link's) puts in the merged log, if any; ``nodes``: the job is
+    watched through links to its nodes."""
+    if isinstance(ev, (_NOT_IN_LOG, LinkEvent)):
+        return None
+    said = describe(ev, nodes=nodes)
+    if said is None:
+        return None
+    return Line(-1, "note", said.line(), "bold" if isinstance(ev, StateEvent) else _STYLE.get(said.level, "dim"))
+
+
 class EventsReady(Message):
     """Events are waiting in the app's inbox (one message per batch)."""
 
@@ -77,6 +88,7 @@ class EventFeed:
     """The poll thread, the inbox and the intake of events (mixed into ``DdptopApp``)."""
 
     _poll_error: str | None
+    _preapplied: set[int]
     _table_every: float
     _relaunching: str | None  # profiles asked for, until the new launch shows
 
@@ -148,8 +160,12 @@ class EventFeed:
 
     def ingest(self, events: list) -> None:
         """Apply one batch of events (also usable directly from tests)."""
+        fresh = events
+        if self._preapplied:  # (the first frame's events: the model has them)
+            fresh = [ev for ev in events if id(ev) not in self._preapplied]
+            self._preapplied.difference_update(id(ev) for ev in events)
         try:
-            self.model.apply(events)
+            self.model.apply(fresh)
         except Exception as e:  # noqa: BLE001 - a UI callback must not take the monitor down: said in the log
             self._add_line(Line(-1, "note", f"could not apply events: {e}", "bold"))
         new_ranks = False
@@ -177,11 +193,10 @@ class EventFeed:
                     self._relaunching = None
                 if isinstance(ev, LinkEvent):
                     self._on_link(ev)
-                elif not isinstance(ev, _NOT_IN_LOG):
-                    said = describe(ev, nodes=bool(self.model.links))
-                    if said is not None:
-                        style = "bold" if isinstance(ev, StateEvent) else _STYLE.get(said.level, "dim")
-                        self._add_line(Line(-1, "note", said.line(), style))
+                else:
+                    line = event_line(ev, bool(self.model.links))
+                    if line is not None:
+                        self._add_line(line)
             except Exception as e:  # noqa: BLE001 - one bad event must not take the monitor down; said in the log
                 self._add_line(Line(-1, "note", f"could not show an event: {e}", "dim"))
         try:

@@ -12,12 +12,18 @@ while output floods in).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.text import Text
+from textual import widgets  # (RichLog and the tabs looked up when used: they load after the first frame)
 from textual.app import App, ScreenStackError
 from textual.containers import Vertical
 from textual.css.query import NoMatches
 from textual.widget import Widget
-from textual.widgets import Input, RichLog, Static, TabbedContent, TabPane
+from textual.widgets import Input, Static
+
+if TYPE_CHECKING:
+    from textual.widgets import RichLog
 
 from ddptop.ui import logview
 from ddptop.ui.logview import BUFFER_LINES, Line, PaneBuffer
@@ -65,7 +71,7 @@ class LogPanes:
 
     def make_view(self, key: str) -> list[Widget]:
         """The widgets of pane ``key``: its log and its progress-bar line."""
-        log = RichLog(max_lines=logview.LOG_MAX_LINES, wrap=self.wrap, markup=False, highlight=False, id=f"log-{key}")
+        log = widgets.RichLog(max_lines=logview.LOG_MAX_LINES, wrap=self.wrap, markup=False, highlight=False, id=f"log-{key}")
         live = Static("", classes="live", id=f"live-{key}")
         self.views[key] = (log, live)
         return [Vertical(log, live, classes="logview")]
@@ -77,7 +83,7 @@ class LogPanes:
         if view is not None or key not in self.tabs or (self.picking and key.startswith("r")):
             return view
         try:
-            tab = self.app.query_one(f"#pane-{key}", TabPane)
+            tab = self.app.query_one(f"#pane-{key}", widgets.TabPane)
         except (NoMatches, ScreenStackError):
             return None
         tab.mount(*self.make_view(key))
@@ -114,10 +120,10 @@ class LogPanes:
     def _add_tab(self, key: str) -> None:
         """A tab for pane ``key`` (its widgets come when it is first shown: ``_open_view``)."""
         title = "torchrun" if key == "torchrun" else f"rank {key[1:]}"
-        tp = TabPane(title, id=f"pane-{key}")
+        tp = widgets.TabPane(title, id=f"pane-{key}")
         self.tabs.add(key)
         order = self.order()
-        tabs = self.app.query_one("#panes", TabbedContent)
+        tabs = self.app.query_one("#panes", widgets.TabbedContent)
         after = order[order.index(key) + 1:]
         before = next((f"pane-{k}" for k in after if k in self.tabs and k != key and self.mounted(k)), None)
         if before is not None:
@@ -141,13 +147,13 @@ class LogPanes:
     def _start_picking(self) -> None:
         """Too many ranks for a tab each: their tabs go, one tab shows the rank picked."""
         self.picking = True
-        tabs = self.app.query_one("#panes", TabbedContent)
+        tabs = self.app.query_one("#panes", widgets.TabbedContent)
         for key in [k for k in self.tabs if k.startswith("r")]:
             tabs.remove_pane(f"pane-{key}")
             self.tabs.discard(key)
             self.views.pop(key, None)
         self.picked = min((k for k in self.buffers if k.startswith("r")), key=lambda k: int(k[1:]))
-        tp = TabPane(self.title_of(self.picked), *self.make_view("pick"), id="pane-pick")
+        tp = widgets.TabPane(self.title_of(self.picked), *self.make_view("pick"), id="pane-pick")
         if "torchrun" in self.tabs and self.mounted("torchrun"):
             tabs.add_pane(tp, before="pane-torchrun")
         else:
@@ -196,14 +202,14 @@ class LogPanes:
         if self.picking and key.startswith("r"):
             key = "pick"
         try:
-            self.app.query_one(f"#pane-{key}", TabPane)
+            self.app.query_one(f"#pane-{key}", widgets.TabPane)
             return True
         except (NoMatches, ScreenStackError):
             return False
 
     def active_key(self) -> str:
         try:
-            active = self.app.query_one("#panes", TabbedContent).active or "pane-merged"
+            active = self.app.query_one("#panes", widgets.TabbedContent).active or "pane-merged"
         except (NoMatches, ScreenStackError):
             return "merged"
         key = active.removeprefix("pane-")
@@ -353,7 +359,7 @@ class LogPanes:
         """Bring pane ``key`` to the front (False: there is no such pane yet)."""
         if key not in self.buffers or not self.mounted(key):
             return False
-        tabs = self.app.query_one("#panes", TabbedContent)
+        tabs = self.app.query_one("#panes", widgets.TabbedContent)
         if self.picking and key.startswith("r"):
             if key != self.picked:
                 self.picked = key

@@ -22,6 +22,10 @@ LAZY = {
                                       "a launch or a relaunch",
     "ddptop/ui/commands.py": "the screens a key opens (dialogs, stacks, doctor, bench) and the profiles load when "
                              "first opened, after the first frame",
+    "ddptop/ui/app.py": "the full screen (screen_body.py: Textual's tables, tabs, RichLog and footer) loads after the "
+                        "first frame is painted (first_frame.py)",
+    "ddptop/core/analysis/wording.py": "the native frames' reader (its patterns) loads when a stack is worded, not "
+                                       "for the TUI's first frame",
 }
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import signal
 from typing import Iterable
 
-from ddptop.core.analysis.native_frames import library_words
 from ddptop.core.analysis.rank_state import RankState
 from ddptop.core.model.evidence import (
     HOT_UTIL,
@@ -102,6 +101,8 @@ def gpu_words(st: RankState | None) -> str:
 
 def where_words(w: Where) -> str:
     """Where one rank is, in the user's terms."""
+    from ddptop.core.analysis.native_frames import library_words
+
     at = w.at
     src = w.code.split("  #", 1)[0].strip()
     code = f" `{src}`" if src and len(src) <= 80 else ""
