@@ -185,7 +185,7 @@ def test_a_peer_lost_on_another_machine_is_named_by_its_host_and_the_reporter_is
         "2024-04-29 06:01:12 ERROR [__main__] main failed\nTraceback (most recent call last):\n"
         '  File "/w/train.py", line 12, in <module>\n    save(model)\n'
         "OSError: [Errno 28] No space left on device\n",
-        "python-exception", "No space left on device",
+        "disk-full", "No space left on device",
         id="a-loggers-error-line-yields-to-the-traceback-it-announces"),
 ])
 def test_the_root_is_the_line_that_says_why(tmp_path, name, text, signature, said):
@@ -337,3 +337,63 @@ def test_logs_say_who_ended_the_job_when_a_scheduler_did(tmp_path):
         "LIMIT ***\n")
     rep = diagnose(tmp_path)
     assert rep["ended_by"]["by"] == "scheduler" and rep["root_cause"]["signature"] == "scheduler-stopped"
+
+
+# --------------------------------------------------------------------------- c10's log records; report heads
+
+def test_a_c10_warning_with_an_unpadded_month_is_no_error_and_the_timeout_before_it_is_the_root(tmp_path):
+    """c10's logging writes the month without its zero ("[W503 01:52:07..." is May 3): such a record is a warning
+    like "[W0503 ...]", not an error, and its time is read (meta-pytorch/torchtune#2676's last lines)."""
+    (tmp_path / "console.txt").write_text(
+        "[rank2]:     work.wait()\n"
+        "[rank2]: RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+        "1800000ms for recv operation to complete\n"
+        "[W503 01:52:07.597517393 socket.cpp:204] [c10d] The hostname of the client socket cannot be retrieved. "
+        "err=-3\n")
+    rc = diagnose(tmp_path)["root_cause"]
+    assert rc["signature"] == "gloo-timeout" and rc["rank"] == 2
+
+
+def test_an_error_handlers_json_report_is_read_by_its_message_not_by_its_level(tmp_path):
+    """torch elastic's error handler logs "[ERROR] <time> error_handler: {" and the error in the JSON's "message"
+    lines after it (pytorch/pytorch#64926): the root is the message, never the bare level word."""
+    (tmp_path / "console.txt").write_text(
+        "[INFO] 2021-09-13 22:17:26,653 api: Starting elastic_operator with launch configs:\n"
+        "  rdzv_endpoint    : 10.28.1.16\n\n"
+        "[ERROR] 2021-09-13 22:18:26,678 error_handler: {\n"
+        '  "message": {\n'
+        '    "message": "RendezvousConnectionError: The connection to the C10d store has failed. See inner exception '
+        'for details.",\n')
+    rep = diagnose(tmp_path)
+    rc = rep["root_cause"]
+    assert rc["signature"] == "rendezvous-connect-failed" and "C10d store has failed" in rc["text"]
+    assert not [f for f in rep["findings"] if f["signature"] == "unclassified-error"]
+
+
+def test_a_folder_of_dumps_with_another_tools_meta_json_is_read_not_taken_for_a_run(tmp_path):
+    """A folder holding someone's meta.json (many tools write one) is no ddptop run: its dumps and logs are read,
+    and nothing crashes."""
+    (tmp_path / "meta.json").write_text('{"tool": "gdb", "hung": true}\n')
+    (tmp_path / "rank0.txt").write_text(
+        "Thread 1 (Thread 0x7f0 (LWP 42)):\n"
+        "#0  0x00007f1 in pthread_cond_timedwait@@GLIBC_2.3.2 () from /lib/x86_64-linux-gnu/libpthread.so.0\n"
+        "#1  0x00007f2 in gloo::transport::tcp::UnboundBuffer::waitSend(int*, std::chrono::duration<long, "
+        "std::ratio<1l, 1000l> >) () from /venv/torch/lib/libtorch_cpu.so\n"
+        "#2  0x00007f3 in gloo::allgather(gloo::AllgatherOptions&) () from /venv/torch/lib/libtorch_cpu.so\n")
+    r = subprocess.run([sys.executable, "-m", "ddptop", "diagnose", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert "Traceback" not in r.stderr and r.returncode in (0, 1), r.stderr
+    assert "waits in `gloo::allgather`" in r.stdout
+
+
+def test_a_store_that_went_away_mid_run_is_the_peers_loss_not_the_root(tmp_path):
+    """The rendezvous store's connection fails mid-run because its host died (another line says the peer reset
+    the connection): a consequence, the peer is named; the same failure alone, at start, is the root (above)."""
+    (tmp_path / "node1.log").write_text(
+        "[rank3]: step 1200 loss 0.21\n"
+        "[W1127 10:00:01.5 TCPStore.cpp:141] [c10d] recvValue failed on SocketImpl(fd=52, addr=[node1]:41230, "
+        "remote=[node2]:29400): Connection reset by peer\n"
+        '[E1127 10:00:02.0 api.py:1] RendezvousConnectionError: The connection to the C10d store has failed. See '
+        'inner exception for details.\n')
+    rep = diagnose(tmp_path)
+    assert rep["root_cause"] is None or rep["root_cause"]["signature"] != "rendezvous-connect-failed", rep["root_cause"]

@@ -90,8 +90,9 @@ def test_the_first_frame_shows_the_table_and_the_last_lines_and_the_full_screen_
             assert not app.query(DataTable)  # (nothing of the full screen yet)
             await pilot.press("2")  # a key for the full screen waits for it, and breaks nothing
             gate.append(True)
-            await wait_until(pilot, lambda: not app.query(FirstFrame) and "step 39" in merged_text(app),
-                             what=lambda: "the full screen in the first frame's place")
+            # (the full screen writes a screenful first, then the whole pane: wait for its first line)
+            await wait_until(pilot, lambda: not app.query(FirstFrame) and "[r0] rank0 step 0 loss" in merged_text(app),
+                             what=lambda: f"the full screen in the first frame's place: {merged_text(app)[:300]!r}")
             merged = merged_text(app)
             for r in range(3):  # every line once: the first read reached the panes, and the model, once
                 assert merged.count(f"[r{r}] rank{r} step 7 loss") == 1

@@ -488,6 +488,63 @@ def test_a_dump_inside_a_log_is_found_and_each_format_by_its_own_marks():
     assert format_of("\x1b[33mThread 7 (idle)\x1b[0m\n    \x1b[32mf\x1b[0m (x.py:1)\n") == "py-spy"  # colours
 
 
+# --------------------------------------------------------------------------- faulthandler
+
+CRASH = """
+import ctypes, faulthandler, sys, threading, time
+
+def next_batch():
+    time.sleep(60)
+
+def train_step():
+    ctypes.string_at(0)  # a segfault, as a broken extension makes one
+
+threading.Thread(target=next_batch, name="loader", daemon=True).start()
+time.sleep(0.2)
+print("step 41 loss 0.3", flush=True)
+train_step()
+"""
+
+
+def test_a_rank_that_segfaults_under_faulthandler_leaves_a_dump_read_main_thread_first(tmp_path):
+    """Python's own report of a fatal signal (``-X faulthandler``, as a rank prints it into its log), made here by
+    a real process: found among the log's lines, every thread read, the main thread (the one running the script's
+    module) first, innermost frame first, the line numbers kept."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(CRASH)
+    p = subprocess.run([sys.executable, "-X", "faulthandler", str(script)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode != 0 and "Fatal Python error: Segmentation fault" in p.stderr
+    log = p.stdout + p.stderr + "Extension modules: _ctypes (total: 1)\n"
+    assert format_of(log) == "faulthandler"
+    threads = parse_dump(log)
+    assert len(threads) == 2
+    main, loader = threads
+    assert [f.function for f in main.frames] == ["string_at", "train_step", "<module>"]
+    assert main.frames[1].file == str(script) and main.frames[1].line == 8 and not main.frames[1].native
+    assert loader.frames[0].function == "next_batch" and loader.frames[0].line == 5
+    assert main.state == "" and split_processes(log)[0].threads() == threads
+
+
+def test_faulthandler_without_python_frames_or_cut_and_a_traceback_is_not_one():
+    text = d("""
+        Thread 0x00007f3c9a1fe640 (most recent call first):
+          <no Python frame>
+
+        Current thread 0x00007f3cb2e85740 (most recent call first):
+          File "/w/train.py", line 88 in train_step
+          File "/w/train.py", line 140 in <module>
+        """)
+    threads = parse_dump(text)
+    assert [len(t.frames) for t in threads] == [2, 0]  # (the main thread first)
+    assert threads[0].frames[0] == Frame("train_step", "/w/train.py", 88)
+    # a Python traceback ("most recent call last", "line N, in f") is no dump
+    assert format_of('Traceback (most recent call last):\n  File "/w/train.py", line 88, in train_step\n') == ""
+
+
 # --------------------------------------------------------------------------- several processes
 
 

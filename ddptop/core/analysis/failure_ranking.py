@@ -28,13 +28,15 @@ ABORTING_TIMEOUTS = frozenset({"nccl-watchdog-timeout", "nccl-heartbeat-timeout"
 # what NCCL or the transport say when a peer went away
 PEER_LOSS = frozenset({"peer-connection-reset", "nccl-remote-error", "nccl-ib-flushed", "nccl-comm-aborted"})
 # communication errors that are causes on their own, and consequences when a peer went away first
-COMM_ERRORS = frozenset({"nccl-system-error", "nccl-internal-error", "nccl-ib-error", "nccl-cuda-error"})
+COMM_ERRORS = frozenset({"nccl-system-error", "nccl-internal-error", "nccl-ib-error", "nccl-cuda-error",
+                         "nccl-net-plugin-error"})
 _ENDINGS = frozenset({"rank-signal", "rank-exit"})
 # NCCL's generic errors, and the specific failures that explain them when both are there
 _GENERIC_COMM = frozenset({"nccl-system-error", "nccl-internal-error", "nccl-cuda-error", "nccl-ib-error",
-                           "nccl-invalid-usage"})
+                           "nccl-invalid-usage", "nccl-net-plugin-error"})
 _EXPLAINS_COMM = frozenset({"cuda-oom", "shm-exhausted", "scheduler-oom-kill", "nccl-ib-async-event",
-                            "nccl-no-algorithm", "nccl-no-interface", "nccl-duplicate-gpu", "cuda-ecc", "xid"})
+                            "nccl-no-algorithm", "nccl-no-interface", "nccl-duplicate-gpu", "cuda-ecc", "xid",
+                            "cuda-launch-failure", "cuda-illegal-address"})
 # NCCL errors after which PyTorch's watchdog aborts the process (a SIGABRT on every rank follows)
 ABORTING_ERRORS = COMM_ERRORS | {"nccl-remote-error", "nccl-invalid-usage"}
 
@@ -47,7 +49,9 @@ def cascade_level(f: Finding, findings: list[Finding]) -> int:
       of what its own log says (an exception, an out-of-memory): that is the finding;
     * a communication error on a rank that lost a peer (its own log says the peer closed, reset or
       aborted) is a consequence when a rank failed on its own (that rank may share its number: two
-      nodes' local ranks)."""
+      nodes' local ranks);
+    * a rendezvous store that could not be reached, where another line says a peer went away (the store's
+      host, mid-run), is that peer's loss; alone (at start: a wrong address, a firewall) it is the finding."""
     if f.level >= CONSEQUENCE:
         return f.level
     if (f.signature == "rank-signal" and f.detail.signal == "SIGABRT"
@@ -70,6 +74,9 @@ def cascade_level(f: Finding, findings: list[Finding]) -> int:
         if any(x.rank == f.rank and x.signature not in _ENDINGS and x is not f
                and (x.level < CONSEQUENCE if lenient else x.level == CAUSE) for x in findings):
             return CONSEQUENCE
+    if f.signature == "rendezvous-connect-failed" and any(
+            x.signature in PEER_LOSS and (x.line, x.source, x.text) != (f.line, f.source, f.text) for x in findings):
+        return CONSEQUENCE  # (the store's connection failed because its host went away: another line says so)
     if f.signature in _GENERIC_COMM and any(x.signature in _EXPLAINS_COMM and x.level < CONSEQUENCE
                                             and not x.detail.recovered for x in findings):
         # (memory, shared memory, a NIC's port or a forced algorithm that failed explains the communication errors

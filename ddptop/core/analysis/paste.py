@@ -30,7 +30,7 @@ _STARTS = (
     r"|\[\d+,\d+\]<std(?:out|err|diag)>:"  # Open MPI --tag-output
     r"|\[pod/[a-z0-9][a-z0-9.-]*/[a-z0-9-]+\]"  # kubectl logs --prefix
     r"|\((?:[A-Za-z_]\w* )?pid=\d+(?:, ip=[0-9a-fA-F.:]+)?\)"  # Ray
-    r"|[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ "  # glog (torch's C++ logs)
+    r"|[EWIF]\d{3,4} \d\d:\d\d:\d\d\.\d+ +\d+ "  # glog (torch's C++ logs; c10's month is not zero-padded)
     r"|\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[,.]\d+"  # a logger's timestamp (a message's dates have no fraction)
     r"|[\w.-]+:\d+:\d+ \[\d+\] NCCL (?:INFO|WARN)"  # NCCL_DEBUG lines
     r"|Traceback \(most recent call last\):"
@@ -39,6 +39,8 @@ _STARTS = (
 _INNER_START = re.compile(r"(?<=\s)(?=" + _STARTS + ")")
 _LINE_START = re.compile(r"\s*(?:" + _STARTS + r"|File \"|[\w.]+(?:Error|Exception|Warning)\b|\S+: line \d+"
                          r"|(?:INFO|WARN|WARNING|ERROR|DEBUG|CRITICAL|FATAL)\b|(?:srun|slurmstepd|sbatch|salloc|mpirun): )")
+# a logger's level before its time stamp ("[ERROR] 2021-09-13 22:18:26,678 error_handler: ..."): the line's start
+_LEVEL_ONLY = re.compile(r"\s*\[?(?:INFO|WARN|WARNING|ERROR|DEBUG|CRITICAL|FATAL)\]?:?\s*$")
 # a rule (torchrun's "=====" and "-----" around its failure report): a line of its own, never a wrap's piece, and no
 # evidence of a wrap width (a report of short lines between 60-character rules is no paste wrapped at 60)
 _RULE = re.compile(r"\s*([=\-_*#~])\1{9,}\s*$")
@@ -56,8 +58,8 @@ def unflatten(text: str) -> list[str]:
     out, last = [], 0
     for c in cuts:
         piece = text[last:c].rstrip()
-        if not split(piece + " ", label=True, pdsh=True).text.strip():
-            continue  # (only prefixes so far: what follows is this line's own start)
+        if not split(piece + " ", label=True, pdsh=True).text.strip() or _LEVEL_ONLY.match(piece):
+            continue  # (only prefixes, or a logger's level, so far: what follows is this line's own start)
         out.append(piece)
         last = c
     out.append(text[last:])

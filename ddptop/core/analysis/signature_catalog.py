@@ -31,10 +31,17 @@ class Signature:
     # substrings one of which every match contains (None: no such set): a line
     # with none of them is not searched, which most training lines are not
     hints: tuple[str, ...] | None = None
+    # a line this also matches is another signature's, not this one's (a full disk that is /dev/shm)
+    unless: re.Pattern | None = None
+
+    def search(self, text: str) -> re.Match | None:
+        m = self.pattern.search(text)
+        return m if m is not None and (self.unless is None or self.unless.search(text) is None) else None
 
 
-def _s(id, rx, explanation, profiles=(), level=CAUSE, flags=0):
-    return Signature(id, re.compile(rx, flags), explanation, tuple(profiles), level, literal_hints(rx, flags))
+def _s(id, rx, explanation, profiles=(), level=CAUSE, flags=0, unless=None):
+    return Signature(id, re.compile(rx, flags), explanation, tuple(profiles), level, literal_hints(rx, flags),
+                     re.compile(unless) if unless else None)
 
 
 def literal_hints(rx: str, flags: int = 0, shortest: int = 3) -> tuple[str, ...] | None:
@@ -74,8 +81,9 @@ _IB_COMPLETION = r"NET/IB ?: Got completion (?:from peer \S+ )?with (?:error |st
 
 CATALOG: list[Signature] = [
     _s("nccl-watchdog-timeout",
-       r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)"
-       r"(?P<op_end>[,)])?|"
+       # (a line a paste or a terminal cut is still the watchdog's: a number cut before its comma is unknown)
+       r"Watchdog caught collective operation timeout(?:: WorkNCCL\((?:SeqNum=(?P<seq>\d+)(?=,)"
+       r"(?:, OpType=(?P<op>\w+)(?P<op_end>[,)])?)?)?)?|"
        r"Timeout at NCCL work: (?P<seq_w>\d+)|"
        # (torch 2.5+: "Exception (either an error or timeout) detected by watchdog at work: N, last enqueued ...")
        r"Exception \(either an error or timeout\) detected(?: by watchdog at work: (?P<seq_x>\d+))?",
@@ -126,6 +134,14 @@ CATALOG: list[Signature] = [
     _s("port-in-use", r"errno: 98 - Address already in use|EADDRINUSE|[Aa]ddress already in use",
        "The rendezvous/master port is taken (often a previous run still alive). Pick another --master-port "
        "or --rdzv-endpoint, or stop the old job.", ()),
+    _s("rendezvous-connect-failed",
+       r"RendezvousConnectionError|[Tt]he connection to the C10d store has failed|"
+       r"[Ff]ailed to (?:connect to|create) (?:the )?(?:TCPStore|c10d store)",
+       "This node's agent could not reach the rendezvous store (--rdzv-endpoint, or MASTER_ADDR:MASTER_PORT): "
+       "the node hosting it was not up yet or is gone (its own log first), a wrong address or port, a firewall, "
+       "or, on machines with several networks, a name that resolves to an address the other nodes cannot "
+       "reach (give the endpoint as an IP they can reach; NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME pick the "
+       "interface).", ("fail-fast",), TIMEOUT),
     _s("rendezvous-timeout",
        r"RendezvousTimeoutError|[Rr]endezvous.*timed? ?out|Timed out initializing process group|"
        r"TCPStore.*[Tt]imed? ?out|wait timeout after \d+ms, keys:|"
@@ -151,6 +167,12 @@ CATALOG: list[Signature] = [
        "Shared memory (/dev/shm) ran out: containers default to 64 MB, which breaks NCCL's SHM transport and "
        "DataLoader workers. Give the container more (--shm-size) or use fewer workers.",
        ("shm-off", "fewer-workers")),
+    _s("disk-full",
+       r"No space left on device|Not enough disk space|Disk quota exceeded|\bENOSPC\b|\bEDQUOT\b",
+       "A disk filled up (or its quota ran out) while the job wrote to it: checkpoints, logs, a dataset's cache "
+       "(~/.cache/huggingface), /tmp (torch.compile's and Triton's caches). `df -h` and `du -sh` on that node "
+       "say which; point the checkpoint directory, HF_HOME or TMPDIR at a larger disk.",
+       unless=r"/dev/shm|\bshm\b|\bSHM\b|shared memory|posix_fallocate|NCCL WARN"),
     _s("xid", r"NVRM: Xid \((?P<pci>PCI:[^)]*)\): (?P<xid>\d+)(?:, pid=(?P<pid>\d+))?|NVRM: Xid|\bXid\b.*\(PCI:",
        "The NVIDIA driver reported an Xid error: a GPU hardware or driver fault (79: the GPU fell off the bus; "
        "48, 63, 64, 94, 95: memory (ECC) errors; 13, 31, 43: usually an application's bad memory access; 74: "
@@ -169,6 +191,12 @@ CATALOG: list[Signature] = [
        "NCCL lost a peer: another rank died first (look for the first rank that failed), or, if none did, the "
        "network between nodes failed (the NET/IB or socket warning above it says which).",
        ("nccl-debug",), CONSEQUENCE),
+    _s("nccl-net-plugin-error",
+       r"NET/(?!IB\b|Socket\b)[A-Za-z][\w-]* ?:? .*?(?:completed with error|[Ee]rror(?: code)?[:=] ?-?\d)",
+       "NCCL's network plugin (AWS OFI for EFA, or another NET plugin) reported a transfer that failed: a peer "
+       "endpoint went away (look for the first rank that failed) or the fabric dropped the request "
+       "(UNDELIVERABLE: the peer cannot be reached; check the fabric: `fi_info`, the EFA devices, the security "
+       "group or firewall between the nodes).", ("nccl-debug",)),
     _s("nccl-ib-error", _IB_COMPLETION + r"(?!5\b)(?P<status>\d+)",
        "An InfiniBand/RoCE transfer failed. Status 12 (retry exceeded) means the two NICs cannot reach each other "
        "or the link is bad or congested: check `ibstat` and the port counters, the RoCE GID index "
@@ -208,6 +236,15 @@ CATALOG: list[Signature] = [
        "A GPU kernel read or wrote outside its memory (a bad index, a custom or Triton kernel, a library bug). "
        "CUDA reports errors late, so the stack trace may name the wrong op: cuda-sync (CUDA_LAUNCH_BLOCKING=1) "
        "finds the real one. If it happens on one GPU or node only, suspect the hardware.", ("cuda-sync", "single-gpu")),
+    _s("cuda-launch-failure",
+       r"unspecified launch failure|cudaErrorLaunchFailure|CUDA_ERROR_LAUNCH_FAILED|"
+       r"an illegal instruction was encountered|cudaErrorIllegalInstruction|"
+       r"misaligned address|cudaErrorMisalignedAddress|hardware stack error|cudaErrorHardwareStackError",
+       "A GPU kernel crashed on the device (an illegal instruction, a misaligned access or a fault the GPU "
+       "reports only as a launch failure): a kernel's bug, a library built for another GPU, or the hardware. "
+       "The kernel log of its node says which (`dmesg -T | grep -i xid`: Xid 13/31/43 are a program's fault, "
+       "others the GPU's); cuda-sync (CUDA_LAUNCH_BLOCKING=1) names the op that launched it; on one GPU or node "
+       "only, suspect the hardware.", ("cuda-sync", "single-gpu")),
     _s("cuda-device-assert", r"device-side assert triggered|\.cu:\d+: [^\n]*?\bAssertion `[^\n]*` failed",
        "A GPU kernel's assertion failed, almost always an index out of range: a label >= the number of classes, "
        "a negative index, a token id past the embedding table. The 'Assertion ... failed' line names the kernel; "

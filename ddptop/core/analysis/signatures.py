@@ -79,11 +79,11 @@ _TORCH_DISTRIBUTED = re.compile(r"[/\\]torch[/\\]distributed[/\\]")
 _ERROR_WORDS = re.compile(r"\b(?:error|ERROR|Error|FATAL|Fatal|fatal|CRITICAL|failed|Failed|FAILED|failure|Failure|"
                           r"cannot|Cannot|can't|Can't|could not|Could not|unable to|Unable to|"
                           r"No such file or directory|Permission denied|core dumped|refused|denied|exceeded|"
-                          r"Assertion .* failed)\b|what\(\):|^\[?E\d{4} \d\d:")
+                          r"Assertion .* failed)\b|what\(\):|^\[?E\d{3,4} \d\d:")
 _NOT_ERROR = re.compile(r"\b(?:WARN|WARNING|\w*Warning|warning|INFO|DEBUG|[Dd]eprecat\w*|retry\w*|[Rr]etrying|[Ii]f you|"
                         r"[Yy]ou (?:can|may|might|should)|[Cc]onsider|[Hh]int|ignor\w*|[Nn]o errors?|without errors?|"
                         r"0 errors?|errors?[:=] ?0\b|error[_ ]?(?:rate|count|file)|[Tt]raceback|[Tt]o enable)\b|"
-                        r"^\[?[WI]\d{4} |^\[[WI] |above exception|handling of the|^=+$|^-+$|^\S+ FAILED$|"
+                        r"^\[?[WI]\d{3,4} |^\[[WI] |above exception|handling of the|^=+$|^-+$|^\S+ FAILED$|"
                         # (a heading whose error is on the next line; PyTorch's C++ backtrace lines)
                         r"^Last error:?$|^frame #\d+:|^Exception raised from ")
 _NCCL_PEER_WARN = re.compile(r"\bpeer\b|\bremote\b|[Cc]onnection (?:closed|reset|refused)|truncated|[Bb]roken pipe|"
@@ -106,6 +106,8 @@ def _looks_like_error(s: str) -> bool:
     if len(s) <= 3 or not (any(h in s for h in _ERROR_HINTS) or (s[:1] in "E[" and s[1:2].isdigit() or
                                                                  s[:2] == "[E")):
         return False
+    if s.rstrip().endswith(("{", "[")):
+        return False  # (the head of a structured report, an error handler's JSON: its fields say the error)
     return _ERROR_WORDS.search(s) is not None and _NOT_ERROR.search(s) is None
 
 
@@ -114,7 +116,7 @@ def _looks_like_error(s: str) -> bool:
 # ``timestamps.line_time``).  A known error is often followed by more records from the same source within the
 # second (NCCL's watchdog: the desync report, the failed collective's stack, the dump it starts): the rest of that
 # report, not errors of their own.
-_LOG_RECORD = re.compile(r"\[?[EWF]\d{4} \d\d:\d\d:\d\d(?:\.\d+)? +(?:\d+ +)?"
+_LOG_RECORD = re.compile(r"\[?[EWF]\d{3,4} \d\d:\d\d:\d\d(?:\.\d+)? +(?:\d+ +)?"
                          r"(?P<src>[\w./-]+\.(?:cpp|cc|cu|h|hpp|c|py)):\d+\]")
 _REPORT_SECONDS = 10  # how long after a known error a record from the same source is still its report
 
@@ -449,7 +451,7 @@ class SignatureMatcher:
                                    "log says why.", (), ENDED, source, Detail(exit_code=code, root=True)))
         for i in sorted(ALWAYS | {i for h, i in HINTS if h in t}):  # in catalogue order
             sig = CATALOG[i]
-            m = sig.pattern.search(t)
+            m = sig.search(t)
             if m:
                 matched = {k: v for k, v in m.groupdict().items() if v is not None}
                 level = sig.level

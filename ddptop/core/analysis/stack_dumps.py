@@ -53,6 +53,22 @@ Formats read, recognised by their content (``format_of`` names them):
   its line 0; an unnamed one (``in ???``) has function "0x?".  ``[Has the GIL]`` reads as state "active"
   (and ``gil``), ``[Waiting for the GIL]`` as "idle", anything else as "".
 
+``"faulthandler"``: Python's ``faulthandler`` (a fatal signal's report, ``dump_traceback``,
+``dump_traceback_later``; what a rank prints when it segfaults under ``-X faulthandler``)::
+
+    Fatal Python error: Segmentation fault
+
+    Thread 0x00007fea3155a6c0 (most recent call first):
+      File "/usr/lib/python3.11/threading.py", line 320 in wait
+      File "/w/loader.py", line 40 in next_batch
+
+    Current thread 0x00007fea323cfb80 (most recent call first):
+      File "/w/train.py", line 88 in train_step
+
+  Python frames only, innermost first; threads newest first (the main thread, the one whose
+  outermost frame is ``<module>``, is put first; else the last printed).  It says nothing of a
+  thread's state ("").
+
 Threads come main thread first, frames innermost first, in every format.  Anything that is
 not a dump (an error message, an empty string, a training log) gives [].
 """
@@ -68,7 +84,7 @@ __all__ = ["with_native",
     "THREAD_LINE", "PROCESS_LINE", "FRAME_LINE", "thread_id",
 ]
 
-FORMATS = ("py-spy", "py-spy-json", "gdb", "pystack")
+FORMATS = ("py-spy", "py-spy-json", "gdb", "pystack", "faulthandler")
 PY_SUFFIXES = (".py", ".pyw", ".pyx")
 
 
@@ -167,6 +183,10 @@ _PYSTACK_FRAME = re.compile(r'^\s+\((Python|C)\) File "(.*)", line (\d+), in (.*
 _PYSTACK_PID = re.compile(r"^\s*pid: (\d+) ppid: \d+")
 _PYSTACK_CORE = re.compile(r"^\s*(?:Using executable found in the core file:|Core file information:)")
 
+_FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9A-Fa-f]+) \(most recent call first\):\s*$")
+_FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?+) in (.+?)\s*$')
+_FH_EMPTY = re.compile(r"^\s+(?:<no Python frame>|\.\.\.)\s*$")
+_FH_FATAL = re.compile(r"^Fatal Python error: ")
 _JSON_START = re.compile(r"^\[\s*$|^\[\s*\{", re.MULTILINE)
 _JSON_OPEN = re.compile(r"^\[\s*$")
 _JSON_FRAMES = re.compile(r'^\s*"frames": \[')
@@ -227,7 +247,7 @@ def _sniff(text: str) -> tuple[str, int]:
     lines = _lines(text)
     run: list = []  # a run of gdb frame lines without "#0" (a paste cut above): [first line, last #N, any "0x… in"]
     for i, line in enumerate(lines):
-        if not line or line[0] not in "T#[ \t":
+        if not line or line[0] not in "CT#[ \t":
             run = [] if line else run
             continue
         gm = _GDB_FRAME.match(line) if line[0] == "#" else None
@@ -248,13 +268,17 @@ def _sniff(text: str) -> tuple[str, int]:
             return "gdb", i
         if _PYSTACK_THREAD.match(line):
             return "pystack", i
+        if _FH_THREAD.match(line):
+            nxt = _next_nonblank(lines, i)
+            if _FH_FRAME.match(nxt) or _FH_EMPTY.match(nxt):
+                return "faulthandler", i
         if _JSON_START.match(line) and _is_py_spy_json(_json_value("\n".join(lines[i:]))):
             return "py-spy-json", i
     return "", -1
 
 
 def format_of(text: str) -> str:
-    """"py-spy", "py-spy-json", "gdb" or "pystack": the format of the (first) stack dump in
+    """"py-spy", "py-spy-json", "gdb", "pystack" or "faulthandler": the format of the (first) stack dump in
     text, by its content; "" for a text that holds none.
 
     Strict enough for telling dumps among log files: a py-spy dump needs a ``Thread N (idle)``
@@ -263,7 +287,8 @@ def format_of(text: str) -> str:
     from its middle) two frame lines numbered one after the other, one of them with its
     address (``#8  0x00007f… in cuMemcpyDtoHAsync_v2 () from …``), pystack its ``Traceback
     for thread N … (most recent call last):`` header, py-spy's JSON a list of threads with
-    frames.  A Python traceback (``Traceback (most recent call last):``), PyTorch's C++ traces
+    frames, faulthandler its ``Thread 0x… (most recent call first):`` header followed by a
+    ``  File "…", line N in f`` line.  A Python traceback (``Traceback (most recent call last):``), PyTorch's C++ traces
     (``frame #0: …``, ``#4 … from file:0``) and NCCL's logs are none of these."""
     return _sniff(text)[0]
 
@@ -286,6 +311,8 @@ def parse_dump(text: str) -> list[Thread]:
         return _parse_gdb(text)
     if fmt == "pystack":
         return _parse_pystack(text)
+    if fmt == "faulthandler":
+        return _parse_faulthandler(text)
     return _parse_py_spy(text)
 
 
@@ -470,6 +497,11 @@ def _parse_gdb(text: str) -> list[Thread]:
             continue
         flush()
         if _GDB_BT_PROMPT.match(line) and rec is not None and rec["num"] is None and rec["c"]:
+            if rec["id"] == current and rec["nums"] == {"0"} and not rec["py"]:
+                # the one frame `thread N` (or `frame`) printed for the thread now current: its backtrace
+                # has it, whole
+                rec["c"], rec["nums"], rec["c_done"] = [], set(), False
+                continue
             # a new `bt` at the prompt, after frames no thread header named (printed by up/down/frame, or
             # another bare backtrace): the backtrace of the thread now current, which may be another
             rec = new(None, current, "")
@@ -577,6 +609,35 @@ def _parse_pystack(text: str) -> list[Thread]:
     return [Thread(t.name, t.id, t.state, t.frames, t.gil, pid) for t in threads]
 
 
+def _parse_faulthandler(text: str) -> list[Thread]:
+    threads: list[Thread] = []
+    cur: dict | None = None
+
+    def close() -> None:
+        nonlocal cur
+        if cur is not None:
+            threads.append(Thread("", cur["id"], "", tuple(cur["frames"]), False, None))
+        cur = None
+
+    for line in _lines(text):
+        m = _FH_THREAD.match(line)
+        if m:
+            close()
+            cur = {"id": thread_id(m.group(2)), "frames": []}
+            continue
+        m = _FH_FRAME.match(line) if cur is not None else None
+        if m and cur is not None:
+            cur["frames"].append(Frame(m.group(3), m.group(1), int(m.group(2)) if m.group(2).isdigit() else 0,
+                                       "python"))
+        elif cur is not None and line.strip() and not _FH_EMPTY.match(line):
+            close()  # (the report's end: "Extension modules: ...", the next log line)
+    close()
+    # newest first as printed: the main thread is the one that runs a module's code, else the oldest
+    main = next((t for t in threads if t.frames and t.frames[-1].function == "<module>"),
+                threads[-1] if threads else None)
+    return [t for t in threads if t is main] + [t for t in threads if t is not main]
+
+
 # --------------------------------------------------------------------------- several processes
 
 # a line that is a label naming a rank: "rank 3", "[rank3]", "Rank 3:", "rank=3", "=== rank 3 ===",
@@ -616,11 +677,11 @@ def _kind(line: str) -> tuple[str, int | None, int | None]:
     if m:
         p = int(next(g for g in m.groups() if g))
         return ("pid", p, None) if line.startswith("[Inferior") else ("header", p, None)
-    if _PYSTACK_CORE.match(line) or _JSON_OPEN.match(line):
+    if _PYSTACK_CORE.match(line) or _JSON_OPEN.match(line) or _FH_FATAL.match(line):
         return "header", None, None
     if (THREAD_LINE.match(line) or FRAME_LINE.match(line) or _GDB_THREAD.match(line) or _gdb_frame_line(line)
             or _PYSTACK_THREAD.match(line) or _PYSTACK_EMPTY.match(line) or _PYSTACK_FRAME.match(line)
-            or _JSON_FRAMES.match(line)):
+            or _JSON_FRAMES.match(line) or _FH_THREAD.match(line) or _FH_FRAME.match(line)):
         return "content", None, None
     m = _PYSTACK_PID.match(line)
     if m:

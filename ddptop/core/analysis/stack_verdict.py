@@ -357,6 +357,8 @@ def rank_state(threads: Iterable[Thread], source_line: SourceLine | None = None,
     native_read = t is not None and any(f.native for f in t.frames)
     inner_native = _inner_native(t) if t is not None else []
     g = gpu_wait(inner_native, t.state == "idle") if t is not None and inner_native else None
+    if t is not None and not frames and g is None and any(f.named for f in inner_native):
+        return _native_only(t, threads, inner_native)
     if t is None or (not frames and g is None):
         return RankStack("unknown", "no Python stack", None, None, "", t.state if t else "",
                          t.name if t else "", (), (), native_read=native_read)
@@ -499,6 +501,55 @@ def _gil_deadlock(others: tuple[str, ...], inner_native: list[Frame]) -> str:
     return (f"blocked on a lock{where} while holding the GIL; {takers[0]}: a lock-order deadlock with the GIL")
 
 
+
+
+# a collective's host code in a native backtrace: gloo's (in libtorch_cpu), c10d's process groups, MPI's,
+# Horovod's controllers; the operation by its name
+_NATIVE_COLLECTIVE = re.compile(r"^(?:gloo|c10d|horovod|ompi|mca_coll|P?MPI)\b|^P?MPI_", re.IGNORECASE)
+_COLLECTIVE_OP = re.compile(r"all_?gather|all_?reduce|reduce_?scatter|broadcast|barrier|all_?to_?all|gather|"
+                            r"scatter|reduce|send|recv|wait", re.IGNORECASE)
+# the runtime's own frames, never what a thread is doing: libc, the C++ library's locks, CPython's
+_PLUMBING = re.compile(r"^(?:std::|__gthread|__?pthread|pthread_|__lll_|__futex|futex|syscall|clone|start_thread|"
+                       r"_?Py|PyEval|take_gil|drop_gil|_?_?libc_|__GI_|ioctl|poll|epoll|select|read|write|recv|"
+                       r"send|accept|nanosleep|usleep|sleep|sem_)")
+
+
+def _short_symbol(f: Frame) -> str:
+    """A native frame's function without its C++ arguments and template parameters."""
+    fn = f.function.split("@", 1)[0]
+    depth, out = 0, []
+    for ch in fn:
+        if ch in "(<":
+            depth += 1
+        elif ch in ")>":
+            depth = max(0, depth - 1)
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out).strip() or fn
+
+
+def _native_only(t: Thread, threads: list[Thread], inner: list[Frame]) -> RankStack:
+    """A thread with native frames only, none in a GPU library (a gdb backtrace of a CPU-side wait): a
+    collective's host code (gloo, c10d, MPI, Horovod) is a collective; else what its outermost named frame
+    does, and how it waits there (a lock, a wait, the GIL), in a framework's code."""
+    named = [f for f in inner if f.named]
+    prim = primitive(inner)
+    gil = next((f for f in named if _TAKE_GIL.search(f.function)), None)
+    coll = [f for f in named if _NATIVE_COLLECTIVE.search(_short_symbol(f)) and
+            _COLLECTIVE_OP.search(_short_symbol(f).rsplit("::", 1)[-1])]
+    sig = tuple(f"{_short_symbol(f)}@{f.base}" for f in named if not _PLUMBING.search(_short_symbol(f)))
+    if coll:
+        op = coll[-1]  # (the outermost: the operation the program asked for; the innermost is its transport)
+        text = f"waits in `{_short_symbol(op)}` ({op.base or 'native code'}), a collective's host code"
+        return RankStack("collective", text, None, op, _short_symbol(op), t.state, t.name, sig or ("collective",),
+                         sig, native_read=True, others=_other_threads(threads, t))
+    own = [f for f in named if not _PLUMBING.search(_short_symbol(f))]
+    at = own[-1] if own else named[-1]
+    where = f"`{_short_symbol(at)}` ({at.base or 'native code'})"
+    text = (f"waits to take the GIL in {where}" if gil is not None else f"in {where}, blocked on a lock"
+            if prim == "lock" else f"waits in {where}" if prim == "wait" else f"in {where}")
+    return RankStack("framework", text, None, at, _short_symbol(at), t.state, t.name, sig or (text,), sig,
+                     native_read=True, others=_other_threads(threads, t))
 
 
 def _native_words(g: GpuWait, inner: list[Frame]) -> str:

@@ -3,6 +3,7 @@
 ``line_time(text)`` reads the first stamp of a line, in any of:
 
 * PyTorch's C++ logging and glog: ``[E1126 13:56:19.368540810 ProcessGroupNCCL.cpp:632]``,
+  ``[E113 11:43:02.241131296 ...]`` (c10's month is not zero-padded: January 13),
   ``E1126 13:56:19.368000 4711 torch/distributed/...``, ``W1126 ...`` (no year);
 * ISO 8601 and Python logging: ``2024-11-26T13:56:19.368Z``, ``[2024-11-26 13:56:19,368]``,
   ``2024/11/26 13:56:19`` (NCCL's ``NCCL_DEBUG_TIMESTAMP_FORMAT`` default, SLURM's
@@ -26,7 +27,8 @@ __all__ = ["Stamp", "line_time", "Clock"]
 
 _MONTHS = {m: i for i, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov",
                                        "dec"), 1)}
-_GLOG = re.compile(r"(?:^|[\[:\s])[IWEF](?P<mo>[01]\d)(?P<d>[0-3]\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)"
+# (glog pads the month to two digits, c10's own logging does not: "[E113 11:43:02.24 ...]" is January 13)
+_GLOG = re.compile(r"(?:^|[\[:\s])[IWEF](?P<mo>1[0-2]|0[1-9]|[1-9])(?P<d>[0-3]\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)"
                    r"(?:\.(?P<f>\d+))?\b")
 _ISO = re.compile(r"(?<!\d)(?P<y>(?:19|20)\d\d)[-/](?P<mo>\d\d)[-/](?P<d>\d\d)[T ](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)"
                   r"(?:[.,](?P<f>\d+))?")

@@ -69,21 +69,25 @@ def create_run_dir(run_dir: Path | None) -> Path:
     return run_dir
 
 
+def is_run(path: Path) -> bool:
+    """Whether ``path`` is a ddptop run directory: its meta.json is ddptop's (a run id and a command), not
+    another tool's file of that name (a folder of someone's logs or stack dumps may hold one)."""
+    d = read_json(Path(path) / META)
+    return isinstance(d, dict) and isinstance(d.get("run_id"), str) and isinstance(d.get("command"), list)
+
+
 def resolve_run(ref: str) -> Path:
     """A run id, a run directory, or 'latest' -> the run directory."""
     p = Path(ref).expanduser()
-    if (p / META).is_file():
+    if is_run(p):
         return p.absolute()
     home = runs_home()
     if ref in ("latest", "last"):
-        runs = sorted(
-            (d for d in home.glob("*") if (d / META).is_file()),
-            key=lambda d: d.stat().st_mtime,
-        )
+        runs = sorted((d for d in home.glob("*") if is_run(d)), key=lambda d: d.stat().st_mtime)
         if not runs:
             raise JournalError(f"no runs under {home}")
         return runs[-1]
-    if (home / ref / META).is_file():
+    if is_run(home / ref):
         return home / ref
     raise NoSuchRun(f"no ddptop run called {ref!r} (looked for {p} and under {home})")
 

@@ -40,6 +40,7 @@ from ddptop.core.analysis.wording import launch_words
 from ddptop.core.model import run_dirs
 from ddptop.core.model.events import AlarmEvent, LogBatch
 from ddptop.core.model.evidence import StackEvidence, Where, ranks_text
+from ddptop.core.run import journal
 from ddptop.core.sources import flight_recorder as flight
 from ddptop.core.sources import ras_parse
 from ddptop.core.sources import stack_files as dump_files
@@ -123,7 +124,7 @@ def analyze_paths(paths: list[str], read: Mapping[str, list] | None = None) -> A
         an.default_year = _time.gmtime(max(mtimes)).tm_year
     given: list[Path] = []  # plain files, read after the rest (their names say ranks together)
     for p in map(Path, paths):
-        if (p / run_dirs.META).is_file():
+        if journal.is_run(p):
             # a run's lines at the times its live analysis read them (its journal's marks), so that a finding
             # is dated when it happened, not when it is read now
             events = (read or {}).get(str(p))
@@ -588,7 +589,7 @@ def _lost_peer_words(lp: dict) -> list[str]:
 
 
 def main(paths: list[str], json_mode: bool) -> int:
-    runs = [p for p in paths if (Path(p) / run_dirs.META).is_file()]
+    runs = [p for p in paths if journal.is_run(Path(p))]
     timed = run_story.timed_events(runs[0]) if len(runs) == 1 else None  # (read once: the analysis and the story)
     an = analyze_paths(paths, {str(Path(runs[0])): timed[0]} if timed is not None else None)
     st = stacks_report(paths, gpu_job=an.nccl_version is not None)
