@@ -92,9 +92,11 @@ READERS_WAIT = 5.0  # seconds a launching ddptop waits, at the end, for attached
 
 
 def _import_ui() -> None:
-    """The UI's modules (Textual's): imported while a hosted session's process starts, when there is a screen."""
+    """The UI's modules (Textual's), the full screen's widgets too: imported while a hosted session's process
+    starts, when there is a screen."""
     if sys.stdout.isatty():
         import ddptop.ui.app  # noqa: F401
+        import ddptop.ui.screen_body  # noqa: F401
 
 
 def _watch(session, args) -> int:

@@ -4,9 +4,10 @@
 ``"detach"`` (the job keeps running), ``"stop"`` (``session.stop()`` was
 called; the caller waits for the end) or ``"finished"`` (the job had ended).
 
-This module is the app itself: the layout, the keys, the screen's state and
-its refresh.  The parts have their own modules:
+This module is the app itself: the keys, the screen's state and its refresh,
+and the first frame's hand-over to the full screen.  The parts have their own modules:
 
+* ``first_frame.py``, ``screen_body.py``: the first frame, and the full screen's widgets;
 * ``event_feed.py``: the poll thread and the intake of events;
 * ``commands.py``: what each key does (actions, dialogs, workers);
 * ``header.py``: the header line and the launch/env panel;
@@ -34,6 +35,8 @@ from textual import on
 from textual.app import App, ComposeResult, ScreenStackError
 from textual.binding import Binding
 from textual.css.query import NoMatches
+from textual.screen import Screen
+from textual.widget import MountError
 from textual.timer import Timer
 from textual.widgets import Input
 
@@ -135,6 +138,7 @@ class DdptopApp(EventFeed, Commands, App[str]):
         self._built = not first_frame
         self._preapplied: set[int] = set()  # ids of inbox events the model has already taken (the first frame's)
         self._first_frame_until = 0.0
+        self._main_screen: Screen | None = None  # the app's own screen (a dialog may be over it at the build)
         # a run that had ended when opened: its replay folds every line (a live job's flood is capped, and a
         # replay's final state comes only once every file is read, too late to tell it by)
         loc = session.location
@@ -193,6 +197,7 @@ class DdptopApp(EventFeed, Commands, App[str]):
             self.notify(self._theme_warning, severity="warning")
         self._update_palette()
         self.set_interval(1.0, self._tick)
+        self._main_screen = self.screen
         if self._first_frame:
             self._show_first_frame()
             return
@@ -212,10 +217,10 @@ class DdptopApp(EventFeed, Commands, App[str]):
                 events = self.session.poll()
             except Exception as e:  # noqa: BLE001 - said in the log as the poll thread says it; the screen comes
                 self.post_message(PollFailed(f"{type(e).__name__}: {e}"))
+            self._preapplied = {id(ev) for ev in events}  # (before: a failure part-way is not applied twice)
             try:
                 self.model.apply(events)
-                self._preapplied = {id(ev) for ev in events}
-            except Exception as e:  # noqa: BLE001 - as ingest does: said in the log, applied again there
+            except Exception as e:  # noqa: BLE001 - as ingest does: said in the log, the monitor goes on
                 self._add_line(Line(-1, "note", f"could not apply events: {e}", "bold"))
             with self._inbox_lock:
                 queue_events(self._inbox, events)
@@ -239,8 +244,21 @@ class DdptopApp(EventFeed, Commands, App[str]):
 
     async def _build(self) -> None:
         """The full screen, under the first frame; the first frame goes once the merged log shows its lines."""
-        await self.mount(self._body(), before=self.query_one(FirstFrame))
+        if self._exit:
+            return  # (quit while the first read was taken: nothing to build)
+        screen = self._main_screen
+        if screen is None:
+            return
+        try:
+            await screen.mount(self._body(), before=screen.query_one(FirstFrame))
+        except (MountError, NoMatches, ScreenStackError):
+            return  # (the app is closing under it)
         self._built = True
+        if self.screen is screen and self.focused is None:
+            # (the screen gave its first focus when it held only the first frame: the table takes it, as it
+            # does when the screen is built at once; the footer's keys come with the focus)
+            screen.query_one("#ranks").focus()
+        self.refresh_bindings()
         self._refresh_header()
         self._refresh_table()
         with self._inbox_lock:
@@ -260,7 +278,7 @@ class DdptopApp(EventFeed, Commands, App[str]):
             waiting = bool(self._inbox)
         shown = log is not None and (bool(log.lines) or (not waiting and not self.logs.buffers["merged"].lines))
         if shown or time.monotonic() > self._first_frame_until:
-            for ff in self.query(FirstFrame):
+            for ff in self._main_screen.query(FirstFrame) if self._main_screen is not None else ():
                 ff.remove()
             self.call_after_refresh(self.logs.after_first_frame)
         else:
@@ -306,11 +324,19 @@ class DdptopApp(EventFeed, Commands, App[str]):
         # folds of alike lines whose time is up: into the merged pane (not while a replay is still read: its
         # ranks' lines come a slice at a time, and a loaded machine can take longer than a fold's hold between
         # slices; its final state comes once every file is read)
-        if not (self._replay and not self.model.finished) and self.logs.tick():
+        if not (self._replay and self._replay_unread()) and self.logs.tick():
             self._schedule_flush()
         self._refresh_header()
         if time.monotonic() - self._last_table >= self._table_every:
             self._refresh_table()
+
+    def _replay_unread(self) -> bool:
+        """A replay's lines are not all in the panes yet: its end not read, or events of it still in the inbox
+        (the first frame's read applies a small run's end to the model before its lines reach the panes)."""
+        if not self.model.finished:
+            return True
+        with self._inbox_lock:
+            return bool(self._inbox) or self._posted
 
     def _refresh_alarms(self) -> None:
         """Show the alarm box; ring the bell once per new (recent) alarm."""

@@ -131,7 +131,7 @@ class EventFeed:
 
     def on_events_ready(self, _msg: EventsReady) -> None:
         """Take what the inbox holds, a slice at a time (the rest stays first in it, for the next message): a
-        replay of 1,024 ranks' logs paints its first frame after its first slice, and the screen answers keys
+        replay of 1,024 ranks' logs shows its lines after its first slice, and the screen answers keys
         between slices, rather than after all of it.  A slice is what INGEST_BUDGET allows at the cost a line
         had in the last slices (a live 1,024-rank view that fell behind takes 50 ms at a time, not seconds),
         INGEST_SLICE lines at most."""

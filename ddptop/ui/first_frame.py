@@ -9,8 +9,8 @@ log's last lines, drawn by the same functions the full screen draws them with
 (``header_markup``, ``rank_row``, ``render_lines``) from the job's first read,
 as a few plain widgets on a layer of their own.  The full screen is built under
 it right after that paint and takes its place once its merged log shows its
-lines (``DdptopApp._build``).  Keys that need the full screen wait for it (the
-app's ``check_action``); quitting does not.
+lines (``DdptopApp._build``).  Keys that need the full screen are refused until
+it is there (the app's ``check_action``, a fraction of a second); quitting is not.
 
 Nothing here is kept: the events read for it go on to the app's inbox, so
 every line reaches the panes exactly once.
@@ -31,7 +31,7 @@ from ddptop.ui.header import HeaderBar, HeaderState
 from ddptop.ui.logview import Line, render_lines
 from ddptop.ui.rank_rows import COLUMNS, rank_row
 
-TABLE_ROWS = 11  # the rank table's rows on the screen (its max-height 12, less its header row)
+TABLE_ROWS = 10  # the rank table's rows on the screen (its max-height 12, less its header row and its border)
 
 
 def table_text(model: JobState, theme, now: float, rows: int = TABLE_ROWS) -> Text:

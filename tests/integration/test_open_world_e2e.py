@@ -58,8 +58,20 @@ E1127 07:24:21.798000 2113 torch/distributed/elastic/multiprocessing/api.py:1002
 """
 
 
-def test_steps_that_reach_a_tee_console_after_the_error_are_not_a_recovery(tmp_path):
-    (tmp_path / "console.txt").write_text(TEE_CONSOLE)
+# the same job's console on another run here (2026-11-28): rank 1's first step, its loader's traceback, then rank
+# 0's five steps, and only then rank 1's steps 2-5 (its stdout's steps, written before the traceback)
+_TRACEBACK = TEE_CONSOLE[TEE_CONSOLE.index("[default1]:Exception in thread loader:"):
+                         TEE_CONSOLE.index("[default1]:step 4 loss 0.250")]
+TEE_CONSOLE_2 = ("[default1]:step 1 loss 1.000\n" + _TRACEBACK +
+                 "".join(f"[default0]:step {s} loss {1 / s:.3f}\n" for s in range(1, 6)) +
+                 "".join(f"[default1]:step {s} loss {1 / s:.3f}\n" for s in range(2, 6)) +
+                 TEE_CONSOLE[TEE_CONSOLE.index("[default0]:[rank0]: Traceback"):])
+
+
+@pytest.mark.parametrize("console", [TEE_CONSOLE, TEE_CONSOLE_2], ids=["steps-after", "peers-steps-after-too"])
+def test_steps_that_reach_a_tee_console_after_the_error_are_not_a_recovery(tmp_path, console):
+    assert console.index("FileNotFoundError") < console.index("[default1]:step 5")
+    (tmp_path / "console.txt").write_text(console)
     rep = diagnose(tmp_path / "console.txt")
     rc = rep["root_cause"]
     assert rc["signature"] == "python-exception" and rc["rank"] == 1, rc
