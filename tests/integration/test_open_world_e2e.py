@@ -409,3 +409,35 @@ def test_a_store_that_went_away_mid_run_is_the_peers_loss_not_the_root(tmp_path)
         'inner exception for details.\n')
     rep = diagnose(tmp_path)
     assert rep["root_cause"] is None or rep["root_cause"]["signature"] != "rendezvous-connect-failed", rep["root_cause"]
+
+
+def test_open_mpis_own_signal_report_is_the_ranks_death_and_a_bus_error_is_not_taken_for_shm_alone(tmp_path):
+    """Open MPI's handler on a rank's fatal signal ("Signal: Bus error (7)", under mpirun --tag-output), as in
+    ChenRocks/UNITER#82 (an LMDB dataset read through mmap): the rank's death by SIGBUS, whose words name both
+    usual causes (shared memory, a memory-mapped file), not a shared-memory finding from the word alone."""
+    (tmp_path / "console.txt").write_text(
+        "[1,0]<stderr>:08/15/2021 10:08:00 - INFO - __main__ -     Num steps = 6000\n"
+        "[1,0]<stderr>:[1a62e574072d:00334] *** Process received signal ***\n"
+        "[1,0]<stderr>:[1a62e574072d:00334] Signal: Bus error (7)\n"
+        "[1,0]<stderr>:[1a62e574072d:00334] Signal code: Non-existant physical address (2)\n"
+        "[1,0]<stderr>:[1a62e574072d:00334] [ 1] /opt/conda/lib/python3.6/site-packages/lmdb/cpython.cpython-36m-"
+        "x86_64-linux-gnu.so(+0x128e0)[0x7f25aa5988e0]\n")
+    rep = diagnose(tmp_path)
+    rc = rep["root_cause"]
+    assert rc["signature"] == "rank-signal" and rc["rank"] == 0 and "SIGBUS" in rc["explanation"], rc
+    assert "memory-mapped" in rc["explanation"]
+    assert not [f for f in rep["findings"] if f["signature"] == "shm-exhausted"]
+
+
+def test_a_gpu_that_fell_off_the_bus_is_the_root_and_corrected_pcie_errors_are_not_errors(tmp_path):
+    """rwth-i6/returnn#1486: the node of a hung job, its kernel log full of corrected PCIe errors, nvidia-smi unable
+    to reach the GPU."""
+    (tmp_path / "dmesg.txt").write_text(
+        "[  +0.000316] pcieport 0000:00:03.0: AER: Corrected error received: 0000:00:03.0\n"
+        "[  +0.000005] pcieport 0000:00:03.0: PCIe Bus Error: severity=Corrected, type=Data Link Layer, "
+        "(Transmitter ID)\n")
+    (tmp_path / "nvidia-smi.txt").write_text(
+        "zeyer@cn-234 ~ % nvidia-smi\nUnable to determine the device handle for GPU0000:03:00.0: Unknown Error\n")
+    rep = diagnose(tmp_path)
+    assert rep["root_cause"]["signature"] == "gpu-lost"
+    assert not [f for f in rep["findings"] if f["signature"] == "unclassified-error"]

@@ -167,6 +167,11 @@ REAL_MORE = [
     ("disk-full", "OSError: Not enough disk space. Needed: Unknown size (download: Unknown size, generated: Unknown "
                   "size, post-processed: Unknown size)"),
     ("disk-full", "OSError: [Errno 28] No space left on device"),
+    # rwth-i6/returnn#1486: nvidia-smi on the node of a hung job whose GPU dropped off the bus
+    ("gpu-lost", "Unable to determine the device handle for GPU0000:03:00.0: Unknown Error"),
+    # deepspeedai/DeepSpeed#2946: the launcher's teardown after a rank died
+    ("launcher-stopping-ranks", "[2023-03-05 06:40:25,173] [INFO] [launch.py:318:sigkill_handler] Killing subprocess "
+                                "3698707"),
 ]
 
 

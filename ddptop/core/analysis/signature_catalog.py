@@ -163,7 +163,7 @@ CATALOG: list[Signature] = [
        ()),
     _s("shm-exhausted",
        r"insufficient shared memory|/dev/shm.*(?:[Nn]o space|too small)|NCCL WARN.*(?:shm|SHM)|"
-       r"unable to (?:write|allocate|open).*shm|Bus error",
+       r"unable to (?:write|allocate|open).*shm",
        "Shared memory (/dev/shm) ran out: containers default to 64 MB, which breaks NCCL's SHM transport and "
        "DataLoader workers. Give the container more (--shm-size) or use fewer workers.",
        ("shm-off", "fewer-workers")),
@@ -173,6 +173,12 @@ CATALOG: list[Signature] = [
        "(~/.cache/huggingface), /tmp (torch.compile's and Triton's caches). `df -h` and `du -sh` on that node "
        "say which; point the checkpoint directory, HF_HOME or TMPDIR at a larger disk.",
        unless=r"/dev/shm|\bshm\b|\bSHM\b|shared memory|posix_fallocate|NCCL WARN"),
+    _s("gpu-lost",
+       r"Unable to determine the device handle for GPU|GPU is lost\. Reboot|(?<!Xid )[Ff]allen off the bus|"
+       r"cudaErrorDevicesUnavailable|CUDA_ERROR_DEVICE_UNAVAILABLE",
+       "A GPU dropped off its bus: the driver can no longer reach it (hardware, power, cooling or a PCIe link; "
+       "`dmesg -T | grep -i -e xid -e aer` on the node shows when). Its rank waits or fails from then on; the node "
+       "needs a reset and the GPU a check before it runs a job again: leave that node out."),
     _s("xid", r"NVRM: Xid \((?P<pci>PCI:[^)]*)\): (?P<xid>\d+)(?:, pid=(?P<pid>\d+))?|NVRM: Xid|\bXid\b.*\(PCI:",
        "The NVIDIA driver reported an Xid error: a GPU hardware or driver fault (79: the GPU fell off the bus; "
        "48, 63, 64, 94, 95: memory (ECC) errors; 13, 31, 43: usually an application's bad memory access; 74: "
@@ -323,6 +329,9 @@ CATALOG: list[Signature] = [
     _s("launcher-task-ended",
        r"srun: error: \S+: tasks? (?P<tasks>[\d,\-]+): (?P<how>Exited with exit code (?P<code>\d+)|Terminated|Killed)",
        "SLURM's srun reporting how tasks (ranks) ended: what they printed before says why.", (), CONSEQUENCE),
+    _s("launcher-stopping-ranks", r"sigkill_handler\] Killing subprocess \d+",
+       "DeepSpeed's launcher stopping its ranks because one of them ended: its line `exits with return code = N` "
+       "names that rank and how it ended, and the rank's own lines before it say why.", (), CONSEQUENCE),
     _s("child-failed", r"ChildFailedError|torch\.distributed\.elastic\.multiprocessing\.errors",
        "torchrun's summary that a rank failed (see the root cause it names).", (), CONSEQUENCE),
 ]

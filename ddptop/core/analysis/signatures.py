@@ -38,7 +38,10 @@ from ddptop.core.analysis.timestamps import line_time
 _SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>SIG\w+)\) received by PID (?P<pid>\d+)")
 # UCX's (and Open MPI's) handler, on the process's own fatal signal: "Caught signal 7 (Bus error: nonexistent ...)"
 _UCX_SIGNAL = re.compile(r"Caught signal (?P<num>\d+) \((?:Bus error|Segmentation fault|Aborted|Floating point|"
-                         r"Illegal instruction)")
+                         r"Illegal instruction)|"
+                         # (Open MPI's own handler: "[host:00334] *** Process received signal ***", then this)
+                         r"\bSignal: (?:Bus error|Segmentation fault|Aborted|Floating point exception|"
+                         r"Illegal instruction) \((?P<ompi>\d+)\)")
 # the process's own last words on a fatal signal: faulthandler's, or the shell's
 _FATAL_NAMES = r"Segmentation fault|Aborted|Bus error|Floating point exception|Illegal instruction"
 _FATAL = re.compile(rf"Fatal Python error: (?P<what>{_FATAL_NAMES})|^\S+: line \d+: +\d+ (?P<shell>{_FATAL_NAMES})\b|"
@@ -82,7 +85,8 @@ _ERROR_WORDS = re.compile(r"\b(?:error|ERROR|Error|FATAL|Fatal|fatal|CRITICAL|fa
                           r"Assertion .* failed)\b|what\(\):|^\[?E\d{3,4} \d\d:")
 _NOT_ERROR = re.compile(r"\b(?:WARN|WARNING|\w*Warning|warning|INFO|DEBUG|[Dd]eprecat\w*|retry\w*|[Rr]etrying|[Ii]f you|"
                         r"[Yy]ou (?:can|may|might|should)|[Cc]onsider|[Hh]int|ignor\w*|[Nn]o errors?|without errors?|"
-                        r"0 errors?|errors?[:=] ?0\b|error[_ ]?(?:rate|count|file)|[Tt]raceback|[Tt]o enable)\b|"
+                        r"0 errors?|errors?[:=] ?0\b|error[_ ]?(?:rate|count|file)|[Tt]raceback|[Tt]o enable|"
+                        r"[Cc]orrected error|severity=Corrected)\b|"
                         r"^\[?[WI]\d{3,4} |^\[[WI] |above exception|handling of the|^=+$|^-+$|^\S+ FAILED$|"
                         # (a heading whose error is on the next line; PyTorch's C++ backtrace lines)
                         r"^Last error:?$|^frame #\d+:|^Exception raised from ")
@@ -420,9 +424,9 @@ class SignatureMatcher:
         if m:
             out.append(_outside_stop(m, rank, line, t.strip(), source))
             return out
-        m = _SIGNAL.search(t) or (_UCX_SIGNAL.search(t) if "Caught signal" in t else None)
+        m = _SIGNAL.search(t) or (_UCX_SIGNAL.search(t) if "Caught signal" in t or "Signal: " in t else None)
         if m and not self._block:
-            num = int(m.group("num"))
+            num = int(m.group("num") or m.group("ompi"))
             name = m.group("name") if "name" in m.groupdict() and m.group("name") else _SIGNAMES.get(num, f"signal {num}")
             level = CONSEQUENCE if name in _CONSEQUENTIAL_SIGNALS else CAUSE
             out.append(Finding("rank-signal", rank, line, t.strip(), f"A rank was killed by {name}." + _signal_words(name),
@@ -582,9 +586,11 @@ def _outside_stop(m: re.Match, rank: int | None, line: int | None, text: str, so
 
 # what a fatal signal most often means for a training rank, in words, and the profiles to try
 _SIGNAL_WORDS = {
-    "SIGBUS": (" A bus error: in a container this is almost always shared memory (/dev/shm, 64 MB by default in "
+    "SIGBUS": (" A bus error: in a container this is most often shared memory (/dev/shm, 64 MB by default in "
                "Docker) running out under the data loader's workers or NCCL's shared-memory transport: give the "
-               "container more (--shm-size, a memory-backed emptyDir on Kubernetes) or use fewer workers.",
+               "container more (--shm-size, a memory-backed emptyDir on Kubernetes) or use fewer workers. Else a "
+               "memory-mapped file that shrank or became unreachable under the reader (an LMDB or numpy memmap "
+               "dataset, a checkpoint on a network file system): the frames under the signal name the reader.",
                ("shm-off", "fewer-workers")),
     "SIGSEGV": (" A segmentation fault in native code: a CUDA, NCCL or C extension library, or a driver. If it runs "
                 "on one GPU or on gloo, the multi-GPU path (NCCL, P2P) is the suspect.", RANK_SIGNAL_PROFILES),
