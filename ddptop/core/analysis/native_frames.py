@@ -241,6 +241,8 @@ def _nccl_where(fns: list[str]) -> str:
         return "NCCL launching a collective"
     if "proxy" in joined:
         return "NCCL's proxy"
+    if re.search(r"socket(?:wait|recv|send|progress)|recvall|sendall", joined):
+        return "NCCL waiting on a socket to a peer"
     return "NCCL"
 
 
