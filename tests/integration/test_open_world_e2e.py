@@ -441,3 +441,25 @@ def test_a_gpu_that_fell_off_the_bus_is_the_root_and_corrected_pcie_errors_are_n
     rep = diagnose(tmp_path)
     assert rep["root_cause"]["signature"] == "gpu-lost"
     assert not [f for f in rep["findings"] if f["signature"] == "unclassified-error"]
+
+
+def test_a_rank_that_segfaults_is_said_with_where_it_crashed_and_its_report_is_no_hang_sample(tmp_path):
+    """A real process here that segfaults under `-X faulthandler` (as a broken extension makes a rank do): the
+    root is its death by SIGSEGV, with the frames faulthandler printed for the crashing thread (the innermost,
+    and the user's own), and its thread dump is not judged as a hang's sample."""
+    script = tmp_path / "train.py"
+    script.write_text("import ctypes, threading, time\n"
+                      "def next_batch():\n    time.sleep(60)\n"
+                      "def train_step():\n    ctypes.string_at(0)\n"
+                      "threading.Thread(target=next_batch, daemon=True).start()\n"
+                      "time.sleep(0.2)\nprint('step 41 loss 0.3', flush=True)\ntrain_step()\n")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with open(logs / "rank1.log", "w") as out:
+        subprocess.run([sys.executable, "-X", "faulthandler", str(script)], stdout=out, stderr=subprocess.STDOUT,
+                       timeout=60)
+    rep = diagnose(logs)
+    rc = rep["root_cause"]
+    assert rc["signature"] == "rank-signal" and rc["rank"] == 1 and rc["detail"]["signal"] == "SIGSEGV", rc
+    assert rc["detail"]["where"].startswith("__init__.py:") and "train.py:5 in train_step" in rc["detail"]["where"]
+    assert rep["stacks"] is None or not rep["stacks"]["ranks"], rep["stacks"]

@@ -174,11 +174,12 @@ CATALOG: list[Signature] = [
        "say which; point the checkpoint directory, HF_HOME or TMPDIR at a larger disk.",
        unless=r"/dev/shm|\bshm\b|\bSHM\b|shared memory|posix_fallocate|NCCL WARN"),
     _s("gpu-lost",
-       r"Unable to determine the device handle for GPU|GPU is lost\. Reboot|(?<!Xid )[Ff]allen off the bus|"
+       r"Unable to determine the device handle for GPU|GPU is lost\. Reboot|[Ff]allen off the bus|"
        r"cudaErrorDevicesUnavailable|CUDA_ERROR_DEVICE_UNAVAILABLE",
        "A GPU dropped off its bus: the driver can no longer reach it (hardware, power, cooling or a PCIe link; "
        "`dmesg -T | grep -i -e xid -e aer` on the node shows when). Its rank waits or fails from then on; the node "
-       "needs a reset and the GPU a check before it runs a job again: leave that node out."),
+       "needs a reset and the GPU a check before it runs a job again: leave that node out.",
+       unless=r"NVRM: Xid"),  # (the kernel's Xid line says it with the code and the pid: `xid`)
     _s("xid", r"NVRM: Xid \((?P<pci>PCI:[^)]*)\): (?P<xid>\d+)(?:, pid=(?P<pid>\d+))?|NVRM: Xid|\bXid\b.*\(PCI:",
        "The NVIDIA driver reported an Xid error: a GPU hardware or driver fault (79: the GPU fell off the bus; "
        "48, 63, 64, 94, 95: memory (ECC) errors; 13, 31, 43: usually an application's bad memory access; 74: "

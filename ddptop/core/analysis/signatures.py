@@ -67,6 +67,9 @@ _EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|
 _ROOT_BLOCK = re.compile(r"Root Cause \(first observed failure\)")
 # a Python traceback's frame line, and an exception named without a message at a traceback's end
 _TB_FRAME = re.compile(r'^File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
+# faulthandler's report after "Fatal Python error: ...": its threads' heads and frames ("line N in f", no comma)
+_FH_HEAD = re.compile(r"^(?P<current>Current thread|Thread) 0x[0-9A-Fa-f]+ \(most recent call first\):")
+_FH_FRAME = re.compile(r'^File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<fn>\S+)')
 _BARE_EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception))$")
 _LIBRARY_PATH = re.compile(r"[/\\](?:site|dist)-packages[/\\]|[/\\]lib(?:64)?[/\\]python\d|^<frozen ")
 # PyTorch's flight recorder at a watchdog timeout (torch 2.5+, on by default since 2.6): the failed collective's
@@ -261,6 +264,9 @@ class SignatureMatcher:
         self._frame: dict[int | None, tuple[str, str]] = {}  # per rank, the traceback's innermost frame and user frame
         self._what: dict[int | None, bool] = {}  # per rank, a C++ exception ("terminate called") waiting for its what()
         self._echo: dict[int | None, bool] = {}  # per rank, the next line echoes a traceback frame's source
+        # per rank, a fatal signal's finding whose faulthandler report follows, and the state of reading it: the
+        # crashing thread ("Current thread", else the first) and its innermost frame and user frame so far
+        self._crash: dict[int | None, dict] = {}
         self._unknown = 0  # unclassified errors found (at most _MAX_UNKNOWN)
         self._recent_unknown: dict[int | None, list[Finding]] = {}  # per rank, its last unknown error lines
         self._report: dict[int | None, tuple[str, float]] = {}  # per rank, the source and second of its last known error
@@ -435,10 +441,15 @@ class SignatureMatcher:
         m = _FATAL.search(t.strip()) if ("Fatal Python" in t or "core dumped" in t or ": line " in t) else None
         if m:
             num, name = _FATAL_SIGNALS[m.group("what") or m.group("shell") or m.group("dumped")]
-            out.append(Finding("rank-signal", rank, line, t.strip(),
-                               f"{'Rank ' + str(rank) if rank is not None else 'A process'} died of {name} "
-                               "(its own last words: faulthandler or the shell)." + _signal_words(name),
-                               _signal_profiles(name), CAUSE, source, Detail(signal=name, signum=num)))
+            f = Finding("rank-signal", rank, line, t.strip(),
+                        f"{'Rank ' + str(rank) if rank is not None else 'A process'} died of {name} "
+                        "(its own last words: faulthandler or the shell)." + _signal_words(name),
+                        _signal_profiles(name), CAUSE, source, Detail(signal=name, signum=num))
+            out.append(f)
+            if m.group("what"):  # (faulthandler's threads follow: where it crashed)
+                self._crash[rank] = {"f": f, "block": 0, "current": False, "first": ("", ""), "cur": ("", "")}
+        elif rank in self._crash and self._crash_frame(rank, t.strip()):
+            return out
         m = _LAUNCHER_EXIT.search(t) if "exits with return code" in t else None
         if m and int(m.group("code")) != 0:
             lr = _LOCAL_RANK_ARG.search(t)
@@ -536,6 +547,32 @@ class SignatureMatcher:
                 del self._recent_unknown[rank][:-8]
         return out
 
+
+    def _crash_frame(self, rank: int | None, s: str) -> bool:
+        """A line of the faulthandler report after a fatal signal on ``rank``: the crashing thread's frames (its
+        current thread's, else the first thread's) give the finding its ``where``: the innermost frame, and the
+        user's own innermost when it is another.  True for a line of the report (read here); the report ends at
+        any other non-blank line."""
+        st = self._crash[rank]
+        head = _FH_HEAD.match(s)
+        if head:
+            st["block"] += 1
+            st["current"] = head.group("current") == "Current thread"
+            return True
+        fm = _FH_FRAME.match(s)
+        if fm:
+            key = "cur" if st["current"] else "first" if st["block"] == 1 else ""
+            if key:
+                where = _where(fm.group("file"), fm.group("line"), fm.group("fn"))
+                inner, user = st[key]
+                st[key] = (inner or where, user or ("" if _LIBRARY_PATH.search(fm.group("file")) else where))
+                inner, user = st["cur"] if st["cur"][0] else st["first"]
+                st["f"].detail.where = inner + (f", called from {user}" if user and user != inner else "")
+            return True
+        if not s or s in ("...", "<no Python frame>"):
+            return True
+        del self._crash[rank]
+        return False
 
     def _explained(self, f: Finding, t: str, at: int) -> Finding:
         """``f`` (an NCCL error) with the NCCL warnings that came just before it

@@ -33,6 +33,7 @@ __all__ = ["DumpSet", "load", "MAX_BYTES", "GPU_RUNTIME_FILE"]
 GPU_RUNTIME_FILE = "gpu-runtime.json"
 
 MAX_BYTES = 16 << 20  # a dump file larger than this is not read (a log, most likely)
+_CRASH = re.compile(r"^(?:\S+: )?Fatal Python error: ", re.MULTILINE)  # faulthandler on a fatal signal
 _RANK_FILE = re.compile(r"(?:^|[^a-z])(?:rank|proc|worker|process)[_-]?(\d+)(?:[._-](\d+))?(?:\.[A-Za-z]\w*)*$",
                         re.IGNORECASE)
 _SAMPLING = re.compile(r"^\d{8}-\d{6}(?:-\d+)?-samples(?:-\d+)?$")
@@ -104,6 +105,12 @@ def _bare_frames(text: str) -> str:
 def _from_file(ds: DumpSet, f: Path, text: str, rank: int | None) -> bool:
     """Add one file's dumps; False when it holds none."""
     fmt = format_of(text)
+    if fmt == "faulthandler" and _CRASH.search(text):
+        # (a rank's report of its own fatal signal: where it crashed, which diagnose says with the crash; no
+        # sample of a hang)
+        ds.notes.append(f"{f}: a crash's stack (faulthandler on a fatal signal), said with the crash, not judged "
+                        "as a hang")
+        return False
     merged = with_native(text) if fmt == "py-spy" else text
     if merged is not text:
         ds.notes.append(f"{f}: a Python-only py-spy dump and a gdb backtrace of the same process, read as one "

@@ -506,7 +506,9 @@ class DiagnoseReport:
                 who = f"seen first on rank {rc.rank}, which waited for another"
             out = [f"Root cause: {rc.signature} ({who})", f"  {rc.explanation}",
                    f"  evidence: {rc.source}:{rc.line}: {rc.text[:200]}"]
-            if rc.detail.where and rc.signature != "python-exception":  # (an exception's is in its explanation)
+            if rc.detail.where and rc.signature == "rank-signal":
+                out.append(f"  crashed in: {rc.detail.where} (its Python stack, as faulthandler printed it)")
+            elif rc.detail.where and rc.signature != "python-exception":  # (an exception's is in its explanation)
                 out.append(f"  called from: {rc.detail.where} (the failed collective's stack, as PyTorch's flight "
                            "recorder printed it)")
             for w in rc.detail.explained_by[-2:]:
