@@ -463,3 +463,70 @@ def test_a_rank_that_segfaults_is_said_with_where_it_crashed_and_its_report_is_n
     assert rc["signature"] == "rank-signal" and rc["rank"] == 1 and rc["detail"]["signal"] == "SIGSEGV", rc
     assert rc["detail"]["where"].startswith("__init__.py:") and "train.py:5 in train_step" in rc["detail"]["where"]
     assert rep["stacks"] is None or not rep["stacks"]["ranks"], rep["stacks"]
+
+
+# --------------------------------------------------------------------------- a review's cases (torch's, SLURM's and
+# Python's own formats; the lines as those tools print them)
+
+_GLOO_RING = ('Thread 1 (Thread 0x7fa34c3ee700 (LWP {lwp}) "python"):\n'
+              "#0  0x00007fa440cb3709 in pthread_cond_timedwait@@GLIBC_2.3.2 () from /lib/x86_64-linux-gnu/libpthread.so.0\n"
+              "#1  0x00007fa317b97566 in gloo::transport::tcp::UnboundBuffer::{wait}(int*, std::chrono::duration<long, "
+              "std::ratio<1l, 1000l> >) () from /venv/torch/lib/libtorch_cpu.so\n"
+              "#2  0x00007fa317b6ca3a in gloo::allreduce(gloo::AllreduceOptions&) () from /venv/torch/lib/libtorch_cpu.so\n"
+              "#3  0x00007fa317b6ca3b in c10d::ProcessGroupGloo::AsyncAllreduceWork::run() () from "
+              "/venv/torch/lib/libtorch_cpu.so\n")
+
+
+@pytest.mark.parametrize("files,root,rank", [
+    pytest.param({"train.log": "[rank0]: step 10 loss 2.31\n[rank0]: Traceback (most recent call last):\n"
+                  '[rank0]:   File "/opt/conda/lib/python3.10/site-packages/torch/multiprocessing/reductions.py", '
+                  "line 568, in reduce_storage\n[rank0]:     fd, size = storage._share_fd_cpu_()\n"
+                  "[rank0]: RuntimeError: unable to write to file </torch_1394_2747491098_0>: No space left on device "
+                  "(28)\n"}, "shm-exhausted", 0, id="a-shared-tensors-file-is-shared-memory-not-a-disk"),
+    pytest.param({"train.log": "Traceback (most recent call last):\n"
+                  '  File "/opt/conda/lib/python3.9/multiprocessing/synchronize.py", line 57, in __init__\n'
+                  "    sl = self._semlock = _multiprocessing.SemLock(\n"
+                  "OSError: [Errno 28] No space left on device\n"}, "shm-exhausted", None,
+                 id="a-semaphore-is-shared-memory-not-a-disk"),
+    pytest.param({"train.log": "[rank1]: torch.AcceleratorError: CUDA error: CUDA-capable device(s) is/are busy or "
+                  "unavailable\n[rank1]: Search for `cudaErrorDevicesUnavailable' in https://docs.nvidia.com/cuda/"
+                  "cuda-runtime-api/group__CUDART__TYPES.html for more information.\n"}, "python-exception", 1,
+                 id="a-busy-gpu-is-no-lost-gpu"),
+    pytest.param({"node1.log": "INFO:torch.distributed.elastic.agent.server.api:Local worker group finished "
+                  "(WorkerState.SUCCEEDED). Waiting 300 seconds for other agents to finish\n"
+                  "WARNING:torch.distributed.elastic.rendezvous.dynamic_rendezvous:The node 'node1_4321_0' has failed "
+                  "to shutdown the rendezvous '456' due to an error of type RendezvousConnectionError.\n"}, None, None,
+                 id="torchruns-shutdown-warning-after-success-is-no-failure"),
+    pytest.param({"slurm-123.out": "0: step 2 loss 2.2\n1: step 2 loss 2.2\nsrun: error: node1: task 0: Bus error\n"
+                  "srun: error: node1: task 1: Aborted\n"}, "rank-signal", 0, id="srun-says-a-tasks-signal"),
+    pytest.param({"wandb.log": "step 10 loss 0.5\nwandb: WARNING Failed to cache run history locally: [Errno 28] No "
+                  "space left on device\nstep 11 loss 0.4\n"}, None, None, id="a-warning-is-no-full-disk"),
+])
+def test_a_reviews_cases_are_read_by_where_the_words_come_from(tmp_path, files, root, rank):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    rc = diagnose(tmp_path)["root_cause"]
+    if root is None:
+        assert rc is None, rc
+    else:
+        assert rc is not None and rc["signature"] == root and rc["rank"] == rank, rc
+
+
+def test_ranks_of_a_ring_waiting_to_send_or_to_receive_in_one_allreduce_have_no_odd_one_out(tmp_path):
+    for r, (lwp, wait) in enumerate([(41, "waitSend"), (42, "waitSend"), (43, "waitRecv")]):
+        (tmp_path / f"rank{r}.gdb.txt").write_text(_GLOO_RING.format(lwp=lwp, wait=wait))
+    st = diagnose(tmp_path)["stacks"]
+    assert st["culprits"] == [] and {w["kind"] for w in st["ranks"].values()} == {"collective"}, st
+
+
+def test_a_rank_that_prints_each_step_just_after_its_peer_still_goes_on_after_a_warning(tmp_path):
+    """Rank 0's step k+1 always reaches the console before rank 1's step k (in step, one behind): rank 1's error
+    line after its step 5, with both ranks going on to step 30, is a run that went on, not the root."""
+    lines = []
+    for k in range(1, 31):
+        lines.append(f"[rank0]: step {k + 1} loss 0.5")
+        lines.append(f"[rank1]: step {k} loss 0.5")
+        if k == 5:
+            lines.append("[rank1]: ERROR could not reach the metrics server; will send later")
+    (tmp_path / "console.txt").write_text("\n".join(lines) + "\n")
+    assert diagnose(tmp_path)["root_cause"] is None

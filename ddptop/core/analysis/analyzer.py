@@ -318,16 +318,23 @@ class Analyzer:
         had shown when the finding was read (in a job whose steps take milliseconds, all five steps a rank
         printed before its loader thread died reached the console after the error, while the other rank's same
         five steps had come before it: no step after a failure that the job had not already made), and not
-        behind the furthest they have shown by then (the same, with the other rank's steps after the error too:
-        a rank in step with its peers shows the step they show, or the next).  From the
+        more than one behind the furthest they have shown by then (the same, with the other rank's steps after
+        the error too; a rank in step with its peers shows their step, the one before or the next).  From the
         hook: the findings read a second or more before it came (live, a line is read as it is written)."""
         files = self._open.get(rank)
         if not files:
             return
-        # the furthest step the other ranks have shown by now: a step behind it is one the job had already made,
-        # not progress after the finding (a console that brought the other ranks' steps after the error)
-        peers_now = max((s for (r, _k), s in self._file_step.items() if r != rank), default=None) \
-            if key is not None else None
+        # the furthest step the other ranks have shown by now: a step more than one behind it is one the job had
+        # already made, not progress after the finding (a console that brought the other ranks' steps after the
+        # error; a rank that prints each step just after its peers is one behind, and in step); asked only when
+        # a step would count
+        peers_now: list = []
+
+        def behind(step: int) -> bool:
+            if not peers_now:
+                peers_now.append(max((s for (r, _k), s in self._file_step.items() if r != rank), default=None))
+            return peers_now[0] is not None and step < peers_now[0] - 1
+
         for k in [key] if key is not None else list(files):
             keep = []
             for f in files.get(k, ()):
@@ -338,7 +345,7 @@ class Analyzer:
                     peers = self._peers_before.get(f)
                     newer = self._newer.setdefault(f, set())
                     if before is not None and step is not None and step > before and (peers is None or step > peers) \
-                            and (peers_now is None or step >= peers_now):
+                            and not behind(step):
                         newer.add(step)
                     went_on = len(newer) >= WENT_ON_STEPS
                 if went_on:

@@ -51,7 +51,8 @@ def cascade_level(f: Finding, findings: list[Finding]) -> int:
       aborted) is a consequence when a rank failed on its own (that rank may share its number: two
       nodes' local ranks);
     * a rendezvous store that could not be reached, where another line says a peer went away (the store's
-      host, mid-run), is that peer's loss; alone (at start: a wrong address, a firewall) it is the finding."""
+      host, mid-run; not a line that is the same failure, such as its traceback's `raise` line), is that peer's
+      loss; alone (at start: a wrong address, a firewall) it is the finding."""
     if f.level >= CONSEQUENCE:
         return f.level
     if (f.signature == "rank-signal" and f.detail.signal == "SIGABRT"
@@ -75,7 +76,9 @@ def cascade_level(f: Finding, findings: list[Finding]) -> int:
                and (x.level < CONSEQUENCE if lenient else x.level == CAUSE) for x in findings):
             return CONSEQUENCE
     if f.signature == "rendezvous-connect-failed" and any(
-            x.signature in PEER_LOSS and (x.line, x.source, x.text) != (f.line, f.source, f.text) for x in findings):
+            x.signature in PEER_LOSS and (x.line, x.source, x.text) != (f.line, f.source, f.text)
+            and not any(y.signature == f.signature and (y.line, y.source) == (x.line, x.source) for y in findings)
+            for x in findings):
         return CONSEQUENCE  # (the store's connection failed because its host went away: another line says so)
     if f.signature in _GENERIC_COMM and any(x.signature in _EXPLAINS_COMM and x.level < CONSEQUENCE
                                             and not x.detail.recovered for x in findings):

@@ -21,6 +21,12 @@ from dataclasses import dataclass
 CAUSE, GENERIC, ENDED, TIMEOUT, CONSEQUENCE, INFO = 0, 1, 2, 3, 4, 9
 
 
+# a line a logger marks as a warning or as information, or a hint quoting an error's words: not the error itself
+# (NCCL's WARN is its error level: never in this)
+NOT_AN_ERROR_LINE = (r"(?<!NCCL )\bWARN(?:ING)?\b|\bINFO\b|^\[?[WI]\d{3,4} |^\[[WI] |\b\w*Warning\b|"
+                     r"[Ww]arning:|\b[Nn]ote:|\b[Hh]int:|[Rr]etrying")
+
+
 @dataclass(frozen=True)
 class Signature:
     id: str
@@ -124,7 +130,7 @@ CATALOG: list[Signature] = [
        r"RendezvousConnectionError|The connection to the C10d store has failed",
        "A rank lost its connection to another: almost always because that other rank died first. "
        "Look for the first rank that failed.",
-       (), CONSEQUENCE),
+       (), CONSEQUENCE, unless=r"failed to shutdown the rendezvous"),
     _s("nccl-comm-aborted", r"NCCL communicator was aborted|[Cc]ommunicator was aborted on rank",
        "This rank's NCCL communicator was aborted (by its watchdog after a timeout, or because of an error "
        "elsewhere): a consequence; look for the first failure.", (), CONSEQUENCE),
@@ -141,7 +147,9 @@ CATALOG: list[Signature] = [
        "the node hosting it was not up yet or is gone (its own log first), a wrong address or port, a firewall, "
        "or, on machines with several networks, a name that resolves to an address the other nodes cannot "
        "reach (give the endpoint as an IP they can reach; NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME pick the "
-       "interface).", ("fail-fast",), TIMEOUT),
+       "interface).", ("fail-fast",), TIMEOUT,
+       # (torch's own shutdown after the job ended: the node holding the store left first; a warning, no failure)
+       unless=r"failed to shutdown the rendezvous|" + NOT_AN_ERROR_LINE),
     _s("rendezvous-timeout",
        r"RendezvousTimeoutError|[Rr]endezvous.*timed? ?out|Timed out initializing process group|"
        r"TCPStore.*[Tt]imed? ?out|wait timeout after \d+ms, keys:|"
@@ -163,7 +171,9 @@ CATALOG: list[Signature] = [
        ()),
     _s("shm-exhausted",
        r"insufficient shared memory|/dev/shm.*(?:[Nn]o space|too small)|NCCL WARN.*(?:shm|SHM)|"
-       r"unable to (?:write|allocate|open).*shm",
+       r"unable to (?:write|allocate|open).*shm|out of shared memory|"
+       # (torch's shared-memory files of the data loader's tensors: /dev/shm/torch_*)
+       r"unable to (?:write to|open) (?:shared memory )?(?:file|object) </?torch_",
        "Shared memory (/dev/shm) ran out: containers default to 64 MB, which breaks NCCL's SHM transport and "
        "DataLoader workers. Give the container more (--shm-size) or use fewer workers.",
        ("shm-off", "fewer-workers")),
@@ -172,14 +182,14 @@ CATALOG: list[Signature] = [
        "A disk filled up (or its quota ran out) while the job wrote to it: checkpoints, logs, a dataset's cache "
        "(~/.cache/huggingface), /tmp (torch.compile's and Triton's caches). `df -h` and `du -sh` on that node "
        "say which; point the checkpoint directory, HF_HOME or TMPDIR at a larger disk.",
-       unless=r"/dev/shm|\bshm\b|\bSHM\b|shared memory|posix_fallocate|NCCL WARN"),
+       unless=r"/dev/shm|\bshm\b|\bSHM\b|shared memory|posix_fallocate|NCCL WARN|</?torch_|" + NOT_AN_ERROR_LINE),
     _s("gpu-lost",
-       r"Unable to determine the device handle for GPU|GPU is lost\. Reboot|[Ff]allen off the bus|"
-       r"cudaErrorDevicesUnavailable|CUDA_ERROR_DEVICE_UNAVAILABLE",
+       r"Unable to determine the device handle for GPU|GPU is lost\. Reboot|[Ff]allen off the bus",
        "A GPU dropped off its bus: the driver can no longer reach it (hardware, power, cooling or a PCIe link; "
        "`dmesg -T | grep -i -e xid -e aer` on the node shows when). Its rank waits or fails from then on; the node "
        "needs a reset and the GPU a check before it runs a job again: leave that node out.",
-       unless=r"NVRM: Xid"),  # (the kernel's Xid line says it with the code and the pid: `xid`)
+       # (the kernel's Xid line says it with the code and the pid: `xid`)
+       unless=r"NVRM: Xid|" + NOT_AN_ERROR_LINE),
     _s("xid", r"NVRM: Xid \((?P<pci>PCI:[^)]*)\): (?P<xid>\d+)(?:, pid=(?P<pid>\d+))?|NVRM: Xid|\bXid\b.*\(PCI:",
        "The NVIDIA driver reported an Xid error: a GPU hardware or driver fault (79: the GPU fell off the bus; "
        "48, 63, 64, 94, 95: memory (ECC) errors; 13, 31, 43: usually an application's bad memory access; 74: "
@@ -199,11 +209,11 @@ CATALOG: list[Signature] = [
        "network between nodes failed (the NET/IB or socket warning above it says which).",
        ("nccl-debug",), CONSEQUENCE),
     _s("nccl-net-plugin-error",
-       r"NET/(?!IB\b|Socket\b)[A-Za-z][\w-]* ?:? .*?(?:completed with error|[Ee]rror(?: code)?[:=] ?-?\d)",
+       r"NET/(?!IB\b|Socket\b)[A-Za-z][\w-]* ?:? .*?(?:completed with error|[Ee]rror(?: code)?[:=] ?-?[1-9])",
        "NCCL's network plugin (AWS OFI for EFA, or another NET plugin) reported a transfer that failed: a peer "
        "endpoint went away (look for the first rank that failed) or the fabric dropped the request "
        "(UNDELIVERABLE: the peer cannot be reached; check the fabric: `fi_info`, the EFA devices, the security "
-       "group or firewall between the nodes).", ("nccl-debug",)),
+       "group or firewall between the nodes).", ("nccl-debug",), unless=r"NCCL INFO"),
     _s("nccl-ib-error", _IB_COMPLETION + r"(?!5\b)(?P<status>\d+)",
        "An InfiniBand/RoCE transfer failed. Status 12 (retry exceeded) means the two NICs cannot reach each other "
        "or the link is bad or congested: check `ibstat` and the port counters, the RoCE GID index "
@@ -251,7 +261,7 @@ CATALOG: list[Signature] = [
        "reports only as a launch failure): a kernel's bug, a library built for another GPU, or the hardware. "
        "The kernel log of its node says which (`dmesg -T | grep -i xid`: Xid 13/31/43 are a program's fault, "
        "others the GPU's); cuda-sync (CUDA_LAUNCH_BLOCKING=1) names the op that launched it; on one GPU or node "
-       "only, suspect the hardware.", ("cuda-sync", "single-gpu")),
+       "only, suspect the hardware.", ("cuda-sync", "single-gpu"), unless=NOT_AN_ERROR_LINE),
     _s("cuda-device-assert", r"device-side assert triggered|\.cu:\d+: [^\n]*?\bAssertion `[^\n]*` failed",
        "A GPU kernel's assertion failed, almost always an index out of range: a label >= the number of classes, "
        "a negative index, a token id past the embedding table. The 'Assertion ... failed' line names the kernel; "

@@ -45,7 +45,9 @@ _UCX_SIGNAL = re.compile(r"Caught signal (?P<num>\d+) \((?:Bus error|Segmentatio
 # the process's own last words on a fatal signal: faulthandler's, or the shell's
 _FATAL_NAMES = r"Segmentation fault|Aborted|Bus error|Floating point exception|Illegal instruction"
 _FATAL = re.compile(rf"Fatal Python error: (?P<what>{_FATAL_NAMES})|^\S+: line \d+: +\d+ (?P<shell>{_FATAL_NAMES})\b|"
-                    rf"^(?P<dumped>{_FATAL_NAMES}) \(core dumped\)")
+                    rf"^(?P<dumped>{_FATAL_NAMES})(?: \(core dumped\))?$|"
+                    # (SLURM's srun on a task a signal ended: the task is the rank)
+                    rf"^srun: error: \S+: task (?P<task>\d+): (?P<srun>{_FATAL_NAMES})\b")
 _FATAL_SIGNALS = {"Segmentation fault": (11, "SIGSEGV"), "Aborted": (6, "SIGABRT"), "Bus error": (7, "SIGBUS"),
                   "Floating point exception": (8, "SIGFPE"), "Illegal instruction": (4, "SIGILL")}
 # DeepSpeed's launcher on the first rank process that failed (then it stops the others):
@@ -66,6 +68,9 @@ _STOPPED_EXC = re.compile(r"^(?:[\w.]*\.)?(?:KeyboardInterrupt|SignalException|B
 _EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): (?P<msg>.*)$")
 _ROOT_BLOCK = re.compile(r"Root Cause \(first observed failure\)")
 # a Python traceback's frame line, and an exception named without a message at a traceback's end
+_BY_ID = {sig.id: sig for sig in CATALOG}
+# the writers of /dev/shm a traceback's innermost frame may be in: a semaphore, shared memory, a shared tensor
+_SHM_WRITERS = re.compile(r"(?:synchronize|shared_memory|heap|reductions)\.py:")
 _TB_FRAME = re.compile(r'^File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
 # faulthandler's report after "Fatal Python error: ...": its threads' heads and frames ("line N in f", no comma)
 _FH_HEAD = re.compile(r"^(?P<current>Current thread|Thread) 0x[0-9A-Fa-f]+ \(most recent call first\):")
@@ -438,12 +443,16 @@ class SignatureMatcher:
             out.append(Finding("rank-signal", rank, line, t.strip(), f"A rank was killed by {name}." + _signal_words(name),
                                _signal_profiles(name) if level == CAUSE else (), level, source,
                                Detail(signal=name, signum=num)))
-        m = _FATAL.search(t.strip()) if ("Fatal Python" in t or "core dumped" in t or ": line " in t) else None
+        m = _FATAL.search(t.strip()) if ("Fatal Python" in t or "core dumped" in t or ": line " in t or
+                                         "srun: error" in t or t.strip() in _FATAL_SIGNALS) else None
         if m:
-            num, name = _FATAL_SIGNALS[m.group("what") or m.group("shell") or m.group("dumped")]
+            num, name = _FATAL_SIGNALS[m.group("what") or m.group("shell") or m.group("dumped") or m.group("srun")]
+            if m.group("task") and rank is None:
+                rank = int(m.group("task"))
             f = Finding("rank-signal", rank, line, t.strip(),
                         f"{'Rank ' + str(rank) if rank is not None else 'A process'} died of {name} "
-                        "(its own last words: faulthandler or the shell)." + _signal_words(name),
+                        f"({'SLURM said so' if m.group('srun') else 'its own last words: faulthandler or the shell'})."
+                        + _signal_words(name),
                         _signal_profiles(name), CAUSE, source, Detail(signal=name, signum=num))
             out.append(f)
             if m.group("what"):  # (faulthandler's threads follow: where it crashed)
@@ -485,6 +494,12 @@ class SignatureMatcher:
                 pid = matched.pop("pid", None)
                 detail = Detail(signal=matched.pop("signal", ""), pid=int(pid) if pid and pid.isdigit() else None,
                                 op_damaged=damaged, matched=matched)
+                if sig.id == "disk-full" and rank in self._frame:
+                    # (a full device under a traceback: where it was written says which, and is its where)
+                    anyf, userf = self._frame[rank]
+                    if _SHM_WRITERS.match(anyf):
+                        sig = _BY_ID["shm-exhausted"]  # (a semaphore, a shared tensor: /dev/shm)
+                    detail.where = userf or anyf
                 f = Finding(sig.id, rank, line, t.strip(), sig.explanation, sig.profiles, level, source, detail)
                 if sig.id in EXPLAINED_BY_WARNINGS:
                     f = self._explained(f, t, m.start())

@@ -541,8 +541,11 @@ def _native_only(t: Thread, threads: list[Thread], inner: list[Frame]) -> RankSt
     if coll:
         op = coll[-1]  # (the outermost: the operation the program asked for; the innermost is its transport)
         text = f"waits in `{_short_symbol(op)}` ({op.base or 'native code'}), a collective's host code"
-        return RankStack("collective", text, None, op, _short_symbol(op), t.state, t.name, sig or ("collective",),
-                         sig, native_read=True, others=_other_threads(threads, t))
+        # (grouped by the operation and what called it: inside it, a ring's ranks wait in send or in receive)
+        outer = tuple(f"{_short_symbol(f)}@{f.base}" for f in named[named.index(op):]
+                      if not _PLUMBING.search(_short_symbol(f)))
+        return RankStack("collective", text, None, op, _short_symbol(op), t.state, t.name, outer, outer,
+                         native_read=True, others=_other_threads(threads, t))
     own = [f for f in named if not _PLUMBING.search(_short_symbol(f))]
     at = own[-1] if own else named[-1]
     where = f"`{_short_symbol(at)}` ({at.base or 'native code'})"

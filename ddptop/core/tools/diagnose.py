@@ -33,7 +33,7 @@ from ddptop.core.analysis.failure_ranking import collective_counters, counter_ve
 from ddptop.core.analysis.native_frames import is_launch
 from ddptop.core.analysis.prefixes import PrefixReader
 from ddptop.core.analysis.ras_verdict import verdict as ras_verdict
-from ddptop.core.analysis.signature_catalog import CONSEQUENCE
+from ddptop.core.analysis.signature_catalog import CONSEQUENCE, INFO
 from ddptop.core.analysis.signatures import Finding
 from ddptop.core.analysis.stack_verdict import verdict
 from ddptop.core.analysis.wording import launch_words
@@ -445,8 +445,8 @@ class DiagnoseReport:
 
     def lines(self) -> list[str]:
         out: list[str] = []
-        if self.stacks is not None and not self.findings and self.ended is None:
-            return self.stacks.lines()  # only dumps (no log lines): their verdict is the answer
+        if self.stacks is not None and not self.findings and self.ended is None and not self.last_steps:
+            return self.stacks.lines()  # only dumps (no training log): their verdict is the answer
         out += self._root_lines()
         if self.ended is not None:
             e = self.ended
@@ -518,9 +518,12 @@ class DiagnoseReport:
             return out
         if self.lost is not None and (self.lost.peers or self.lost.reported_by):
             return _lost_peer_words(self.lost.to_dict())
-        if self.findings:
+        if any(f.level < INFO and not f.detail.recovered for f in self.findings):
             return ["Root cause: none found: only consequences (a lost peer, a stop from outside), so the process "
                     "that failed first left no error in these logs (killed: the OOM killer, the scheduler?)"]
+        if any(f.detail.recovered for f in self.findings):
+            return ["Root cause: none found (the errors and warnings in these logs were followed by more training "
+                    "steps of their rank: the run went on after them)"]
         return ["Root cause: none found (no known failure signature in these logs)"]
 
 
