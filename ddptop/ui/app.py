@@ -42,11 +42,10 @@ from textual.widgets import Input
 
 from ddptop.core.analysis.job_state import JobState
 from ddptop.core.model import run_dirs
-from ddptop.core.model.events import LogBatch
 from ddptop.core.model.session_protocol import JobSession, LocalRun, Nodes, RemoteRun
 from ddptop.ui.alarm_box import AlarmBox, is_recent
 from ddptop.ui.commands import Commands
-from ddptop.ui.event_feed import INGEST_SLICE, TABLE_EVERY, EventFeed, EventsReady, PollFailed, queue_events
+from ddptop.ui.event_feed import INGEST_SLICE, TABLE_EVERY, EventFeed, PollFailed
 from ddptop.ui.first_frame import FirstFrame
 from ddptop.ui.header import HeaderBar, HeaderState
 from ddptop.ui.log_panes import LogPanes
@@ -137,6 +136,7 @@ class DdptopApp(EventFeed, Commands, App[str]):
         self._first_frame = first_frame
         self._built = not first_frame
         self._preapplied: set[int] = set()  # ids of inbox events the model has already taken (the first frame's)
+        self._first_events: list = []  # the first frame's read, until the full screen takes it
         self._first_frame_until = 0.0
         self._main_screen: Screen | None = None  # the app's own screen (a dialog may be over it at the build)
         # a run that had ended when opened: its replay folds every line (a live job's flood is capped, and a
@@ -222,9 +222,7 @@ class DdptopApp(EventFeed, Commands, App[str]):
                 self.model.apply(events)
             except Exception as e:  # noqa: BLE001 - as ingest does: said in the log, the monitor goes on
                 self._add_line(Line(-1, "note", f"could not apply events: {e}", "bold"))
-            with self._inbox_lock:
-                queue_events(self._inbox, events)
-                self._inbox_lines += sum(len(ev) if isinstance(ev, LogBatch) else 1 for ev in events)
+        self._first_events = events  # (to the inbox once the panes are there: _build)
         try:
             self.query_one(FirstFrame).show(self.model, self._header_state(), events, theme=self.current_theme,
                                             palette=self.logs.palette, keys=self._keys_text())
@@ -261,11 +259,9 @@ class DdptopApp(EventFeed, Commands, App[str]):
         self.refresh_bindings()
         self._refresh_header()
         self._refresh_table()
-        with self._inbox_lock:
-            post = bool(self._inbox) and not self._posted
-            self._posted = self._posted or post
-        if post:
-            self.post_message(EventsReady())
+        if self._first_events:
+            self._queue(self._first_events)
+        self._first_events = []
         self._poll_loop()
         self._first_frame_until = time.monotonic() + FIRST_FRAME_MOST
         self.call_after_refresh(self._drop_first_frame)
@@ -333,7 +329,7 @@ class DdptopApp(EventFeed, Commands, App[str]):
     def _replay_unread(self) -> bool:
         """A replay's lines are not all in the panes yet: its end not read, or events of it still in the inbox
         (the first frame's read applies a small run's end to the model before its lines reach the panes)."""
-        if not self.model.finished:
+        if not self.model.finished or self._first_events:
             return True
         with self._inbox_lock:
             return bool(self._inbox) or self._posted

@@ -108,20 +108,25 @@ class EventFeed:
                 time.sleep(max(self.poll_interval, 1.0))
                 continue
             if events:
-                with self._inbox_lock:
-                    queue_events(self._inbox, events)
-                    self._inbox_lines += sum(len(ev) if isinstance(ev, LogBatch) else 1 for ev in events)
-                    backlog = self._inbox_lines
-                    post = not self._posted
-                    self._posted = True
-                if post:
-                    self.post_message(EventsReady())
+                backlog = self._queue(events)
                 if backlog > BACKLOG_LINES:
                     time.sleep(self.poll_interval)  # the UI is behind: let it catch up before reading on
             if session.finished:
                 break
             if not events:
                 session.wait(WAIT)  # until a file changes (or a line arrives), or a deadline
+
+    def _queue(self, events: list) -> int:
+        """Put ``events`` in the inbox and tell the screen, once until it takes them; the lines now waiting."""
+        with self._inbox_lock:
+            queue_events(self._inbox, events)
+            self._inbox_lines += sum(len(ev) if isinstance(ev, LogBatch) else 1 for ev in events)
+            backlog = self._inbox_lines
+            post = not self._posted
+            self._posted = True
+        if post:
+            self.post_message(EventsReady())
+        return backlog
 
     def on_poll_failed(self, msg: PollFailed) -> None:
         if msg.error != self._poll_error:

@@ -33,6 +33,7 @@ from ddptop.core.analysis.signature_catalog import (
     NCCL_REASONS,
     TIMEOUT,
 )
+from ddptop.core.analysis.stack_dumps import FH_FRAME, FH_THREAD
 from ddptop.core.analysis.timestamps import line_time
 
 _SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>SIG\w+)\) received by PID (?P<pid>\d+)")
@@ -72,9 +73,6 @@ _BY_ID = {sig.id: sig for sig in CATALOG}
 # the writers of /dev/shm a traceback's innermost frame may be in: a semaphore, shared memory, a shared tensor
 _SHM_WRITERS = re.compile(r"(?:synchronize|shared_memory|heap|reductions)\.py:")
 _TB_FRAME = re.compile(r'^File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
-# faulthandler's report after "Fatal Python error: ...": its threads' heads and frames ("line N in f", no comma)
-_FH_HEAD = re.compile(r"^(?P<current>Current thread|Thread) 0x[0-9A-Fa-f]+ \(most recent call first\):")
-_FH_FRAME = re.compile(r'^File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<fn>\S+)')
 _BARE_EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception))$")
 _LIBRARY_PATH = re.compile(r"[/\\](?:site|dist)-packages[/\\]|[/\\]lib(?:64)?[/\\]python\d|^<frozen ")
 # PyTorch's flight recorder at a watchdog timeout (torch 2.5+, on by default since 2.6): the failed collective's
@@ -569,12 +567,12 @@ class SignatureMatcher:
         user's own innermost when it is another.  True for a line of the report (read here); the report ends at
         any other non-blank line."""
         st = self._crash[rank]
-        head = _FH_HEAD.match(s)
+        head = FH_THREAD.match(s)
         if head:
             st["block"] += 1
-            st["current"] = head.group("current") == "Current thread"
+            st["current"] = head.group("kind") == "Current thread"
             return True
-        fm = _FH_FRAME.match(s)
+        fm = FH_FRAME.match(s)
         if fm:
             key = "cur" if st["current"] else "first" if st["block"] == 1 else ""
             if key:

@@ -81,7 +81,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["with_native", 
     "Frame", "Thread", "ProcessDump", "parse_dump", "format_of", "split_processes", "FORMATS",
-    "THREAD_LINE", "PROCESS_LINE", "FRAME_LINE", "thread_id",
+    "THREAD_LINE", "PROCESS_LINE", "FRAME_LINE", "FH_THREAD", "FH_FRAME", "thread_id",
 ]
 
 FORMATS = ("py-spy", "py-spy-json", "gdb", "pystack", "faulthandler")
@@ -183,8 +183,9 @@ _PYSTACK_FRAME = re.compile(r'^\s+\((Python|C)\) File "(.*)", line (\d+), in (.*
 _PYSTACK_PID = re.compile(r"^\s*pid: (\d+) ppid: \d+")
 _PYSTACK_CORE = re.compile(r"^\s*(?:Using executable found in the core file:|Core file information:)")
 
-_FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9A-Fa-f]+) \(most recent call first\):\s*$")
-_FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?+) in (.+?)\s*$')
+# faulthandler's thread heads and frames (a frame's line "N in f", no comma: never a Python traceback's)
+FH_THREAD = re.compile(r"^(?P<kind>Current thread|Thread) (?P<id>0x[0-9A-Fa-f]+) \(most recent call first\):\s*$")
+FH_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+|\?+) in (?P<fn>.+?)\s*$')
 _FH_EMPTY = re.compile(r"^\s+(?:<no Python frame>|\.\.\.)\s*$")
 _FH_FATAL = re.compile(r"^Fatal Python error: ")
 _JSON_START = re.compile(r"^\[\s*$|^\[\s*\{", re.MULTILINE)
@@ -268,9 +269,9 @@ def _sniff(text: str) -> tuple[str, int]:
             return "gdb", i
         if _PYSTACK_THREAD.match(line):
             return "pystack", i
-        if _FH_THREAD.match(line):
+        if FH_THREAD.match(line):
             nxt = _next_nonblank(lines, i)
-            if _FH_FRAME.match(nxt) or _FH_EMPTY.match(nxt):
+            if FH_FRAME.match(nxt) or _FH_EMPTY.match(nxt):
                 return "faulthandler", i
         if _JSON_START.match(line) and _is_py_spy_json(_json_value("\n".join(lines[i:]))):
             return "py-spy-json", i
@@ -620,15 +621,15 @@ def _parse_faulthandler(text: str) -> list[Thread]:
         cur = None
 
     for line in _lines(text):
-        m = _FH_THREAD.match(line)
+        m = FH_THREAD.match(line)
         if m:
             close()
-            cur = {"id": thread_id(m.group(2)), "frames": []}
+            cur = {"id": thread_id(m.group("id")), "frames": []}
             continue
-        m = _FH_FRAME.match(line) if cur is not None else None
+        m = FH_FRAME.match(line) if cur is not None else None
         if m and cur is not None:
-            cur["frames"].append(Frame(m.group(3), m.group(1), int(m.group(2)) if m.group(2).isdigit() else 0,
-                                       "python"))
+            cur["frames"].append(Frame(m.group("fn"), m.group("file"),
+                                       int(m.group("line")) if m.group("line").isdigit() else 0, "python"))
         elif cur is not None and line.strip() and not _FH_EMPTY.match(line):
             close()  # (the report's end: "Extension modules: ...", the next log line)
     close()
@@ -681,7 +682,7 @@ def _kind(line: str) -> tuple[str, int | None, int | None]:
         return "header", None, None
     if (THREAD_LINE.match(line) or FRAME_LINE.match(line) or _GDB_THREAD.match(line) or _gdb_frame_line(line)
             or _PYSTACK_THREAD.match(line) or _PYSTACK_EMPTY.match(line) or _PYSTACK_FRAME.match(line)
-            or _JSON_FRAMES.match(line) or _FH_THREAD.match(line) or _FH_FRAME.match(line)):
+            or _JSON_FRAMES.match(line) or FH_THREAD.match(line) or FH_FRAME.match(line)):
         return "content", None, None
     m = _PYSTACK_PID.match(line)
     if m:
